@@ -1,0 +1,94 @@
+# Build helpers shared by every folder: warnings, sanitizers, ccache, tests, format check.
+
+find_program(KVF_CCACHE ccache)
+if(KVF_CCACHE)
+  set(CMAKE_CXX_COMPILER_LAUNCHER ${KVF_CCACHE})
+  set(CMAKE_CUDA_COMPILER_LAUNCHER ${KVF_CCACHE})
+endif()
+
+add_library(kvf_warnings INTERFACE)
+target_compile_options(kvf_warnings INTERFACE
+  -Wall -Wextra -Wpedantic -Wshadow=local -Wnon-virtual-dtor -Wcast-align
+  -Wno-missing-field-initializers
+  $<$<BOOL:${KVF_WERROR}>:-Werror>)
+add_library(kvf::warnings ALIAS kvf_warnings)
+
+if(KVF_SANITIZE)
+  add_compile_options(-fsanitize=address,undefined -fno-omit-frame-pointer
+                      -fno-sanitize-recover=undefined)
+  add_link_options(-fsanitize=address,undefined)
+endif()
+
+# Boost.Asio defaults shared by every target that includes it.
+add_compile_definitions(BOOST_ASIO_NO_DEPRECATED BOOST_ASIO_DISABLE_BOOST_COROUTINE
+                        BOOST_BEAST_USE_STD_STRING_VIEW)
+
+# kvf_library(NAME folder SOURCES ... DEPS ...): one library per top-level folder,
+# alias kvf::<folder>, includes from the repository root.
+function(kvf_library folder)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  set(target kvf_${folder})
+  add_library(${target} STATIC ${ARG_SOURCES})
+  add_library(kvf::${folder} ALIAS ${target})
+  target_include_directories(${target} PUBLIC ${PROJECT_SOURCE_DIR})
+  target_link_libraries(${target} PUBLIC ${ARG_DEPS} PRIVATE kvf::warnings)
+endfunction()
+
+# kvf_binary(NAME kvf-foo SOURCES main.cc DEPS ...): an executable in build/bin.
+function(kvf_binary name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} kvf::warnings)
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
+endfunction()
+
+# kvf_test(NAME name SOURCES ... DEPS ... [LABELS ...] [TIMEOUT s]): a GoogleTest binary
+# registered with CTest as one test. Tests run in parallel (ctest -j), so each must pick
+# its own ports and bound its own run time.
+function(kvf_test name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  if(NOT KVF_BUILD_TESTS)
+    return()
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gmock GTest::gtest_main
+                                        kvf::warnings)
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  add_test(NAME ${name} COMMAND ${name} --gtest_color=no
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${ARG_TIMEOUT}
+    ENVIRONMENT "KVF_BIN_DIR=${PROJECT_BINARY_DIR}/bin;KVF_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+  if(ARG_LABELS)
+    set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}")
+  endif()
+endfunction()
+
+# kvf_benchmark(NAME name SOURCES ... DEPS ...): a Google Benchmark binary in build/bin.
+function(kvf_benchmark name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
+  if(NOT KVF_BUILD_BENCHMARKS)
+    return()
+  endif()
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} benchmark::benchmark kvf::warnings)
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
+endfunction()
+
+# format / format-check: clang-format over every tracked C++ source.
+function(kvf_add_format_targets)
+  find_program(KVF_CLANG_FORMAT NAMES clang-format clang-format-14)
+  if(NOT KVF_CLANG_FORMAT)
+    return()
+  endif()
+  add_custom_target(format-check
+    COMMAND ${PROJECT_SOURCE_DIR}/scripts/format --check
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+    COMMENT "clang-format check" VERBATIM)
+  add_custom_target(format
+    COMMAND ${PROJECT_SOURCE_DIR}/scripts/format
+    WORKING_DIRECTORY ${PROJECT_SOURCE_DIR}
+    COMMENT "clang-format" VERBATIM)
+endfunction()

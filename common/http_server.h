@@ -1,0 +1,98 @@
+// HTTP/1.1 server on Boost.Beast with C++20 coroutines. Routes by method and path (exact or
+// prefix), keeps connections alive, bounds header and body sizes, times out idle and slow
+// connections, answers errors with OpenAI-style JSON bodies, streams responses (chunked,
+// Server-Sent Events flushed per event) and shuts down gracefully.
+// Threading: each connection runs on its own strand of the io_context given to create(); the
+// server object itself is driven from the thread that created it (route/start/stop).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <boost/asio/io_context.hpp>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/http.h"
+
+namespace kvf::http {
+
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  uint16_t port = 0;                                // 0 picks a free port
+  size_t max_header_bytes = 16 * 1024;              // request line + headers -> 431 above
+  size_t max_body_bytes = 16 * 1024 * 1024;         // -> 413 above
+  std::chrono::milliseconds idle_timeout{60'000};   // keep-alive wait for the next request
+  std::chrono::milliseconds read_timeout{30'000};   // a started request must arrive in this
+  std::chrono::milliseconds write_timeout{30'000};  // one write (one chunk) must finish in this
+  size_t max_connections = 4096;                    // further connections are closed at accept
+};
+
+class ResponseWriter;
+using Handler = std::function<asio::awaitable<void>(const Request&, ResponseWriter&)>;
+
+// How a handler answers. Exactly one of send*/(beginStream ... endStream) per request. If the
+// handler returns without answering, the server sends a 500. Methods return a non-OK status
+// when the client is gone or a write timed out; the handler should then stop producing.
+class ResponseWriter {
+ public:
+  virtual ~ResponseWriter() = default;
+
+  virtual asio::awaitable<absl::Status> send(int status, std::string_view content_type,
+                                             std::string body, const Headers& extra = {}) = 0;
+  asio::awaitable<absl::Status> sendJson(int status, std::string body, const Headers& extra = {});
+  // `{"error": {"message", "type", "code"}}` with the type chosen from the status.
+  asio::awaitable<absl::Status> sendError(int status, std::string_view message);
+  // Maps an absl::Status code to an HTTP status and sends it as an error.
+  asio::awaitable<absl::Status> sendStatus(const absl::Status& status);
+
+  // Starts a chunked response; each writeChunk()/writeEvent() is sent and flushed at once.
+  virtual asio::awaitable<absl::Status> beginStream(int status, std::string_view content_type,
+                                                    const Headers& extra = {}) = 0;
+  virtual asio::awaitable<absl::Status> writeChunk(std::string_view bytes) = 0;
+  // One SSE event with `data` (see sse::formatData).
+  asio::awaitable<absl::Status> writeEvent(std::string_view data);
+  virtual asio::awaitable<absl::Status> endStream() = 0;
+
+  virtual bool started() const = 0;   // any byte of the response was written
+  virtual bool finished() const = 0;  // the response is complete
+  virtual asio::any_io_executor executor() const = 0;
+};
+
+// Maps absl status codes to HTTP status codes (InvalidArgument -> 400, NotFound -> 404, ...).
+int httpStatusFor(const absl::Status& status);
+
+class HttpServer {
+ public:
+  // Binds and listens (not yet accepting). Fails if the address cannot be bound.
+  static absl::StatusOr<std::unique_ptr<HttpServer>> create(asio::io_context& ioc,
+                                                            ServerOptions options);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Registers a handler for an exact path. Must be called before start().
+  void route(std::string_view method, std::string_view path, Handler handler);
+  // Registers a handler for every path starting with `prefix` (longest prefix wins).
+  void routePrefix(std::string_view method, std::string_view prefix, Handler handler);
+
+  uint16_t port() const;
+  void start();
+  // Stops accepting at once; idle connections close now, busy ones after finishing their
+  // current response; any left after `grace` are closed. Returns when all are gone.
+  asio::awaitable<void> shutdown(std::chrono::milliseconds grace);
+  // Immediate stop: closes the listener and every connection.
+  void stop();
+  size_t activeConnections() const;
+
+ private:
+  struct Impl;
+  explicit HttpServer(std::shared_ptr<Impl> impl);
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace kvf::http

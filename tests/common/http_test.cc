@@ -1,0 +1,332 @@
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <thread>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+#include <boost/json.hpp>
+
+#include "common/http_client.h"
+#include "common/http_server.h"
+#include "common/json.h"
+#include "common/sse.h"
+#include "tests/testing/io_thread.h"
+
+namespace kvf::http {
+namespace {
+
+using namespace std::chrono_literals;
+using tcp = asio::ip::tcp;
+
+// Requests are built outside coroutines: GCC 12 miscompiles aggregate initializers holding
+// string literals inside a co_await expression ("array used as initializer").
+ClientRequest makeRequest(std::string method, std::string target, std::string body = {},
+                          Headers headers = {}) {
+  ClientRequest r;
+  r.method = std::move(method);
+  r.target = std::move(target);
+  r.body = std::move(body);
+  r.headers = std::move(headers);
+  return r;
+}
+
+class HttpTest : public ::testing::Test {
+ protected:
+  absl::StatusOr<Response> call(ClientRequest request) {
+    return io_.run([&]() -> asio::awaitable<absl::StatusOr<Response>> {
+      co_return co_await client_->request(request);
+    });
+  }
+
+  void startServer(ServerOptions options = {}) {
+    auto server = HttpServer::create(io_.context(), options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    server_->route("GET", "/hello", [](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
+      co_await w.send(200, "text/plain", "hello");
+    });
+    server_->route("POST", "/echo",
+                   [](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
+                     auto body = json::parseObject(r.body);
+                     if (!body.ok()) {
+                       co_await w.sendStatus(body.status());
+                       co_return;
+                     }
+                     (*body)["echoed"] = true;
+                     (*body)["session"] = std::string(r.header("x-session-id"));
+                     co_await w.sendJson(200, json::serialize(*body));
+                   });
+    server_->routePrefix(
+        "GET", "/items/", [](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
+          co_await w.send(200, "text/plain", r.path.substr(7) + "|" + queryParam(r.query, "q"));
+        });
+    server_->route("GET", "/stream",
+                   [this](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
+                     co_await streamHandler(w);
+                   });
+    server_->route("GET", "/slow", [](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
+      asio::steady_timer t(co_await asio::this_coro::executor, 300ms);
+      co_await t.async_wait(asio::use_awaitable);
+      co_await w.send(200, "text/plain", "late");
+    });
+    server_->start();
+    client_ = HttpClient::create(io_.executor(), "127.0.0.1", server_->port());
+  }
+
+  // Produces event i only once the client has received event i-1, so the test can only pass if
+  // every event is flushed as it is produced rather than buffered.
+  asio::awaitable<void> streamHandler(ResponseWriter& w) {
+    auto s = co_await w.beginStream(200, "text/event-stream");
+    if (!s.ok()) co_return;
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    for (int i = 0; i < kEvents; ++i) {
+      auto deadline = std::chrono::steady_clock::now() + 5s;
+      while (received_.load() < i) {
+        if (std::chrono::steady_clock::now() > deadline) {
+          lockstep_failed_ = true;
+          co_return;
+        }
+        timer.expires_after(1ms);
+        co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+      }
+      s = co_await w.writeEvent("{\"seq\":" + std::to_string(i) + "}");
+      if (!s.ok()) co_return;
+    }
+    s = co_await w.writeEvent("[DONE]");
+    if (s.ok()) co_await w.endStream();
+  }
+
+  // Sends raw bytes on a fresh connection and returns everything the server sends back until
+  // it closes the connection (or 5 s pass).
+  std::string rawExchange(const std::string& bytes) {
+    return io_.run([&]() -> asio::awaitable<std::string> {
+      tcp::socket socket(co_await asio::this_coro::executor);
+      co_await socket.async_connect({asio::ip::make_address("127.0.0.1"), server_->port()},
+                                    asio::use_awaitable);
+      co_await asio::async_write(socket, asio::buffer(bytes), asio::use_awaitable);
+      std::string out;
+      char buf[4096];
+      for (;;) {
+        auto [ec, n] =
+            co_await socket.async_read_some(asio::buffer(buf), asio::as_tuple(asio::use_awaitable));
+        out.append(buf, n);
+        if (ec) break;
+      }
+      co_return out;
+    });
+  }
+
+  static constexpr int kEvents = 1000;
+  testing::IoThread io_;
+  std::unique_ptr<HttpServer> server_;
+  std::shared_ptr<HttpClient> client_;
+  std::atomic<int> received_{0};
+  std::atomic<bool> lockstep_failed_{false};
+};
+
+TEST_F(HttpTest, RoundTripAndKeepAlive) {
+  startServer();
+  auto r = call(makeRequest("GET", "/hello"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 200);
+  EXPECT_EQ(r->body, "hello");
+  EXPECT_EQ(client_->idleConnections(), 1u);
+
+  auto e = call(makeRequest("POST", "/echo", R"({"n": 5})", {{"X-Session-Id", std::string("s1")}}));
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(e->status, 200);
+  auto obj = json::parseObject(e->body);
+  ASSERT_TRUE(obj.ok());
+  EXPECT_EQ((*obj)["n"].as_int64(), 5);
+  EXPECT_EQ((*obj)["session"].as_string(), "s1");
+  EXPECT_EQ(client_->idleConnections(), 1u);  // the same connection was reused
+  EXPECT_EQ(server_->activeConnections(), 1u);
+}
+
+TEST_F(HttpTest, PrefixRoutesQueryAndErrors) {
+  startServer();
+  auto get = [&](std::string method, std::string target) {
+    return call(makeRequest(method, target));
+  };
+  auto item = get("GET", "/items/abc?q=a+b%21");
+  ASSERT_TRUE(item.ok());
+  EXPECT_EQ(item->body, "abc|a b!");
+
+  auto missing = get("GET", "/nope");
+  ASSERT_TRUE(missing.ok());
+  EXPECT_EQ(missing->status, 404);
+  EXPECT_EQ(missing->header("content-type"), "application/json");
+  auto err = json::parseObject(missing->body);
+  ASSERT_TRUE(err.ok());
+  EXPECT_EQ((*err)["error"].as_object()["code"].as_int64(), 404);
+  EXPECT_EQ((*err)["error"].as_object()["type"].as_string(), "not_found_error");
+
+  auto wrong_method = get("DELETE", "/hello");
+  ASSERT_TRUE(wrong_method.ok());
+  EXPECT_EQ(wrong_method->status, 405);
+
+  auto bad_json = call(makeRequest("POST", "/echo", "{nope"));
+  ASSERT_TRUE(bad_json.ok());
+  EXPECT_EQ(bad_json->status, 400);
+  EXPECT_NE(bad_json->body.find("malformed JSON"), std::string::npos);
+}
+
+TEST_F(HttpTest, ThousandSseEventsArriveInOrderWhileProduced) {
+  startServer();
+  ClientRequest stream_request = makeRequest("GET", "/stream");
+  auto result = io_.run(
+      [&]() -> asio::awaitable<absl::Status> {
+        auto stream = co_await client_->open(stream_request);
+        if (!stream.ok()) co_return stream.status();
+        if ((*stream)->header("content-type") != "text/event-stream") {
+          co_return absl::InternalError("wrong content type");
+        }
+        sse::Parser parser;
+        bool done = false;
+        absl::Status order = absl::OkStatus();
+        while (!done) {
+          auto piece = co_await (*stream)->next();
+          if (!piece.ok()) co_return piece.status();
+          if (!piece->has_value()) break;
+          auto s = parser.feed(**piece, [&](sse::Event&& e) {
+            if (e.data == "[DONE]") {
+              done = true;
+              return;
+            }
+            std::string expected = "{\"seq\":" + std::to_string(received_.load()) + "}";
+            if (e.data != expected) order = absl::InternalError("out of order: " + e.data);
+            received_.fetch_add(1);
+          });
+          if (!s.ok()) co_return s;
+        }
+        if (!done) co_return absl::InternalError("stream ended without [DONE]");
+        co_return order;
+      },
+      60s);
+  EXPECT_TRUE(result.ok()) << result;
+  EXPECT_FALSE(lockstep_failed_.load()) << "server could not observe client progress: buffered";
+  EXPECT_EQ(received_.load(), kEvents);
+}
+
+TEST_F(HttpTest, OversizedBodyGets413AndServerKeepsServing) {
+  ServerOptions options;
+  options.max_body_bytes = 1024;
+  startServer(options);
+  auto big = call(makeRequest("POST", "/echo", std::string(4096, 'x')));
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->status, 413);
+  auto err = json::parseObject(big->body);
+  ASSERT_TRUE(err.ok()) << big->body;
+  EXPECT_EQ((*err)["error"].as_object()["code"].as_int64(), 413);
+
+  // A chunked body over the limit is caught while it streams in.
+  std::string chunked = "POST /echo HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+  for (int i = 0; i < 4; ++i) chunked += "200\r\n" + std::string(512, 'y') + "\r\n";
+  chunked += "0\r\n\r\n";
+  std::string raw = rawExchange(chunked);
+  EXPECT_EQ(raw.rfind("HTTP/1.1 413", 0), 0u) << raw;
+
+  auto ok = call(makeRequest("POST", "/echo", "{}"));
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->status, 200);
+}
+
+TEST_F(HttpTest, MalformedRequestLineGets400) {
+  startServer();
+  std::string raw = rawExchange("GARBAGE\r\n\r\n");
+  EXPECT_EQ(raw.rfind("HTTP/1.1 400", 0), 0u) << raw;
+  EXPECT_NE(raw.find("\"error\""), std::string::npos) << raw;
+  raw = rawExchange("GET /hello HTTP/9.9\r\n\r\n");
+  EXPECT_EQ(raw.rfind("HTTP/1.1 400", 0), 0u) << raw;
+}
+
+TEST_F(HttpTest, OversizedHeadersGet431) {
+  ServerOptions options;
+  options.max_header_bytes = 512;
+  startServer(options);
+  std::string raw = rawExchange(
+      "GET /hello HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(2048, 'a') + "\r\n\r\n");
+  EXPECT_EQ(raw.rfind("HTTP/1.1 431", 0), 0u) << raw;
+}
+
+TEST_F(HttpTest, IdleConnectionClosedAfterTimeout) {
+  ServerOptions options;
+  options.idle_timeout = 200ms;
+  startServer(options);
+  auto start = std::chrono::steady_clock::now();
+  std::string raw = rawExchange("");  // connect, send nothing
+  auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_EQ(raw, "");
+  EXPECT_GE(elapsed, 150ms);
+  EXPECT_LT(elapsed, 3s);
+}
+
+TEST_F(HttpTest, ClientReadTimeoutAndStaleConnectionRetry) {
+  ServerOptions options;
+  options.idle_timeout = 100ms;
+  startServer(options);
+  ClientRequest slow_request = makeRequest("GET", "/slow");
+  slow_request.read_timeout = 50ms;
+  auto slow = call(slow_request);
+  EXPECT_EQ(slow.status().code(), absl::StatusCode::kDeadlineExceeded) << slow.status();
+
+  auto first = call(makeRequest("GET", "/hello"));
+  ASSERT_TRUE(first.ok());
+  std::this_thread::sleep_for(300ms);  // the server closes the pooled connection meanwhile
+  auto second = call(makeRequest("GET", "/hello"));
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->body, "hello");
+}
+
+TEST_F(HttpTest, ConnectErrorIsUnavailable) {
+  startServer();
+  uint16_t port = server_->port();
+  server_->stop();
+  server_.reset();
+  std::this_thread::sleep_for(50ms);
+  auto client = HttpClient::create(io_.executor(), "127.0.0.1", port);
+  ClientRequest hello = makeRequest("GET", "/hello");
+  auto r = io_.run([&]() -> asio::awaitable<absl::StatusOr<Response>> {
+    co_return co_await client->request(hello);
+  });
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+}
+
+TEST_F(HttpTest, GracefulShutdownFinishesInFlightRequest) {
+  startServer();
+  ClientRequest slow = makeRequest("GET", "/slow");
+  // The slow request is in flight (the handler waits 300 ms) when shutdown begins.
+  auto pending = asio::co_spawn(
+      io_.context(),
+      [&]() -> asio::awaitable<absl::StatusOr<Response>> {
+        co_return co_await client_->request(slow);
+      },
+      asio::use_future);
+  auto deadline_started = std::chrono::steady_clock::now() + 3s;
+  while (server_->activeConnections() == 0 && std::chrono::steady_clock::now() < deadline_started) {
+    std::this_thread::sleep_for(1ms);
+  }
+  std::this_thread::sleep_for(50ms);
+  asio::co_spawn(io_.context(), server_->shutdown(2s), asio::detached);
+  ASSERT_EQ(pending.wait_for(5s), std::future_status::ready);
+  auto result = pending.get();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->body, "late");
+  EXPECT_EQ(result->header("connection"), "close");
+  auto deadline = std::chrono::steady_clock::now() + 3s;
+  while (server_->activeConnections() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(server_->activeConnections(), 0u);
+  auto after = call(makeRequest("GET", "/hello"));
+  EXPECT_FALSE(after.ok());
+}
+
+}  // namespace
+}  // namespace kvf::http
