@@ -25,7 +25,10 @@ constexpr auto kUseTuple = asio::as_tuple(asio::use_awaitable);
 
 class Connection {
  public:
-  explicit Connection(asio::any_io_executor executor) : stream(std::move(executor)) {}
+  // Beast sizes each read by the buffer's spare capacity; reserve so bodies arrive in large reads.
+  explicit Connection(asio::any_io_executor executor) : stream(std::move(executor)) {
+    buffer.reserve(64 * 1024);
+  }
 
   beast::tcp_stream stream;
   beast::flat_buffer buffer;

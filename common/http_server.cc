@@ -413,6 +413,9 @@ asio::awaitable<void> HttpServer::Impl::session(std::shared_ptr<Connection> conn
   auto self = shared_from_this();
   beast::tcp_stream& stream = *conn->stream;
   beast::flat_buffer buffer;
+  // Beast sizes each read by the buffer's spare capacity (512 bytes for a fresh buffer), so
+  // large bodies would arrive in 512-byte reads without this.
+  buffer.reserve(64 * 1024);
   std::string remote;
   {
     boost::system::error_code ec;
