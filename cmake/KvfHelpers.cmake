@@ -2,8 +2,10 @@
 
 find_program(KVF_CCACHE ccache)
 if(KVF_CCACHE)
-  set(CMAKE_CXX_COMPILER_LAUNCHER ${KVF_CCACHE})
-  set(CMAKE_CUDA_COMPILER_LAUNCHER ${KVF_CCACHE})
+  # base_dir makes cache hits independent of where the checkout lives (worktrees, CI clones).
+  get_filename_component(KVF_CCACHE_BASE "${PROJECT_SOURCE_DIR}/.." ABSOLUTE)
+  set(CMAKE_CXX_COMPILER_LAUNCHER ${CMAKE_COMMAND} -E env CCACHE_BASEDIR=${KVF_CCACHE_BASE}
+      CCACHE_NOHASHDIR=1 ${KVF_CCACHE})
 endif()
 
 add_library(kvf_warnings INTERFACE)
