@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "common/status.h"
+#include "trace/synth.h"
 #include "trace/writer.h"
 
 namespace kvf::trace {
@@ -97,6 +98,25 @@ absl::Status runSample(const std::vector<std::string>& args, const CliOptions& o
   return absl::OkStatus();
 }
 
+absl::Status runSynth(const std::vector<std::string>& args, const CliOptions& o) {
+  if (args.size() > 1 || o.output.empty()) {
+    return absl::InvalidArgumentError("synth takes at most one CONFIG.yaml and needs --output");
+  }
+  SynthConfig config;
+  if (!args.empty()) {
+    KVF_ASSIGN_OR_RETURN(config, loadSynthConfig(args[0]));
+  }
+  if (o.synth_requests > 0) config.requests = o.synth_requests;
+  KVF_ASSIGN_OR_RETURN(auto writer, SessionWriter::create(o.output));
+  Progress progress("synth", o.progress && o.output != "-");
+  int64_t n = 0;
+  KVF_RETURN_IF_ERROR(synthesize(config, [&](const Request& r) {
+    if ((++n & 0xFFFF) == 0) progress(n, config.requests);
+    return writer->write(r);
+  }));
+  return writer->close();
+}
+
 }  // namespace
 
 absl::Status runCommand(const std::string& command, const std::vector<std::string>& args,
@@ -104,8 +124,9 @@ absl::Status runCommand(const std::string& command, const std::vector<std::strin
   if (command == "stats") return runStats(args, options);
   if (command == "convert") return runConvert(args, options);
   if (command == "sample") return runSample(args, options);
+  if (command == "synth") return runSynth(args, options);
   return absl::InvalidArgumentError(
-      strCat("unknown command '", command, "' (stats, convert, sample)"));
+      strCat("unknown command '", command, "' (stats, convert, sample, synth, bench)"));
 }
 
 }  // namespace kvf::trace

@@ -170,6 +170,9 @@ std::string formatSampleReport(const SampleReport& rep) {
       s[2]->cross_session_reuse, true);
   row("blocks shared by >1 session", s[0]->blocks_shared_across_sessions,
       s[1]->blocks_shared_across_sessions, s[2]->blocks_shared_across_sessions, true);
+  row("  weighted by occurrences", s[0]->block_occurrences_shared_across_sessions,
+      s[1]->block_occurrences_shared_across_sessions,
+      s[2]->block_occurrences_shared_across_sessions, true);
   fmt::format_to(std::back_inserter(o), "sessions starting in the window: {}, kept: {}\n",
                  rep.sessions_in_window, rep.sessions_kept);
   return o;

@@ -40,6 +40,9 @@ LengthSummary summarize(std::vector<int64_t> values) {
 
 double ratio(double a, double b) { return b > 0 ? a / b : 0; }
 
+constexpr uint32_t kSharedBit = uint32_t{1} << 31;
+constexpr uint32_t kOccurrenceMask = kSharedBit - 1;
+
 }  // namespace
 
 absl::StatusOr<StatsAccumulator> StatsAccumulator::create(StatsOptions options) {
@@ -131,10 +134,11 @@ void StatsAccumulator::add(const Request& r) {
       }
     }
     b.instance_bits |= my_bits;
+    if ((b.occurrences & kOccurrenceMask) != kOccurrenceMask) ++b.occurrences;  // saturates
     if (inserted) {
       b.owner = session;
     } else if (b.owner != session) {
-      b.shared = 1;
+      b.occurrences |= kSharedBit;
     }
   }
   per_request_.push_back(pr);
@@ -200,10 +204,19 @@ TraceStats StatsAccumulator::finish() const {
   double reused = static_cast<double>(intra_tokens_ + cross_tokens_);
   s.intra_session_reuse = ratio(static_cast<double>(intra_tokens_), reused);
   s.cross_session_reuse = ratio(static_cast<double>(cross_tokens_), reused);
-  int64_t shared = 0;
-  for (const auto& [id, b] : blocks_) shared += b.shared;
+  int64_t shared = 0, occurrences = 0, shared_occurrences = 0;
+  for (const auto& [id, b] : blocks_) {
+    int64_t n = b.occurrences & kOccurrenceMask;
+    occurrences += n;
+    if (b.occurrences & kSharedBit) {
+      ++shared;
+      shared_occurrences += n;
+    }
+  }
   s.blocks_shared_across_sessions =
       ratio(static_cast<double>(shared), static_cast<double>(blocks_.size()));
+  s.block_occurrences_shared_across_sessions =
+      ratio(static_cast<double>(shared_occurrences), static_cast<double>(occurrences));
   for (size_t k = 0; k < rr_offset_.size(); ++k) {
     s.round_robin.push_back(
         {options_.round_robin_instances[k],
@@ -264,6 +277,7 @@ std::string formatStatsTable(const TraceStats& s) {
     line("reuse intra-session / cross-session",
          fmt::format("{} / {}", pct(s.intra_session_reuse), pct(s.cross_session_reuse)));
     line("unique blocks shared by >1 session", pct(s.blocks_shared_across_sessions));
+    line("  weighted by occurrences", pct(s.block_occurrences_shared_across_sessions));
   }
   for (const auto& rr : s.round_robin) {
     line(fmt::format("round-robin x{} hit (block / token)", rr.instances),

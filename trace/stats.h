@@ -62,8 +62,10 @@ struct TraceStats {
   // Of the hit tokens: the share whose block was first stored by the same session (intra) or
   // by another session (cross). Only meaningful with has_sessions.
   double intra_session_reuse = 0, cross_session_reuse = 0;
-  // Unique blocks that appear in requests of more than one session / unique blocks.
+  // Unique blocks that appear in requests of more than one session / unique blocks, and the
+  // same weighted by occurrences (block occurrences whose block is shared / all occurrences).
   double blocks_shared_across_sessions = 0;
+  double block_occurrences_shared_across_sessions = 0;
   std::vector<RoundRobinHit> round_robin;
 };
 
@@ -83,7 +85,7 @@ class StatsAccumulator {
   struct BlockInfo {
     uint64_t instance_bits = 0;  // bit (offset_k + i) set: instance i of config k holds it
     uint32_t owner = 0;          // session index that first stored it (0: none)
-    uint32_t shared = 0;         // seen in a second session
+    uint32_t occurrences = 0;    // bit 31: seen in a second session; bits 0-30: occurrences
   };
   struct PerRequest {
     int32_t blocks = 0;

@@ -64,6 +64,7 @@ TEST(Stats, HandCheckedSessionTrace) {
   EXPECT_DOUBLE_EQ(s.intra_session_reuse, 0.5);
   EXPECT_DOUBLE_EQ(s.cross_session_reuse, 0.5);
   EXPECT_DOUBLE_EQ(s.blocks_shared_across_sessions, 1.0 / 6.0);
+  EXPECT_DOUBLE_EQ(s.block_occurrences_shared_across_sessions, 4.0 / 10.0);  // block 1, 4 times
   ASSERT_EQ(s.round_robin.size(), 1u);
   // Requests 0,2 go to instance 0 and 1,3 to instance 1: r2 hits {1} on 0, r3 hits {1} on 1.
   EXPECT_DOUBLE_EQ(s.round_robin[0].hit.block, 2.0 / 10.0);
