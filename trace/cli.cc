@@ -3,9 +3,13 @@
 #include <chrono>
 #include <cstdio>
 
+#include <sys/resource.h>
+
 #include <fmt/format.h>
 
+#include "common/json.h"
 #include "common/status.h"
+#include "trace/line_source.h"
 #include "trace/synth.h"
 #include "trace/writer.h"
 
@@ -15,17 +19,20 @@ namespace {
 
 using SteadyTime = std::chrono::steady_clock;
 
-// Prints "\r<label> 42% (120 MB)" to stderr at most once a second.
+// Prints "\r<label>: 42% of 120.0 MB" (or a request count) to stderr at most once a second.
 class Progress {
  public:
-  Progress(std::string label, bool enabled) : label_(std::move(label)), enabled_(enabled) {}
+  Progress(std::string label, bool enabled, bool bytes = true)
+      : label_(std::move(label)), enabled_(enabled), bytes_(bytes) {}
   void operator()(int64_t done, int64_t total) {
     if (!enabled_) return;
     auto now = SteadyTime::now();
     if (now - last_ < std::chrono::seconds(1)) return;
     last_ = now;
     shown_ = true;
-    if (total > 0) {
+    if (!bytes_) {
+      fmt::print(stderr, "\r{}: {} of {} requests", label_, done, total);
+    } else if (total > 0) {
       fmt::print(stderr, "\r{}: {:.0f}% of {:.1f} MB", label_,
                  100.0 * static_cast<double>(done) / static_cast<double>(total),
                  static_cast<double>(total) / 1e6);
@@ -40,6 +47,7 @@ class Progress {
  private:
   std::string label_;
   bool enabled_;
+  bool bytes_;
   bool shown_ = false;
   SteadyTime::time_point last_ = SteadyTime::now();
 };
@@ -108,13 +116,93 @@ absl::Status runSynth(const std::vector<std::string>& args, const CliOptions& o)
   }
   if (o.synth_requests > 0) config.requests = o.synth_requests;
   KVF_ASSIGN_OR_RETURN(auto writer, SessionWriter::create(o.output));
-  Progress progress("synth", o.progress && o.output != "-");
+  Progress progress("synth", o.progress && o.output != "-", /*bytes=*/false);
   int64_t n = 0;
   KVF_RETURN_IF_ERROR(synthesize(config, [&](const Request& r) {
     if ((++n & 0xFFFF) == 0) progress(n, config.requests);
     return writer->write(r);
   }));
   return writer->close();
+}
+
+double secondsSince(SteadyTime::time_point start) {
+  return std::chrono::duration<double>(SteadyTime::now() - start).count();
+}
+
+int64_t peakRssBytes() {
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+// The same JSONL through Boost.JSON's DOM parser with field extraction, for comparison with the
+// hand-written scanner the readers use.
+absl::StatusOr<int64_t> boostJsonPass(const std::string& path, int64_t* bytes) {
+  KVF_ASSIGN_OR_RETURN(auto source, LineSource::open(path, size_t{1} << 28));
+  std::string_view line;
+  int64_t requests = 0, checksum = 0;
+  boost::json::parser parser;
+  while (true) {
+    KVF_ASSIGN_OR_RETURN(bool more, source->next(&line));
+    if (!more) break;
+    parser.reset();
+    boost::system::error_code ec;
+    parser.write(line.data(), line.size(), ec);
+    if (ec)
+      return absl::InvalidArgumentError(
+          strCat(path, ":", source->lineNumber(), ": ", ec.message()));
+    boost::json::value v = parser.release();
+    const auto& obj = v.as_object();
+    checksum += obj.at("input_length").to_number<int64_t>();
+    for (const auto& id : obj.at("hash_ids").as_array()) checksum += id.to_number<int64_t>();
+    ++requests;
+  }
+  *bytes = source->bytesConsumed();
+  return requests + (checksum & 0);
+}
+
+absl::Status runBench(const std::vector<std::string>& args, const CliOptions& o) {
+  if (args.size() != 1) return absl::InvalidArgumentError("bench needs one FILE|DIR");
+  auto start = SteadyTime::now();
+  KVF_ASSIGN_OR_RETURN(auto reader, openTrace(args[0], o.reader));
+  Request r;
+  int64_t requests = 0, ids = 0;
+  while (true) {
+    KVF_ASSIGN_OR_RETURN(bool more, reader->next(&r));
+    if (!more) break;
+    ++requests;
+    ids += static_cast<int64_t>(r.hash_ids.size());
+  }
+  double parse_s = secondsSince(start);
+  double mb = static_cast<double>(reader->bytesRead()) / 1e6;
+  fmt::print(
+      "parse ({}): {} requests, {} hash ids, {:.1f} MB in {:.2f} s = {:.0f} MB/s, "
+      "{:.0f} requests/s\n",
+      formatName(reader->format()), requests, ids, mb, parse_s, mb / parse_s,
+      static_cast<double>(requests) / parse_s);
+  if (reader->format() != TraceFormat::kAgentic) {
+    int64_t bytes = 0;
+    start = SteadyTime::now();
+    KVF_ASSIGN_OR_RETURN(int64_t n, boostJsonPass(args[0], &bytes));
+    double s = secondsSince(start);
+    fmt::print("parse (Boost.JSON DOM, for comparison): {} requests, {:.0f} MB/s\n", n,
+               static_cast<double>(bytes) / 1e6 / s);
+  }
+  int64_t rss_before = peakRssBytes();
+  start = SteadyTime::now();
+  KVF_ASSIGN_OR_RETURN(reader, openTrace(args[0], o.reader));
+  KVF_ASSIGN_OR_RETURN(auto stats, computeStats(*reader, o.stats));
+  double stats_s = secondsSince(start);
+  int64_t rss = peakRssBytes();
+  fmt::print(
+      "stats (parse + every statistic): {:.2f} s; {} unique blocks; peak RSS {:.0f} MB "
+      "({:.0f} MB before stats, {:.1f} bytes per unique block)\n",
+      stats_s, stats.unique_blocks, static_cast<double>(rss) / 1e6,
+      static_cast<double>(rss_before) / 1e6,
+      stats.unique_blocks > 0
+          ? static_cast<double>(rss - rss_before) / static_cast<double>(stats.unique_blocks)
+          : 0.0);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -125,6 +213,7 @@ absl::Status runCommand(const std::string& command, const std::vector<std::strin
   if (command == "convert") return runConvert(args, options);
   if (command == "sample") return runSample(args, options);
   if (command == "synth") return runSynth(args, options);
+  if (command == "bench") return runBench(args, options);
   return absl::InvalidArgumentError(
       strCat("unknown command '", command, "' (stats, convert, sample, synth, bench)"));
 }

@@ -108,10 +108,17 @@ bool JsonLineScanner::nextKey(std::string_view* key) {
 bool JsonLineScanner::parseUint(uint64_t* out) {
   const char* start = p_;
   uint64_t v = 0;
-  while (p_ < end_ && *p_ >= '0' && *p_ <= '9') {
-    uint64_t d = static_cast<uint64_t>(*p_ - '0');
-    if (v > (std::numeric_limits<uint64_t>::max() - d) / 10) return fail("integer out of range");
-    v = v * 10 + d;
+  // Up to 19 digits cannot overflow; only longer numbers pay for checked arithmetic.
+  const char* fast_end = end_ - p_ > 19 ? p_ + 19 : end_;
+  while (p_ < fast_end && static_cast<unsigned>(*p_ - '0') < 10) {
+    v = v * 10 + static_cast<uint64_t>(*p_ - '0');
+    ++p_;
+  }
+  while (p_ < end_ && static_cast<unsigned>(*p_ - '0') < 10) {
+    if (__builtin_mul_overflow(v, uint64_t{10}, &v) ||
+        __builtin_add_overflow(v, static_cast<uint64_t>(*p_ - '0'), &v)) {
+      return fail("integer out of range");
+    }
     ++p_;
   }
   if (p_ == start) return fail("expected a number");
@@ -212,12 +219,13 @@ bool JsonLineScanner::readString(std::string* out) {
   if (p_ >= end_ || *p_ != '"') return fail("expected a string");
   ++p_;
   while (p_ < end_ && *p_ != '"') {
+    // Copy the run of plain characters at once; escapes are rare.
+    const char* run = p_;
+    while (p_ < end_ && *p_ != '"' && *p_ != '\\' && static_cast<unsigned char>(*p_) >= 0x20) ++p_;
+    out->append(run, static_cast<size_t>(p_ - run));
+    if (p_ >= end_ || *p_ == '"') break;
     char c = *p_++;
     if (static_cast<unsigned char>(c) < 0x20) return fail("control character in a string");
-    if (c != '\\') {
-      out->push_back(c);
-      continue;
-    }
     if (p_ >= end_) break;
     char e = *p_++;
     switch (e) {

@@ -43,7 +43,29 @@ double ratio(double a, double b) { return b > 0 ? a / b : 0; }
 constexpr uint32_t kSharedBit = uint32_t{1} << 31;
 constexpr uint32_t kOccurrenceMask = kSharedBit - 1;
 
+// Ids below this always use the dense table; above it only while they stay within a small
+// multiple of the blocks seen so far (dense traces number their blocks 0, 1, 2, ...).
+constexpr HashId kDenseFloor = HashId{1} << 20;
+constexpr HashId kDenseCeiling = HashId{1} << 34;
+
 }  // namespace
+
+StatsAccumulator::BlockInfo& StatsAccumulator::BlockTable::findOrInsert(HashId id, bool* inserted) {
+  const HashId dense_limit = std::max<HashId>(kDenseFloor, 4 * (static_cast<HashId>(size_) + 1));
+  const size_t chunk = static_cast<size_t>(id >> kChunkBits);
+  if (chunk < chunks_.size() || (id < kDenseCeiling && id < dense_limit)) {
+    // Fixed-size chunks: growing never copies, so peak memory tracks the blocks present.
+    while (chunks_.size() <= chunk) chunks_.push_back(std::make_unique<BlockInfo[]>(kChunkSize));
+    BlockInfo& b = chunks_[chunk][static_cast<size_t>(id) & (kChunkSize - 1)];
+    *inserted = b.occurrences == 0;
+    size_ += *inserted;
+    return b;
+  }
+  auto [it, fresh] = sparse_.try_emplace(id);
+  *inserted = fresh;
+  size_ += fresh;
+  return it->second;
+}
 
 absl::StatusOr<StatsAccumulator> StatsAccumulator::create(StatsOptions options) {
   int bits = 0;
@@ -100,17 +122,19 @@ void StatsAccumulator::add(const Request& r) {
 
   const size_t configs = rr_offset_.size();
   uint64_t my_bits = 0;
-  match_.assign(configs, 1);
+  rr_bit_.resize(configs);
   for (size_t k = 0; k < configs; ++k) {
     int n = options_.round_robin_instances[k];
-    my_bits |= uint64_t{1} << (rr_offset_[k] + static_cast<int>(index % static_cast<size_t>(n)));
+    rr_bit_[k] = uint64_t{1} << (rr_offset_[k] + static_cast<int>(index % static_cast<size_t>(n)));
+    my_bits |= rr_bit_[k];
   }
+  uint64_t matching = my_bits;  // configs whose instance still matches the prefix
   bool single_match = true;
   PerRequest pr;
   pr.blocks = static_cast<int32_t>(r.hash_ids.size());
   for (size_t i = 0; i < r.hash_ids.size(); ++i) {
-    auto [it, inserted] = blocks_.try_emplace(r.hash_ids[i]);
-    BlockInfo& b = it->second;
+    bool inserted = false;
+    BlockInfo& b = blocks_.findOrInsert(r.hash_ids[i], &inserted);
     const int64_t tokens = r.blockTokens(i);
     if (single_match) {
       if (inserted) {
@@ -121,16 +145,15 @@ void StatsAccumulator::add(const Request& r) {
         if (session != 0) (b.owner == session ? intra_tokens_ : cross_tokens_) += tokens;
       }
     }
-    for (size_t k = 0; k < configs; ++k) {
-      if (!match_[k]) continue;
-      int n = options_.round_robin_instances[k];
-      uint64_t bit =
-          uint64_t{1} << (rr_offset_[k] + static_cast<int>(index % static_cast<size_t>(n)));
-      if (b.instance_bits & bit) {
-        ++rr_hit_blocks_[k];
-        rr_hit_tokens_[k] += tokens;
-      } else {
-        match_[k] = 0;
+    if (matching != 0) {
+      for (size_t k = 0; k < configs; ++k) {
+        if ((matching & rr_bit_[k]) == 0) continue;
+        if (b.instance_bits & rr_bit_[k]) {
+          ++rr_hit_blocks_[k];
+          rr_hit_tokens_[k] += tokens;
+        } else {
+          matching &= ~rr_bit_[k];
+        }
       }
     }
     b.instance_bits |= my_bits;
@@ -205,14 +228,14 @@ TraceStats StatsAccumulator::finish() const {
   s.intra_session_reuse = ratio(static_cast<double>(intra_tokens_), reused);
   s.cross_session_reuse = ratio(static_cast<double>(cross_tokens_), reused);
   int64_t shared = 0, occurrences = 0, shared_occurrences = 0;
-  for (const auto& [id, b] : blocks_) {
+  blocks_.forEach([&](const BlockInfo& b) {
     int64_t n = b.occurrences & kOccurrenceMask;
     occurrences += n;
     if (b.occurrences & kSharedBit) {
       ++shared;
       shared_occurrences += n;
     }
-  }
+  });
   s.blocks_shared_across_sessions =
       ratio(static_cast<double>(shared), static_cast<double>(blocks_.size()));
   s.block_occurrences_shared_across_sessions =
@@ -316,8 +339,10 @@ std::string formatStatsJson(const TraceStats& s) {
                  s.unique_blocks, hit(s.hit_all), hit(s.hit_last_half));
   fmt::format_to(std::back_inserter(o),
                  R"("intra_session_reuse": {}, "cross_session_reuse": {}, )"
-                 R"("blocks_shared_across_sessions": {}, "round_robin": [{}]}})",
-                 s.intra_session_reuse, s.cross_session_reuse, s.blocks_shared_across_sessions, rr);
+                 R"("blocks_shared_across_sessions": {}, )"
+                 R"("block_occurrences_shared_across_sessions": {}, "round_robin": [{}]}})",
+                 s.intra_session_reuse, s.cross_session_reuse, s.blocks_shared_across_sessions,
+                 s.block_occurrences_shared_across_sessions, rr);
   o += "\n";
   return o;
 }

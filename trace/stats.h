@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -93,11 +94,35 @@ class StatsAccumulator {
     int64_t hit_tokens = 0;
   };
 
+  // Block id -> BlockInfo: a dense vector for small ids (traces that number blocks 0, 1, 2, ...)
+  // and a hash map for the rest; a present entry has occurrences > 0.
+  class BlockTable {
+   public:
+    BlockInfo& findOrInsert(HashId id, bool* inserted);
+    size_t size() const { return size_; }
+    template <class F>
+    void forEach(F&& f) const {
+      for (const auto& c : chunks_) {
+        for (size_t i = 0; i < kChunkSize; ++i) {
+          if (c[i].occurrences != 0) f(c[i]);
+        }
+      }
+      for (const auto& [id, b] : sparse_) f(b);
+    }
+    static constexpr int kChunkBits = 16;
+    static constexpr size_t kChunkSize = size_t{1} << kChunkBits;
+
+   private:
+    std::vector<std::unique_ptr<BlockInfo[]>> chunks_;
+    absl::flat_hash_map<HashId, BlockInfo> sparse_;
+    size_t size_ = 0;
+  };
+
   uint32_t sessionIndex(const Request& r);
 
   StatsOptions options_;
   std::vector<int> rr_offset_;
-  absl::flat_hash_map<HashId, BlockInfo> blocks_;
+  BlockTable blocks_;
   absl::flat_hash_map<std::string, uint32_t> session_ids_;
   std::vector<uint32_t> session_requests_;  // index 0 unused
   std::vector<int64_t> inputs_, outputs_;
@@ -109,7 +134,7 @@ class StatsAccumulator {
   int64_t requests_with_session_ = 0;
   int64_t out_of_order_ = 0;
   Nanos first_ = 0, last_ = 0, max_arrival_ = 0;
-  std::vector<uint8_t> match_;  // scratch
+  std::vector<uint64_t> rr_bit_;  // scratch: this request's instance bit per config
 };
 
 // Reads `reader` to the end and computes its statistics. `progress` (optional) is called about

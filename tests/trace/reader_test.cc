@@ -161,6 +161,12 @@ TEST(JsonlReader, ReportsFileLineAndFieldThenStopsOrSkips) {
       {"{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]} x", "",
        "unexpected text"},
       {"[1, 2]", "", "expected a JSON object"},
+      {"{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"type\": \"a\tb\", "
+       "\"hash_ids\": [1]}",
+       "type", "control character"},
+      {"{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"type\": \"a\\qb\", "
+       "\"hash_ids\": [1]}",
+       "type", "bad escape"},
       {"{\"timestamp\": 99999999999999999999, \"input_length\": 10, \"output_length\": 1, "
        "\"hash_ids\": [1]}",
        "timestamp", "out of range"},

@@ -1,6 +1,10 @@
 #include "trace/stats.h"
 
+#include <random>
+
 #include <gtest/gtest.h>
+
+#include "common/strings.h"
 
 #include "tests/trace/trace_test_util.h"
 
@@ -69,6 +73,34 @@ TEST(Stats, HandCheckedSessionTrace) {
   // Requests 0,2 go to instance 0 and 1,3 to instance 1: r2 hits {1} on 0, r3 hits {1} on 1.
   EXPECT_DOUBLE_EQ(s.round_robin[0].hit.block, 2.0 / 10.0);
   EXPECT_DOUBLE_EQ(s.round_robin[0].hit.token, 8.0 / 36.0);
+}
+
+TEST(Stats, ResultsDoNotDependOnHowIdsAreNumbered) {
+  // Small dense ids use a table, large sparse ids a hash map; mixing both must not matter.
+  std::mt19937_64 rng(5);
+  std::vector<Request> dense, sparse;
+  for (int i = 0; i < 3000; ++i) {
+    std::vector<HashId> ids;
+    auto n = 1 + rng() % 20;
+    HashId root = rng() % 50;
+    for (uint64_t b = 0; b < n; ++b) ids.push_back(root * 1000 + (b < 3 ? b : rng() % 2000));
+    std::string session = strCat("s", rng() % 300);
+    dense.push_back(req(i, session, static_cast<int64_t>(n) * 4, 1, ids));
+    for (auto& id : ids) id = id % 3 == 0 ? id : (HashId{1} << 45) + id * 7919;
+    sparse.push_back(req(i, session, static_cast<int64_t>(n) * 4, 1, ids));
+  }
+  TraceStats a = statsOf(dense), b = statsOf(sparse);
+  EXPECT_EQ(a.unique_blocks, b.unique_blocks);
+  EXPECT_GT(a.hit_all.block, 0.1);
+  EXPECT_DOUBLE_EQ(a.hit_all.block, b.hit_all.block);
+  EXPECT_DOUBLE_EQ(a.hit_all.token, b.hit_all.token);
+  EXPECT_DOUBLE_EQ(a.intra_session_reuse, b.intra_session_reuse);
+  EXPECT_DOUBLE_EQ(a.blocks_shared_across_sessions, b.blocks_shared_across_sessions);
+  EXPECT_DOUBLE_EQ(a.block_occurrences_shared_across_sessions,
+                   b.block_occurrences_shared_across_sessions);
+  for (size_t k = 0; k < a.round_robin.size(); ++k) {
+    EXPECT_DOUBLE_EQ(a.round_robin[k].hit.block, b.round_robin[k].hit.block);
+  }
 }
 
 TEST(Stats, PrefixMatchStopsAtFirstMiss) {
