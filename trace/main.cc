@@ -9,6 +9,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
 #include "common/status.h"
 #include "trace/cli.h"
 
@@ -100,6 +101,13 @@ absl::StatusOr<kvf::trace::CliOptions> cliOptions() {
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(kUsage);
+  // --help lists the flags defined in this file (Abseil's default matches the binary's name).
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return absl::string_view(file).find("trace/main.cc") != absl::string_view::npos;
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
   std::vector<char*> args = absl::ParseCommandLine(argc, argv);
   if (args.size() < 2) {
     std::cerr << kUsage << "\n\nRun with --help for every flag.\n";
