@@ -9,6 +9,7 @@
 
 #include "common/json.h"
 #include "common/status.h"
+#include "trace/json_line.h"
 #include "trace/line_source.h"
 #include "trace/synth.h"
 #include "trace/writer.h"
@@ -68,8 +69,10 @@ absl::Status runStats(const std::vector<std::string>& args, const CliOptions& o)
     printSkipped(*reader);
     if (o.json) {
       std::string json = formatStatsJson(*stats);
-      json.insert(1, fmt::format("\"path\": \"{}\", \"format\": \"{}\", ", path,
-                                 formatName(reader->format())));
+      std::string prefix = "\"path\": ";
+      appendJsonString(&prefix, path);
+      prefix += fmt::format(", \"format\": \"{}\", ", formatName(reader->format()));
+      json.insert(1, prefix);
       fmt::print("{}", json);
     } else {
       fmt::print("== {} ({})\n{}", path, formatName(reader->format()), formatStatsTable(*stats));

@@ -343,7 +343,7 @@ bool JsonLineScanner::skipNested(int depth) {
   char c = *p_;
   if (c == '"') {
     ++p_;
-    while (p_ < end_ && *p_ != '"') p_ += (*p_ == '\\') ? 2 : 1;
+    while (p_ < end_ && *p_ != '"') p_ += (*p_ == '\\' && end_ - p_ > 1) ? 2 : 1;
     if (p_ >= end_) return fail("unterminated string");
     ++p_;
     return true;

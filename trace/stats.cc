@@ -170,6 +170,14 @@ void StatsAccumulator::add(const Request& r) {
 TraceStats StatsAccumulator::finish() const {
   TraceStats s;
   s.requests = static_cast<int64_t>(inputs_.size());
+  finishSessionsAndArrivals(&s);
+  finishLengths(&s);
+  finishCache(&s);
+  return s;
+}
+
+void StatsAccumulator::finishSessionsAndArrivals(TraceStats* out) const {
+  TraceStats& s = *out;
   s.has_sessions = !session_ids_.empty();
   s.sessions = static_cast<int64_t>(session_ids_.size());
   int64_t multi = 0, multi_requests = 0;
@@ -198,6 +206,10 @@ TraceStats StatsAccumulator::finish() const {
   s.qps_window_s = options_.qps_window_s;
   s.peak_qps = static_cast<double>(peak) / options_.qps_window_s;
   s.out_of_order = out_of_order_;
+}
+
+void StatsAccumulator::finishLengths(TraceStats* out) const {
+  TraceStats& s = *out;
   s.input = summarize(inputs_);
   s.output = summarize(outputs_);
   for (int64_t v : inputs_) s.input_tokens += v;
@@ -206,6 +218,10 @@ TraceStats StatsAccumulator::finish() const {
   s.prefill_token_share = ratio(static_cast<double>(s.input_tokens),
                                 static_cast<double>(s.input_tokens + s.output_tokens));
   s.block_sizes = block_sizes_;
+}
+
+void StatsAccumulator::finishCache(TraceStats* out) const {
+  TraceStats& s = *out;
   s.unique_blocks = static_cast<int64_t>(blocks_.size());
   int64_t hit_blocks[2] = {0, 0}, blocks[2] = {0, 0}, hit_tokens[2] = {0, 0}, tokens[2] = {0, 0};
   const size_t half = per_request_.size() / 2;
@@ -246,7 +262,6 @@ TraceStats StatsAccumulator::finish() const {
          {ratio(static_cast<double>(rr_hit_blocks_[k]), static_cast<double>(blocks[0])),
           ratio(static_cast<double>(rr_hit_tokens_[k]), static_cast<double>(tokens[0]))}});
   }
-  return s;
 }
 
 absl::StatusOr<TraceStats> computeStats(RequestReader& reader, const StatsOptions& options,

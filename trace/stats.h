@@ -119,6 +119,9 @@ class StatsAccumulator {
   };
 
   uint32_t sessionIndex(const Request& r);
+  void finishSessionsAndArrivals(TraceStats* out) const;
+  void finishLengths(TraceStats* out) const;
+  void finishCache(TraceStats* out) const;
 
   StatsOptions options_;
   std::vector<int> rr_offset_;

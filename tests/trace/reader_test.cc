@@ -1,5 +1,8 @@
 #include "trace/reader.h"
 
+#include <algorithm>
+#include <random>
+
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -235,6 +238,76 @@ TEST(MooncakeReader, ReadsBundledTraces) {
   EXPECT_EQ(conv.back().arrival, 3536999 * kNanosPerMilli);
   auto synth = mustRead(testing::tracesDir() + "/mooncake/synthetic_trace.jsonl");
   EXPECT_EQ(synth.size(), 3993u);
+}
+
+}  // namespace
+}  // namespace kvf::trace
+
+namespace kvf::trace {
+namespace {
+
+// Robustness: random byte edits, truncations and splices of valid lines must either parse or be
+// reported as a problem, never crash or read out of bounds (run under KVF_SANITIZE in CI).
+TEST(JsonlReader, SurvivesRandomlyCorruptedLines) {
+  const std::vector<std::string> seeds = {
+      "{\"timestamp\": 12.5, \"input_length\": 1025, \"output_length\": 7, \"block_size\": 512, "
+      "\"id\": \"a\\\"b\\u00e9\\ud83d\\ude00\", \"session_id\": 5, \"turn\": 2, \"parent_id\": "
+      "null, \"think_time_ms\": 1e3, \"type\": \"x\", \"extra\": [1, {\"k\": [true, false]}], "
+      "\"hash_ids\": [0, 18446744073709551615, 3]}",
+      "{\"chat_id\": 1, \"parent_chat_id\": -1, \"timestamp\": 61.114, \"input_length\": 33, "
+      "\"output_length\": 1, \"type\": \"text\", \"turn\": 1, \"hash_ids\": [1, 2, 3]}"};
+  std::mt19937_64 rng(99);
+  const std::string alphabet = "{}[]\",:\\-+.eE0123456789 nulltrue\x01\xff";
+  std::string text;
+  for (int i = 0; i < 4000; ++i) {
+    std::string line = seeds[static_cast<size_t>(i) % seeds.size()];
+    int edits = 1 + static_cast<int>(rng() % 4);
+    for (int e = 0; e < edits && !line.empty(); ++e) {
+      size_t pos = rng() % line.size();
+      switch (rng() % 4) {
+        case 0:
+          line[pos] = alphabet[rng() % alphabet.size()];
+          break;
+        case 1:
+          line.erase(pos, 1 + rng() % 8);
+          break;
+        case 2:
+          line.insert(pos, 1, alphabet[rng() % alphabet.size()]);
+          break;
+        default:
+          line.resize(pos);
+          break;
+      }
+    }
+    text += line + "\n";
+  }
+  int64_t non_blank = 0;
+  for (size_t start = 0; start < text.size();) {
+    size_t end = text.find('\n', start);
+    std::string_view line(text.data() + start, end - start);
+    non_blank += line.find_first_not_of(" \t") != std::string_view::npos;
+    start = end + 1;
+  }
+  TempDir dir;
+  auto path = dir.write("fuzz.jsonl", text);
+  for (auto format : {TraceFormat::kSession, TraceFormat::kBailian}) {
+    ReaderOptions options;
+    options.format = format;
+    options.on_error = OnError::kSkip;
+    auto reader = openTrace(path, options);
+    ASSERT_TRUE(reader.ok());
+    Request r;
+    int64_t parsed = 0;
+    while (true) {
+      auto more = (*reader)->next(&r);
+      ASSERT_TRUE(more.ok()) << more.status();
+      if (!*more) break;
+      ++parsed;
+      EXPECT_TRUE(blockCountConsistent(r));
+    }
+    EXPECT_GT((*reader)->skipped(), 1000);
+    EXPECT_EQ(parsed + (*reader)->skipped(), non_blank);
+  }
 }
 
 }  // namespace
