@@ -25,6 +25,8 @@ uint64_t hashText(std::string_view s, uint64_t seed) {
   return mix64(h ^ s.size());
 }
 
+constexpr uint64_t kRandomBaselineSalt = 0xBA5E'11CEULL;
+
 struct SessionInfo {
   Nanos first = 0;
   uint32_t requests = 0;
@@ -120,12 +122,20 @@ absl::StatusOr<SampleReport> sampleTrace(const std::string& path, const ReaderOp
   report.sessions_kept = chooseSessions(sessions, options);
   KVF_ASSIGN_OR_RETURN(auto window_acc, StatsAccumulator::create(stats_options));
   KVF_ASSIGN_OR_RETURN(auto sample_acc, StatsAccumulator::create(stats_options));
+  KVF_ASSIGN_OR_RETURN(auto random_acc, StatsAccumulator::create(stats_options));
+  // The baseline the seed warns about: as many sessions, drawn at random from the whole trace.
+  const double random_ratio = static_cast<double>(report.sessions_kept) /
+                              static_cast<double>(std::max<size_t>(1, sessions.size()));
+  const uint64_t random_threshold =
+      random_ratio >= 1 ? ~uint64_t{0} : static_cast<uint64_t>(std::ldexp(random_ratio, 64));
   KVF_ASSIGN_OR_RETURN(auto in, openTrace(path, reader));
   index = 0;
   while (true) {
     KVF_ASSIGN_OR_RETURN(bool more, in->next(&r));
     if (!more) break;
-    const SessionInfo& info = sessions.at(sessionKey(r, index++));
+    const std::string key = sessionKey(r, index++);
+    const SessionInfo& info = sessions.at(key);
+    if (hashText(key, options.seed ^ kRandomBaselineSalt) <= random_threshold) random_acc.add(r);
     if (!info.in_window) continue;
     if (options.rebase_time) r.arrival -= start;
     window_acc.add(r);
@@ -136,44 +146,54 @@ absl::StatusOr<SampleReport> sampleTrace(const std::string& path, const ReaderOp
   report.input = input_acc.finish();
   report.window = window_acc.finish();
   report.sample = sample_acc.finish();
+  report.random = random_acc.finish();
   return report;
 }
 
 std::string formatSampleReport(const SampleReport& rep) {
   std::string o;
-  auto row = [&o](std::string_view name, double a, double b, double c, bool percent) {
-    if (percent) {
-      fmt::format_to(std::back_inserter(o), "{:<36} {:>11.2f}% {:>11.2f}% {:>11.2f}%\n", name,
-                     a * 100, b * 100, c * 100);
-    } else {
-      fmt::format_to(std::back_inserter(o), "{:<36} {:>12.6g} {:>12.6g} {:>12.6g}\n", name, a, b,
-                     c);
+  const TraceStats* cols[4] = {&rep.input, &rep.window, &rep.sample, &rep.random};
+  auto row = [&](std::string_view name, auto get, bool percent) {
+    fmt::format_to(std::back_inserter(o), "{:<34}", name);
+    for (const TraceStats* c : cols) {
+      double v = get(*c);
+      if (percent) {
+        fmt::format_to(std::back_inserter(o), " {:>11.2f}%", v * 100);
+      } else {
+        fmt::format_to(std::back_inserter(o), " {:>12.6g}", v);
+      }
     }
+    o += "\n";
   };
-  const TraceStats* s[3] = {&rep.input, &rep.window, &rep.sample};
-  fmt::format_to(std::back_inserter(o), "{:<36} {:>12} {:>12} {:>12}\n", "", "input", "window",
-                 "sample");
-  auto d = [](int64_t v) { return static_cast<double>(v); };
-  row("requests", d(s[0]->requests), d(s[1]->requests), d(s[2]->requests), false);
-  row("sessions", d(s[0]->sessions), d(s[1]->sessions), d(s[2]->sessions), false);
-  row("multi-turn sessions", s[0]->multi_turn_share, s[1]->multi_turn_share, s[2]->multi_turn_share,
+  fmt::format_to(std::back_inserter(o), "{:<34} {:>12} {:>12} {:>12} {:>12}\n", "", "input",
+                 "window", "sample", "random");
+  using S = const TraceStats&;
+  row(
+      "requests", [](S s) { return static_cast<double>(s.requests); }, false);
+  row(
+      "sessions", [](S s) { return static_cast<double>(s.sessions); }, false);
+  row(
+      "multi-turn sessions", [](S s) { return s.multi_turn_share; }, true);
+  row(
+      "turns per session", [](S s) { return s.turns_per_session; }, false);
+  row(
+      "span (s)", [](S s) { return s.span_s; }, false);
+  row(
+      "input mean", [](S s) { return s.input.mean; }, false);
+  row(
+      "unlimited cache hit (token)", [](S s) { return s.hit_all.token; }, true);
+  row(
+      "unlimited cache hit (block)", [](S s) { return s.hit_all.block; }, true);
+  row(
+      "cross-session share of reuse", [](S s) { return s.cross_session_reuse; }, true);
+  row(
+      "blocks shared by >1 session", [](S s) { return s.blocks_shared_across_sessions; }, true);
+  row(
+      "  weighted by occurrences", [](S s) { return s.block_occurrences_shared_across_sessions; },
       true);
-  row("turns per session", s[0]->turns_per_session, s[1]->turns_per_session,
-      s[2]->turns_per_session, false);
-  row("span (s)", s[0]->span_s, s[1]->span_s, s[2]->span_s, false);
-  row("input mean", s[0]->input.mean, s[1]->input.mean, s[2]->input.mean, false);
-  row("unlimited cache hit (token)", s[0]->hit_all.token, s[1]->hit_all.token, s[2]->hit_all.token,
-      true);
-  row("unlimited cache hit (block)", s[0]->hit_all.block, s[1]->hit_all.block, s[2]->hit_all.block,
-      true);
-  row("cross-session share of reuse", s[0]->cross_session_reuse, s[1]->cross_session_reuse,
-      s[2]->cross_session_reuse, true);
-  row("blocks shared by >1 session", s[0]->blocks_shared_across_sessions,
-      s[1]->blocks_shared_across_sessions, s[2]->blocks_shared_across_sessions, true);
-  row("  weighted by occurrences", s[0]->block_occurrences_shared_across_sessions,
-      s[1]->block_occurrences_shared_across_sessions,
-      s[2]->block_occurrences_shared_across_sessions, true);
-  fmt::format_to(std::back_inserter(o), "sessions starting in the window: {}, kept: {}\n",
+  fmt::format_to(std::back_inserter(o),
+                 "sessions starting in the window: {}, kept: {}; 'random' keeps about as many "
+                 "sessions drawn from the whole trace (the sampling the seed warns against)\n",
                  rep.sessions_in_window, rep.sessions_kept);
   return o;
 }

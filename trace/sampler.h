@@ -34,6 +34,9 @@ struct SampleReport {
   TraceStats input;   // the whole input trace
   TraceStats window;  // every session starting in the window (before thinning)
   TraceStats sample;  // what was written
+  // Baseline for comparison (not written): about as many sessions drawn at random from the
+  // whole trace, the method seed 003 found to destroy cross-session sharing.
+  TraceStats random;
   int64_t sessions_in_window = 0;
   int64_t sessions_kept = 0;
 };

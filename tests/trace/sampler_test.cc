@@ -72,6 +72,9 @@ TEST(Sampler, KeepsWholeSessionsStartingInTheWindow) {
   EXPECT_EQ(rep->window.requests, 10);
   EXPECT_EQ(rep->sample.requests, 10);
   EXPECT_EQ(rep->sample.multi_turn_share, 2.0 / 6.0);
+  // The random baseline draws about 6 of the 30 sessions from the whole trace.
+  EXPECT_GT(rep->random.sessions, 0);
+  EXPECT_LT(rep->random.sessions, 20);
 }
 
 TEST(Sampler, CapsSingleTurnShareAndIsSeeded) {
