@@ -136,6 +136,30 @@ TEST(BailianReader, BuildsSessionsFromParentChains) {
   EXPECT_EQ(r[3].parent_id, "7");
 }
 
+TEST(BailianReader, MissingChatIdIsReported) {
+  TempDir dir;
+  auto path =
+      dir.write("b.jsonl",
+                "{\"parent_chat_id\": -1, \"timestamp\": 0.5, \"input_length\": 16, "
+                "\"output_length\": 5, \"type\": \"text\", \"turn\": 1, \"hash_ids\": [1]}\n");
+  auto r = readAll(path, {.format = TraceFormat::kBailian});
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr(":1: field 'chat_id': missing"));
+}
+
+TEST(MooncakeReader, BlockSizeOverrideIsChecked) {
+  TempDir dir;
+  auto path = dir.write("m.jsonl",
+                        "{\"timestamp\": 0, \"input_length\": 600, \"output_length\": 1, "
+                        "\"hash_ids\": [1, 2, 3]}\n");
+  ReaderOptions o;
+  o.block_size = 256;  // 600 tokens = 3 blocks of 256 (last partial)
+  auto r = readAll(path, o);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ((*r)[0].block_size, 256);
+  EXPECT_FALSE(readAll(path).ok());  // with Mooncake's 512, 3 ids do not fit 600 tokens
+}
+
 struct BadLine {
   std::string line;
   std::string field;
