@@ -30,6 +30,9 @@ ABSL_FLAG(bool, json, false, "stats: print one JSON object per input instead of 
 ABSL_FLAG(std::vector<std::string>, rr_instances, std::vector<std::string>({"2", "4", "8", "16"}),
           "stats: instance counts for the round-robin hit ratio (sum <= 64).");
 ABSL_FLAG(double, qps_window_s, 60.0, "stats: window length for the peak QPS.");
+ABSL_FLAG(bool, chain_ids, false,
+          "stats/sample: the trace's ids hash single blocks (not prefix-chained); chain them so "
+          "an equal id after a different prefix counts as a different block.");
 ABSL_FLAG(std::string, output, "", "sample/synth/convert: output session JSONL ('-': stdout).");
 ABSL_FLAG(double, window_start_s, 0.0, "sample: start of the time window (s from trace start).");
 ABSL_FLAG(double, window_s, 600.0, "sample: window length in seconds (<= 0: whole trace).");
@@ -84,6 +87,7 @@ absl::StatusOr<kvf::trace::CliOptions> cliOptions() {
     }
   }
   o.stats.qps_window_s = absl::GetFlag(FLAGS_qps_window_s);
+  o.stats.chain_ids = absl::GetFlag(FLAGS_chain_ids);
   o.json = absl::GetFlag(FLAGS_json);
   o.output = absl::GetFlag(FLAGS_output);
   o.sample.window_start_s = absl::GetFlag(FLAGS_window_start_s);

@@ -40,6 +40,16 @@ LengthSummary summarize(std::vector<int64_t> values) {
 
 double ratio(double a, double b) { return b > 0 ? a / b : 0; }
 
+// Chains an id onto a prefix key (SplitMix64 finaliser over both).
+HashId mixIds(HashId prefix, HashId id) {
+  uint64_t x = prefix * 0x9E3779B97F4A7C15ULL + id + 0x632BE59BD9B4E019ULL;
+  x ^= x >> 30;
+  x *= 0xBF58476D1CE4E5B9ULL;
+  x ^= x >> 27;
+  x *= 0x94D049BB133111EBULL;
+  return x ^ (x >> 31);
+}
+
 constexpr uint32_t kSharedBit = uint32_t{1} << 31;
 constexpr uint32_t kOccurrenceMask = kSharedBit - 1;
 
@@ -130,11 +140,17 @@ void StatsAccumulator::add(const Request& r) {
   }
   uint64_t matching = my_bits;  // configs whose instance still matches the prefix
   bool single_match = true;
+  HashId chain = 0;
   PerRequest pr;
   pr.blocks = static_cast<int32_t>(r.hash_ids.size());
   for (size_t i = 0; i < r.hash_ids.size(); ++i) {
     bool inserted = false;
-    BlockInfo& b = blocks_.findOrInsert(r.hash_ids[i], &inserted);
+    HashId key = r.hash_ids[i];
+    if (options_.chain_ids) {
+      chain = mixIds(chain, key);
+      key = chain;
+    }
+    BlockInfo& b = blocks_.findOrInsert(key, &inserted);
     const int64_t tokens = r.blockTokens(i);
     if (single_match) {
       if (inserted) {

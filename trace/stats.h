@@ -22,6 +22,9 @@ struct StatsOptions {
   std::vector<int> round_robin_instances = {2, 4, 8, 16};
   // Peak QPS is the most requests in one aligned window of this length, divided by it.
   double qps_window_s = 60.0;
+  // Treat ids as hashes of single blocks (not prefix-chained): block i is identified by the
+  // chain of ids 0..i, so an equal id after a different prefix is a different block.
+  bool chain_ids = false;
 };
 
 struct LengthSummary {

@@ -117,6 +117,24 @@ TEST(Stats, PrefixMatchStopsAtFirstMiss) {
   EXPECT_DOUBLE_EQ(statsOf(t, one).round_robin[0].hit.block, 1.0 / 6.0);
 }
 
+TEST(Stats, ChainIdsForPerBlockHashes) {
+  // Per-block content hashes: block 7 after prefix 1 differs from block 7 after prefix 2.
+  std::vector<Request> t = {req(0, "", 8, 1, {1, 7}), req(1, "", 8, 1, {2, 7}),
+                            req(2, "", 8, 1, {1, 7})};
+  StatsOptions chained;
+  chained.chain_ids = true;
+  TraceStats plain = statsOf(t), with_chain = statsOf(t, chained);
+  EXPECT_EQ(plain.unique_blocks, 3);
+  EXPECT_EQ(with_chain.unique_blocks, 4);                 // (1), (1,7), (2), (2,7)
+  EXPECT_DOUBLE_EQ(with_chain.hit_all.block, 2.0 / 6.0);  // only the third request hits
+  EXPECT_DOUBLE_EQ(plain.hit_all.block, 2.0 / 6.0);       // a miss at block 0 stops the match
+  // Where plain ids would wrongly hit: the same id after a prefix that was also seen.
+  std::vector<Request> u = {req(0, "", 8, 1, {1, 7}), req(1, "", 8, 1, {2, 9}),
+                            req(2, "", 8, 1, {2, 7})};
+  EXPECT_DOUBLE_EQ(statsOf(u).hit_all.block, 2.0 / 6.0);  // r2 hits 2 and 7
+  EXPECT_DOUBLE_EQ(statsOf(u, chained).hit_all.block, 1.0 / 6.0);
+}
+
 TEST(Stats, UnhashedTailTokensNeverHit) {
   // 64-token blocks, floor hashing: 100 tokens -> 1 hashed block + 36 unhashed tokens.
   std::vector<Request> t = {req(0, "s", 100, 1, {7}, 64), req(1, "s", 100, 1, {7}, 64)};
