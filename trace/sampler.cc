@@ -54,8 +54,8 @@ absl::Status validate(const SampleOptions& o) {
 // Thinning and the single-turn cap over the sessions in the window.
 int64_t chooseSessions(absl::flat_hash_map<std::string, SessionInfo>& sessions,
                        const SampleOptions& o) {
-  const auto threshold = static_cast<uint64_t>(
-      std::ldexp(o.sample_ratio, 64) >= 0x1p64 ? ~uint64_t{0} : std::ldexp(o.sample_ratio, 64));
+  const uint64_t threshold =
+      o.sample_ratio >= 1 ? ~uint64_t{0} : static_cast<uint64_t>(std::ldexp(o.sample_ratio, 64));
   std::vector<std::pair<uint64_t, SessionInfo*>> single;
   int64_t multi = 0;
   for (auto& [key, info] : sessions) {
