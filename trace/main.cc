@@ -29,6 +29,9 @@ ABSL_FLAG(uint64_t, conversation_seed, 1, "Agentic directory: seed of the arriva
 ABSL_FLAG(bool, json, false, "stats: print one JSON object per input instead of a table.");
 ABSL_FLAG(std::vector<std::string>, rr_instances, std::vector<std::string>({"2", "4", "8", "16"}),
           "stats: instance counts for the round-robin hit ratio (sum <= 64).");
+ABSL_FLAG(std::vector<std::string>, sticky_instances, std::vector<std::string>({"8"}),
+          "stats: instance counts for the session-sticky hit ratio (with --rr_instances, sum <= "
+          "64).");
 ABSL_FLAG(double, qps_window_s, 60.0, "stats: window length for the peak QPS.");
 ABSL_FLAG(bool, chain_ids, false,
           "stats/sample: the trace's ids hash single blocks (not prefix-chained); chain them so "
@@ -84,6 +87,14 @@ absl::StatusOr<kvf::trace::CliOptions> cliOptions() {
       o.stats.round_robin_instances.push_back(std::stoi(n));
     } catch (const std::exception&) {
       return absl::InvalidArgumentError("--rr_instances takes integers, e.g. 2,4,8");
+    }
+  }
+  o.stats.sticky_instances.clear();
+  for (const std::string& n : absl::GetFlag(FLAGS_sticky_instances)) {
+    try {
+      o.stats.sticky_instances.push_back(std::stoi(n));
+    } catch (const std::exception&) {
+      return absl::InvalidArgumentError("--sticky_instances takes integers, e.g. 8");
     }
   }
   o.stats.qps_window_s = absl::GetFlag(FLAGS_qps_window_s);

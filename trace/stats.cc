@@ -79,13 +79,15 @@ StatsAccumulator::BlockInfo& StatsAccumulator::BlockTable::findOrInsert(HashId i
 
 absl::StatusOr<StatsAccumulator> StatsAccumulator::create(StatsOptions options) {
   int bits = 0;
-  for (int n : options.round_robin_instances) {
-    if (n < 1) return absl::InvalidArgumentError("round-robin instance counts must be >= 1");
-    bits += n;
+  for (const auto* list : {&options.round_robin_instances, &options.sticky_instances}) {
+    for (int n : *list) {
+      if (n < 1) return absl::InvalidArgumentError("instance counts must be >= 1");
+      bits += n;
+    }
   }
   if (bits > 64) {
-    return absl::InvalidArgumentError(
-        strCat("round-robin instance counts sum to ", bits, "; at most 64 are supported"));
+    return absl::InvalidArgumentError(strCat("round-robin and sticky instance counts sum to ", bits,
+                                             "; at most 64 are supported"));
   }
   if (!(options.qps_window_s > 0)) return absl::InvalidArgumentError("qps window must be > 0");
   return StatsAccumulator(std::move(options));
@@ -93,7 +95,10 @@ absl::StatusOr<StatsAccumulator> StatsAccumulator::create(StatsOptions options) 
 
 StatsAccumulator::StatsAccumulator(StatsOptions options) : options_(std::move(options)) {
   int offset = 0;
-  for (int n : options_.round_robin_instances) {
+  rr_instances_ = options_.round_robin_instances;
+  rr_instances_.insert(rr_instances_.end(), options_.sticky_instances.begin(),
+                       options_.sticky_instances.end());
+  for (int n : rr_instances_) {
     rr_offset_.push_back(offset);
     offset += n;
   }
@@ -133,9 +138,11 @@ void StatsAccumulator::add(const Request& r) {
   const size_t configs = rr_offset_.size();
   uint64_t my_bits = 0;
   rr_bit_.resize(configs);
+  const size_t round_robin = options_.round_robin_instances.size();
   for (size_t k = 0; k < configs; ++k) {
-    int n = options_.round_robin_instances[k];
-    rr_bit_[k] = uint64_t{1} << (rr_offset_[k] + static_cast<int>(index % static_cast<size_t>(n)));
+    auto n = static_cast<size_t>(rr_instances_[k]);
+    size_t pick = (k >= round_robin && session != 0) ? session - 1 : index;
+    rr_bit_[k] = uint64_t{1} << (rr_offset_[k] + static_cast<int>(pick % n));
     my_bits |= rr_bit_[k];
   }
   uint64_t matching = my_bits;  // configs whose instance still matches the prefix
@@ -273,8 +280,9 @@ void StatsAccumulator::finishCache(TraceStats* out) const {
   s.block_occurrences_shared_across_sessions =
       ratio(static_cast<double>(shared_occurrences), static_cast<double>(occurrences));
   for (size_t k = 0; k < rr_offset_.size(); ++k) {
-    s.round_robin.push_back(
-        {options_.round_robin_instances[k],
+    auto& list = k < options_.round_robin_instances.size() ? s.round_robin : s.session_sticky;
+    list.push_back(
+        {rr_instances_[k],
          {ratio(static_cast<double>(rr_hit_blocks_[k]), static_cast<double>(blocks[0])),
           ratio(static_cast<double>(rr_hit_tokens_[k]), static_cast<double>(tokens[0]))}});
   }
@@ -337,6 +345,10 @@ std::string formatStatsTable(const TraceStats& s) {
     line(fmt::format("round-robin x{} hit (block / token)", rr.instances),
          fmt::format("{} / {}", pct(rr.hit.block), pct(rr.hit.token)));
   }
+  for (const auto& st : s.session_sticky) {
+    line(fmt::format("session-sticky x{} hit (block / token)", st.instances),
+         fmt::format("{} / {}", pct(st.hit.block), pct(st.hit.token)));
+  }
   return o;
 }
 
@@ -348,11 +360,16 @@ std::string formatStatsJson(const TraceStats& s) {
   auto hit = [](const HitRatio& h) {
     return fmt::format(R"({{"block": {}, "token": {}}})", h.block, h.token);
   };
-  std::string rr;
-  for (const auto& r : s.round_robin) {
-    if (!rr.empty()) rr += ", ";
-    rr += fmt::format(R"({{"instances": {}, "hit": {}}})", r.instances, hit(r.hit));
-  }
+  auto instances = [&hit](const std::vector<RoundRobinHit>& list) {
+    std::string out;
+    for (const auto& r : list) {
+      if (!out.empty()) out += ", ";
+      out += fmt::format(R"({{"instances": {}, "hit": {}}})", r.instances, hit(r.hit));
+    }
+    return out;
+  };
+  std::string rr = instances(s.round_robin);
+  std::string sticky = instances(s.session_sticky);
   std::string o = "{";
   fmt::format_to(std::back_inserter(o),
                  R"("requests": {}, "has_sessions": {}, "sessions": {}, "multi_turn_share": {}, )"
@@ -371,9 +388,10 @@ std::string formatStatsJson(const TraceStats& s) {
   fmt::format_to(std::back_inserter(o),
                  R"("intra_session_reuse": {}, "cross_session_reuse": {}, )"
                  R"("blocks_shared_across_sessions": {}, )"
-                 R"("block_occurrences_shared_across_sessions": {}, "round_robin": [{}]}})",
+                 R"("block_occurrences_shared_across_sessions": {}, "round_robin": [{}], )"
+                 R"("session_sticky": [{}]}})",
                  s.intra_session_reuse, s.cross_session_reuse, s.blocks_shared_across_sessions,
-                 s.block_occurrences_shared_across_sessions, rr);
+                 s.block_occurrences_shared_across_sessions, rr, sticky);
   o += "\n";
   return o;
 }

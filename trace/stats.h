@@ -20,6 +20,10 @@ namespace kvf::trace {
 struct StatsOptions {
   // Instance counts for the round-robin hit ratio; their sum must be <= 64.
   std::vector<int> round_robin_instances = {2, 4, 8, 16};
+  // Instance counts for the session-sticky hit ratio (the k-th session to appear goes to
+  // instance k mod N; requests without a session are spread round-robin). Together with the
+  // round-robin counts the sum must be <= 64.
+  std::vector<int> sticky_instances = {8};
   // Peak QPS is the most requests in one aligned window of this length, divided by it.
   double qps_window_s = 60.0;
   // Treat ids as hashes of single blocks (not prefix-chained): block i is identified by the
@@ -71,6 +75,7 @@ struct TraceStats {
   double blocks_shared_across_sessions = 0;
   double block_occurrences_shared_across_sessions = 0;
   std::vector<RoundRobinHit> round_robin;
+  std::vector<RoundRobinHit> session_sticky;
 };
 
 class StatsAccumulator {
@@ -127,7 +132,8 @@ class StatsAccumulator {
   void finishCache(TraceStats* out) const;
 
   StatsOptions options_;
-  std::vector<int> rr_offset_;
+  std::vector<int> rr_offset_;  // per instance config: round-robin ones, then sticky ones
+  std::vector<int> rr_instances_;
   BlockTable blocks_;
   absl::flat_hash_map<std::string, uint32_t> session_ids_;
   std::vector<uint32_t> session_requests_;  // index 0 unused

@@ -40,6 +40,7 @@ TEST(Stats, HandCheckedSessionTrace) {
   };
   StatsOptions options;
   options.round_robin_instances = {2};
+  options.sticky_instances = {2};
   options.qps_window_s = 2;
   TraceStats s = statsOf(t, options);
   EXPECT_EQ(s.requests, 4);
@@ -73,6 +74,10 @@ TEST(Stats, HandCheckedSessionTrace) {
   // Requests 0,2 go to instance 0 and 1,3 to instance 1: r2 hits {1} on 0, r3 hits {1} on 1.
   EXPECT_DOUBLE_EQ(s.round_robin[0].hit.block, 2.0 / 10.0);
   EXPECT_DOUBLE_EQ(s.round_robin[0].hit.token, 8.0 / 36.0);
+  // Session-sticky x2: A on instance 0, B on instance 1: r1 hits {1,2}, r3 hits {1}.
+  ASSERT_EQ(s.session_sticky.size(), 1u);
+  EXPECT_DOUBLE_EQ(s.session_sticky[0].hit.block, 3.0 / 10.0);
+  EXPECT_DOUBLE_EQ(s.session_sticky[0].hit.token, 12.0 / 36.0);
 }
 
 TEST(Stats, ResultsDoNotDependOnHowIdsAreNumbered) {
@@ -101,6 +106,8 @@ TEST(Stats, ResultsDoNotDependOnHowIdsAreNumbered) {
   for (size_t k = 0; k < a.round_robin.size(); ++k) {
     EXPECT_DOUBLE_EQ(a.round_robin[k].hit.block, b.round_robin[k].hit.block);
   }
+  ASSERT_EQ(a.session_sticky.size(), 1u);
+  EXPECT_DOUBLE_EQ(a.session_sticky[0].hit.block, b.session_sticky[0].hit.block);
 }
 
 TEST(Stats, PrefixMatchStopsAtFirstMiss) {
@@ -154,6 +161,10 @@ TEST(Stats, RejectsTooManyInstances) {
   StatsOptions options;
   options.round_robin_instances = {32, 33};
   EXPECT_FALSE(StatsAccumulator::create(options).ok());
+  options.round_robin_instances = {32, 32};  // plus the default sticky 8
+  EXPECT_FALSE(StatsAccumulator::create(options).ok());
+  options.sticky_instances = {};
+  EXPECT_TRUE(StatsAccumulator::create(options).ok());
   options.round_robin_instances = {0};
   EXPECT_FALSE(StatsAccumulator::create(options).ok());
 }
