@@ -7,9 +7,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
+#include "common/cli.h"
 #include "common/status.h"
 #include "trace/cli.h"
 
@@ -115,16 +113,8 @@ absl::StatusOr<kvf::trace::CliOptions> cliOptions() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(kUsage);
-  // --help lists the flags defined in this file (Abseil's default matches the binary's name).
-  absl::FlagsUsageConfig usage_config;
-  usage_config.contains_help_flags = [](absl::string_view file) {
-    return absl::string_view(file).find("trace/main.cc") != absl::string_view::npos;
-  };
-  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage_config);
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() < 2) {
+  std::vector<std::string> args = kvf::cli::parseFlags(argc, argv, kUsage);
+  if (args.empty()) {
     std::cerr << kUsage << "\n\nRun with --help for every flag.\n";
     return 2;
   }
@@ -133,8 +123,8 @@ int main(int argc, char** argv) {
     std::cerr << "kvf-trace: " << options.status().message() << "\n";
     return 2;
   }
-  std::string command = args[1];
-  std::vector<std::string> rest(args.begin() + 2, args.end());
+  std::string command = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
   absl::Status status = kvf::trace::runCommand(command, rest, *options);
   if (!status.ok()) {
     std::cerr << "kvf-trace " << command << ": " << status.message() << "\n";
