@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "worker/block_table.h"
 #include "worker/kv_events.h"
 
 namespace kvf::engine {
