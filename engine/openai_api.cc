@@ -1,5 +1,7 @@
 #include "engine/openai_api.h"
 
+#include <cmath>
+
 #include <boost/json.hpp>
 
 #include "common/json.h"
@@ -108,9 +110,9 @@ absl::Status optionalInt(const bj::object& obj, std::string_view key, int64_t* o
     *out = v->as_int64();
   } else if (v->is_uint64()) {
     *out = INT64_MAX;  // larger than any limit; rejected by the range checks
-  } else if (v->is_double() &&
-             v->as_double() == static_cast<double>(static_cast<int64_t>(v->as_double()))) {
-    *out = static_cast<int64_t>(v->as_double());
+  } else if (v->is_double() && v->as_double() == std::floor(v->as_double())) {
+    double d = v->as_double();  // 1e3 or 99999999999999999999: integral, maybe out of range
+    *out = std::fabs(d) < 9e18 ? static_cast<int64_t>(d) : (d > 0 ? INT64_MAX : INT64_MIN);
   } else {
     return invalid(key, "must be an integer");
   }
