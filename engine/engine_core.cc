@@ -42,7 +42,7 @@ absl::Status EngineCore::validate(const RequestSpec& spec) const {
   }
   const SamplingParams& s = spec.sampling;
   if (s.max_tokens < 1) return absl::InvalidArgumentError("max_tokens: must be at least 1");
-  if (prompt_len + s.max_tokens > max_model_len_) {
+  if (s.max_tokens > max_model_len_ - prompt_len) {
     return absl::InvalidArgumentError(strCat("max_tokens: this model's maximum context length is ",
                                              max_model_len_, " tokens; the prompt has ", prompt_len,
                                              " tokens and max_tokens is ", s.max_tokens));

@@ -154,7 +154,7 @@ absl::Status parseSampling(const bj::object& obj, ApiKind kind, int64_t prompt_l
   KVF_RETURN_IF_ERROR(optionalInt(obj, "max_tokens", &s.max_tokens));
   if (s.max_tokens < 1)
     return invalid("max_tokens", strCat("must be at least 1, got ", s.max_tokens));
-  if (prompt_len + s.max_tokens > limits.max_model_len) {
+  if (s.max_tokens > limits.max_model_len - prompt_len) {  // no overflow for huge values
     return invalid("max_tokens", strCat("this model's maximum context length is ",
                                         limits.max_model_len, " tokens; the prompt has ",
                                         prompt_len, " tokens and max_tokens is ", s.max_tokens));

@@ -32,11 +32,13 @@ absl::Status Scheduler::add(RequestSpec spec, Nanos now) {
     return absl::AlreadyExistsError(strCat("request id ", spec.id, " is already running"));
   }
   int64_t bs = pool_->blockSize();
-  auto worst = static_cast<int64_t>(spec.prompt.size()) + spec.sampling.max_tokens;
-  if ((worst + bs - 1) / bs > pool_->numBlocks()) {
+  auto capacity = pool_->numBlocks() * bs;
+  auto prompt_len = static_cast<int64_t>(spec.prompt.size());
+  if (spec.sampling.max_tokens < 1 || spec.sampling.max_tokens > capacity - prompt_len) {
+    int64_t worst = prompt_len + std::min(spec.sampling.max_tokens, capacity);
     return absl::InvalidArgumentError(strCat("prompt + max_tokens (", worst,
-                                             " tokens) exceeds the KV cache capacity (",
-                                             pool_->numBlocks() * bs, " tokens)"));
+                                             " tokens) exceeds the KV cache capacity (", capacity,
+                                             " tokens)"));
   }
   auto r = std::make_unique<Request>();
   r->id = std::move(spec.id);
