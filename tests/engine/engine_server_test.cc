@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include <boost/json.hpp>
 
 #include "common/http_client.h"
@@ -251,6 +254,44 @@ TEST_F(EngineServerTest, TokenizeAndModels) {
   bj::object c =
       callJson(post("/v1/completions", R"({"prompt": "hello world, hello", "max_tokens": 1})"));
   EXPECT_EQ(c["usage"].as_object()["prompt_tokens"].as_int64(), 4);
+}
+
+TEST_F(EngineServerTest, ClientDisconnectAbortsTheStreamAndFreesItsBlocks) {
+  std::string body = R"({"prompt": )" + tokenPrompt(64, 9) +
+                     R"(, "max_tokens": 400, "ignore_eos": true, "stream": true})";
+  auto first = io_.run([&]() -> asio::awaitable<absl::StatusOr<std::string>> {
+    auto stream = co_await client_->open(post("/v1/completions", body));
+    if (!stream.ok()) co_return stream.status();
+    auto chunk = co_await (*stream)->next();
+    (*stream)->cancel();  // the client goes away mid-stream
+    if (!chunk.ok()) co_return chunk.status();
+    co_return chunk->value_or("");
+  });
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_NE(first->find("data: "), std::string::npos);
+  // The engine notices at its next write, aborts the request and frees its blocks.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  std::string text;
+  while (std::chrono::steady_clock::now() < deadline) {
+    text = call(get("/metrics")).body;
+    if (text.find("kvfabric_engine_requests_aborted_total{model_name=\"Qwen/Qwen3-Coder-30B-A3B-"
+                  "Instruct\"} 1") != std::string::npos &&
+        text.find(
+            "vllm:num_requests_running{model_name=\"Qwen/Qwen3-Coder-30B-A3B-Instruct\"} 0") !=
+            std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  EXPECT_NE(
+      text.find("kvfabric_engine_requests_aborted_total{model_name=\"Qwen/Qwen3-Coder-30B-A3B-"
+                "Instruct\"} 1"),
+      std::string::npos)
+      << text;
+  EXPECT_NE(
+      text.find("vllm:kv_cache_usage_perc{model_name=\"Qwen/Qwen3-Coder-30B-A3B-Instruct\"} 0\n"),
+      std::string::npos);
+  EXPECT_EQ(call(get("/health")).status, 200);
 }
 
 }  // namespace

@@ -131,5 +131,40 @@ TEST(KvEventPublisherTest, ReplayReturnsBufferedBatchesThenEndMarker) {
   EXPECT_EQ((*pub)->replayRequests(), 1u);
 }
 
+TEST(KvEventPublisherTest, ReqClientGetsTheFirstReplayedBatchAndJunkIsIgnored) {
+  PublisherOptions o;
+  o.endpoint = "tcp://127.0.0.1:*";
+  o.replay_endpoint = "tcp://127.0.0.1:*";
+  auto pub = KvEventPublisher::create(o);
+  ASSERT_TRUE(pub.ok()) << pub.status();
+  void* ctx = zmq_ctx_new();
+  int timeout_ms = 10000, linger = 0;
+  // A malformed request (wrong frame count / size) gets no answer and does not kill the server.
+  void* junk = zmq_socket(ctx, ZMQ_DEALER);
+  zmq_setsockopt(junk, ZMQ_LINGER, &linger, sizeof(linger));
+  ASSERT_EQ(zmq_connect(junk, (*pub)->replayEndpoint().c_str()), 0);
+  zmq_send(junk, "abc", 3, 0);
+  void* req = zmq_socket(ctx, ZMQ_REQ);
+  zmq_setsockopt(req, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms));
+  zmq_setsockopt(req, ZMQ_LINGER, &linger, sizeof(linger));
+  ASSERT_EQ(zmq_connect(req, (*pub)->replayEndpoint().c_str()), 0);
+  std::string start = encodeSeq(0);
+  zmq_send(req, start.data(), start.size(), 0);
+  auto parts = recvParts(req);
+  ASSERT_EQ(parts.size(), 2u);
+  EXPECT_EQ(decodeSeq(parts[0]), std::optional<uint64_t>(0));
+  // seq 0 is [AllBlocksCleared]
+  const char* p = parts[1].data();
+  EXPECT_EQ(mp_decode_array(&p), 2u);
+  mp_decode_double(&p);
+  EXPECT_EQ(mp_decode_array(&p), 1u);
+  EXPECT_EQ(mp_decode_array(&p), 1u);
+  EXPECT_EQ(decodeStr(&p), "AllBlocksCleared");
+  zmq_close(req);
+  zmq_close(junk);
+  zmq_ctx_term(ctx);
+  EXPECT_EQ((*pub)->replayRequests(), 1u);
+}
+
 }  // namespace
 }  // namespace kvf::worker
