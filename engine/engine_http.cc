@@ -100,6 +100,16 @@ void EngineServer::Impl::registerRoutes() {
               [this](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
                 co_await handleModels(r, w);
               });
+  http->route("POST", "/reset_prefix_cache",
+              [this](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
+                if (!core->pool().resetPrefixCache()) {
+                  co_await w.sendError(409, "cannot reset the prefix cache while requests run");
+                  co_return;
+                }
+                std::vector<worker::KvEvent> events = step_events.take();
+                if (publisher) publisher->publish(std::move(events), detail::unixSeconds());
+                co_await w.send(200, "text/plain", std::string());
+              });
   http->route("GET", "/health", [](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
     co_await w.send(200, "text/plain", std::string());
   });

@@ -136,12 +136,16 @@ TEST_F(EngineServerTest, RepeatedPromptReportsCachedTokens) {
   EXPECT_EQ(cached(first), 0);
   EXPECT_EQ(cached(second), 96);  // 6 full blocks of 16; the last token is always computed
   EXPECT_EQ(first["usage"].as_object()["prompt_tokens"].as_int64(), 100);
+  // After a reset (vLLM's POST /reset_prefix_cache) the same prompt is cold again.
+  EXPECT_EQ(call(post("/reset_prefix_cache", "")).status, 200);
+  bj::object third = callJson(post("/v1/completions", body));
+  EXPECT_EQ(cached(third), 0);
   EXPECT_EQ(first["choices"].as_array()[0].as_object()["text"],
             second["choices"].as_array()[0].as_object()["text"]);
   Response metrics = call(get("/metrics"));
   EXPECT_NE(metrics.body.find("vllm:prefix_cache_hits_total{model_name=\"Qwen/"),
             std::string::npos);
-  EXPECT_NE(metrics.body.find("} 96\n"), std::string::npos);
+  EXPECT_NE(metrics.body.find("} 96\n"), std::string::npos) << metrics.body;
   for (const char* name :
        {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
         "vllm:prefix_cache_queries_total", "vllm:time_to_first_token_seconds_bucket",
