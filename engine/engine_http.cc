@@ -108,10 +108,12 @@ void EngineServer::Impl::registerRoutes() {
                 }
                 std::vector<worker::KvEvent> events = step_events.take();
                 if (publisher) publisher->publish(std::move(events), detail::unixSeconds());
-                co_await w.send(200, "text/plain", std::string());
+                std::string empty;
+                co_await w.send(200, "text/plain", std::move(empty));
               });
   http->route("GET", "/health", [](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
-    co_await w.send(200, "text/plain", std::string());
+    std::string empty;  // named: GCC 12 mishandles temporaries inside co_await
+    co_await w.send(200, "text/plain", std::move(empty));
   });
   http->route("GET", "/metrics",
               [this](const Request&, ResponseWriter& w) -> asio::awaitable<void> {

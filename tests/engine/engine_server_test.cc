@@ -264,7 +264,8 @@ TEST_F(EngineServerTest, ClientDisconnectAbortsTheStreamAndFreesItsBlocks) {
   std::string body = R"({"prompt": )" + tokenPrompt(64, 9) +
                      R"(, "max_tokens": 400, "ignore_eos": true, "stream": true})";
   auto first = io_.run([&]() -> asio::awaitable<absl::StatusOr<std::string>> {
-    auto stream = co_await client_->open(post("/v1/completions", body));
+    ClientRequest request = post("/v1/completions", body);  // named, see the GCC 12 pitfall
+    auto stream = co_await client_->open(request);
     if (!stream.ok()) co_return stream.status();
     auto chunk = co_await (*stream)->next();
     (*stream)->cancel();  // the client goes away mid-stream
