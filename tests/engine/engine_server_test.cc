@@ -1,6 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <boost/json.hpp>
@@ -297,6 +303,35 @@ TEST_F(EngineServerTest, ClientDisconnectAbortsTheStreamAndFreesItsBlocks) {
       text.find("vllm:kv_cache_usage_perc{model_name=\"Qwen/Qwen3-Coder-30B-A3B-Instruct\"} 0\n"),
       std::string::npos);
   EXPECT_EQ(call(get("/health")).status, 200);
+}
+
+TEST_F(EngineServerTest, MetricsPassPromtoolLintExceptVllmColonNames) {
+  if (!std::filesystem::exists("/usr/bin/promtool")) GTEST_SKIP() << "promtool missing";
+  callJson(post("/v1/completions", R"({"prompt": "lint me please", "max_tokens": 3})"));
+  std::string text = call(get("/metrics")).body;
+  std::string path =
+      std::filesystem::temp_directory_path() / ("kvf_metrics_" + std::to_string(getpid()) + ".txt");
+  {
+    std::ofstream out(path);
+    out << text;
+  }
+  std::string cmd = "/usr/bin/promtool check metrics < " + path + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  ASSERT_NE(pipe, nullptr);
+  std::string output;
+  char buf[512];
+  while (fgets(buf, sizeof(buf), pipe) != nullptr) output += buf;
+  pclose(pipe);
+  std::filesystem::remove(path);
+  // vLLM's names contain ':' (as vLLM's own do); every other lint problem fails the test.
+  std::istringstream lines(output);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.empty()) continue;
+    EXPECT_TRUE(line.rfind("vllm:", 0) == 0 &&
+                line.find("should not contain ':'") != std::string::npos)
+        << line;
+  }
 }
 
 }  // namespace
