@@ -47,6 +47,12 @@ absl::Status EngineCore::validate(const RequestSpec& spec) const {
                                              max_model_len_, " tokens; the prompt has ", prompt_len,
                                              " tokens and max_tokens is ", s.max_tokens));
   }
+  const int64_t capacity = pool_->numBlocks() * pool_->blockSize();  // immutable after create()
+  if (s.max_tokens > capacity - prompt_len) {
+    return absl::InvalidArgumentError(strCat("max_tokens: prompt + max_tokens (", prompt_len, " + ",
+                                             s.max_tokens, ") exceeds the KV cache capacity (",
+                                             capacity, " tokens)"));
+  }
   if (s.min_tokens < 0 || s.min_tokens > s.max_tokens) {
     return absl::InvalidArgumentError(
         strCat("min_tokens: must be in [0, max_tokens], got ", s.min_tokens));

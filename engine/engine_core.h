@@ -21,7 +21,9 @@ class EngineCore {
   static absl::StatusOr<std::unique_ptr<EngineCore>> create(const EngineConfig& config,
                                                             worker::KvEventSink* sink);
 
-  // InvalidArgument naming the field for a request the engine can never serve.
+  // InvalidArgument naming the field for a request the engine can never serve. Reads only
+  // immutable configuration, so it may run on another thread than the one stepping the core;
+  // a request that passes is accepted by add() (given a unique id).
   absl::Status validate(const RequestSpec& spec) const;
   // validate() then queue.
   absl::Status add(RequestSpec spec, Nanos now);

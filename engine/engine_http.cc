@@ -5,6 +5,7 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <boost/json.hpp>
 
 #include "common/log.h"
@@ -22,7 +23,21 @@ using detail::steadyNanos;
 EngineServer::EngineServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 EngineServer::~EngineServer() {
-  if (impl_ && impl_->publisher) impl_->publisher->stop();
+  if (!impl_) return;
+  impl_->shutdownCore();
+  if (impl_->publisher) impl_->publisher->stop();
+}
+
+void EngineServer::Impl::shutdownCore() {
+  if (!core_thread.joinable()) return;
+  asio::post(core_ioc, [this] {
+    stopping = true;
+    step_timer.cancel();
+    wake_timer.cancel();
+  });
+  core_work.reset();
+  core_ioc.stop();
+  core_thread.join();
 }
 
 absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::create(asio::io_context& ioc,
@@ -54,14 +69,13 @@ absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::create(asio::io_cont
 void EngineServer::start() {
   impl_->wall_origin = steadyNanos();
   impl_->http->start();
-  asio::co_spawn(impl_->ioc, impl_->stepLoop(), asio::detached);
+  asio::co_spawn(impl_->core_ioc, impl_->stepLoop(), asio::detached);
+  impl_->core_thread = std::thread([impl = impl_.get()] { impl->core_ioc.run(); });
 }
 
 void EngineServer::stop() {
   Impl& s = *impl_;
-  s.stopping = true;
-  s.step_timer.cancel();
-  s.wake_timer.cancel();
+  s.shutdownCore();
   s.http->stop();
   for (auto& [id, p] : s.pending) {
     p->done = true;
@@ -102,12 +116,18 @@ void EngineServer::Impl::registerRoutes() {
               });
   http->route("POST", "/reset_prefix_cache",
               [this](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
-                if (!core->pool().resetPrefixCache()) {
+                auto reset = [this]() -> asio::awaitable<bool> {
+                  bool ok = core->pool().resetPrefixCache();
+                  std::vector<worker::KvEvent> events = step_events.take();
+                  if (publisher) publisher->publish(std::move(events), detail::unixSeconds());
+                  publishStats();
+                  co_return ok;
+                };
+                bool ok = co_await asio::co_spawn(core_ioc, reset, asio::use_awaitable);
+                if (!ok) {
                   co_await w.sendError(409, "cannot reset the prefix cache while requests run");
                   co_return;
                 }
-                std::vector<worker::KvEvent> events = step_events.take();
-                if (publisher) publisher->publish(std::move(events), detail::unixSeconds());
                 std::string empty;
                 co_await w.send(200, "text/plain", std::move(empty));
               });
@@ -140,14 +160,29 @@ asio::awaitable<void> EngineServer::Impl::handleApi(ApiKind kind, const http::Re
   summary.model = config.served_model_name;
   summary.created = static_cast<int64_t>(std::time(nullptr));
   summary.prompt_tokens = static_cast<int64_t>(spec.prompt.size());
-  auto p = std::make_shared<Pending>(ioc.get_executor());
-  absl::Status added = core->add(std::move(spec), engineNow(steadyNanos()));
-  if (!added.ok()) {
-    co_await w.sendStatus(added);
+  absl::Status valid = core->validate(spec);
+  if (!valid.ok()) {
+    co_await w.sendStatus(valid);
     co_return;
   }
+  auto p = std::make_shared<Pending>(ioc.get_executor());
   pending[id] = p;
-  if (idle) wake_timer.cancel();
+  Nanos arrival = engineNow(steadyNanos());
+  asio::post(core_ioc, [this, spec = std::move(spec), arrival, p]() mutable {
+    absl::Status added = core->add(std::move(spec), arrival);
+    if (!added.ok()) {
+      // validate() accepted it, so this is a bug; answer instead of hanging the client.
+      log::error("engine core rejected a validated request", "error", std::string(added.message()));
+      asio::post(ioc, [p] {
+        p->done = true;
+        p->finish_reason = "abort";
+        p->signal.cancel();
+      });
+      return;
+    }
+    publishStats();
+    if (idle) wake_timer.cancel();
+  });
   if (parsed->stream) {
     co_await streamResponse(kind, *parsed, summary, p, id, w);
     co_return;
@@ -193,7 +228,10 @@ asio::awaitable<void> EngineServer::Impl::streamResponse(ApiKind kind, ParsedReq
   if (st.ok()) st = co_await w.endStream();
   if (!st.ok() && !p->done) {
     // The client went away: free its blocks instead of generating for nobody.
-    core->abort(id);
+    asio::post(core_ioc, [this, id] {
+      core->abort(id);
+      publishStats();
+    });
     pending.erase(id);
     aborted->inc();
   }

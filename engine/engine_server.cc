@@ -7,6 +7,7 @@
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/json.hpp>
@@ -37,21 +38,21 @@ void EngineServer::Impl::registerMetrics() {
     registry.callback(name, help, metrics::MetricType::kCounter, labels, std::move(read));
   };
   gauge("vllm:num_requests_running", "Requests in the running batch",
-        [this] { return core->stats().num_running; });
+        [this] { return snapshot.running.load(); });
   gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled",
-        [this] { return core->stats().num_waiting; });
+        [this] { return snapshot.waiting.load(); });
   gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (0..1)",
-        [this] { return core->pool().usage(); });
+        [this] { return snapshot.usage.load(); });
   counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache",
-          [this] { return static_cast<double>(core->stats().prefix_cache_queries); });
+          [this] { return snapshot.queries.load(); });
   counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache",
-          [this] { return static_cast<double>(core->stats().prefix_cache_hits); });
+          [this] { return snapshot.hits.load(); });
   counter("vllm:prompt_tokens_total", "Prompt tokens of admitted requests",
-          [this] { return static_cast<double>(core->stats().prompt_tokens); });
+          [this] { return snapshot.prompt.load(); });
   counter("vllm:generation_tokens_total", "Generated tokens",
-          [this] { return static_cast<double>(core->stats().generation_tokens); });
+          [this] { return snapshot.generation.load(); });
   counter("vllm:num_preemptions_total", "Preemptions (recompute)",
-          [this] { return static_cast<double>(core->stats().num_preemptions); });
+          [this] { return snapshot.preemptions.load(); });
   ttft = &registry.histogram("vllm:time_to_first_token_seconds", "Time to first token (modelled)",
                              metrics::latencyBuckets(), labels);
   tpot = &registry.histogram("vllm:time_per_output_token_seconds",
@@ -69,7 +70,7 @@ void EngineServer::Impl::registerMetrics() {
                                  "Wall-clock lateness of step deadlines",
                                  metrics::exponentialBuckets(1e-5, 2, 18), labels);
   gauge("kvfabric_engine_step_lateness_p99_seconds", "p99 lateness over the last 65536 steps",
-        [this] { return latenessQuantile(0.99); });
+        [this] { return snapshot.lateness_p99.load(); });
   counter("kvfabric_engine_kv_events_published_total", "KV event batches published",
           [this] { return publisher ? static_cast<double>(publisher->publishedBatches()) : 0.0; });
   counter("kvfabric_engine_kv_events_dropped_total", "KV event batches dropped",
@@ -111,7 +112,14 @@ asio::awaitable<void> EngineServer::Impl::stepLoop() {
     if (recent_lateness.size() > 65536) recent_lateness.pop_front();
     steps->inc();
     step_seconds->observe(nanosToSeconds(result.duration));
-    deliver(result);
+    std::vector<worker::KvEvent> events = step_events.take();
+    if (publisher && !events.empty()) publisher->publish(std::move(events), unixSeconds());
+    if (static_cast<uint64_t>(steps->value()) % 128 == 0) {
+      snapshot.lateness_p99.store(latenessQuantile(0.99));
+    }
+    publishStats();
+    asio::post(ioc, [this, outputs = std::move(result.outputs),
+                     end = result.start + result.duration]() { deliver(outputs, end); });
     next_wall = end_wall;  // absolute deadlines: lateness does not accumulate
     if (now - last_progress_log > 10 * kNanosPerSecond) {
       last_progress_log = now;
@@ -123,9 +131,20 @@ asio::awaitable<void> EngineServer::Impl::stepLoop() {
   }
 }
 
-void EngineServer::Impl::deliver(const StepResult& result) {
-  Nanos end = result.start + result.duration;
-  for (const RequestOutput& out : result.outputs) {
+void EngineServer::Impl::publishStats() {
+  SchedulerStats st = core->stats();
+  snapshot.running.store(st.num_running);
+  snapshot.waiting.store(st.num_waiting);
+  snapshot.usage.store(core->pool().usage());
+  snapshot.queries.store(static_cast<double>(st.prefix_cache_queries));
+  snapshot.hits.store(static_cast<double>(st.prefix_cache_hits));
+  snapshot.prompt.store(static_cast<double>(st.prompt_tokens));
+  snapshot.generation.store(static_cast<double>(st.generation_tokens));
+  snapshot.preemptions.store(static_cast<double>(st.num_preemptions));
+}
+
+void EngineServer::Impl::deliver(const std::vector<RequestOutput>& outputs, Nanos end) {
+  for (const RequestOutput& out : outputs) {
     auto it = pending.find(out.id);
     if (it == pending.end()) continue;
     Pending& p = *it->second;
@@ -140,8 +159,6 @@ void EngineServer::Impl::deliver(const StepResult& result) {
     p.signal.cancel();
     if (out.finish) pending.erase(it);
   }
-  std::vector<worker::KvEvent> events = step_events.take();
-  if (publisher && !events.empty()) publisher->publish(std::move(events), unixSeconds());
 }
 
 void EngineServer::Impl::recordFinished(const RequestOutput& out, Nanos end) {

@@ -2,13 +2,17 @@
 // pending requests, metrics) shared by the step loop and the HTTP handlers. io thread only.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
 
@@ -56,27 +60,48 @@ struct Pending {
 
 using detail::Pending;
 
+// Two threads: the HTTP thread (the io_context given to create()) owns the HTTP server and
+// `pending`; the core thread (core_ioc) owns the EngineCore, the step loop and step_events, so
+// parsing large request bodies never delays a step deadline. They talk only by posting.
 struct EngineServer::Impl {
   Impl(asio::io_context& ioc_in, EngineConfig config_in)
-      : ioc(ioc_in), config(std::move(config_in)), step_timer(ioc), wake_timer(ioc) {}
+      : ioc(ioc_in),
+        config(std::move(config_in)),
+        core_ioc(1),
+        core_work(asio::make_work_guard(core_ioc)),
+        step_timer(core_ioc),
+        wake_timer(core_ioc) {}
 
   asio::io_context& ioc;
   EngineConfig config;
   std::unique_ptr<http::HttpServer> http;
   std::unique_ptr<worker::KvEventPublisher> publisher;
-  worker::VectorEventSink step_events;  // filled during a step, published when it ends
-  std::unique_ptr<EngineCore> core;
   ApiLimits limits;
+
+  // HTTP thread.
   absl::flat_hash_map<std::string, std::shared_ptr<Pending>> pending;
   uint64_t next_request = 0;
 
+  // Core thread.
+  asio::io_context core_ioc;
+  asio::executor_work_guard<asio::io_context::executor_type> core_work;
+  std::thread core_thread;
+  worker::VectorEventSink step_events;  // filled during a step, published when it ends
+  std::unique_ptr<EngineCore> core;
   asio::steady_timer step_timer;
   asio::steady_timer wake_timer;
   bool stopping = false;
   bool idle = true;
-  Nanos wall_origin = 0;
   Nanos last_progress_log = 0;
+  std::deque<double> recent_lateness;  // seconds, bounded, for the p99 gauge
 
+  // Written by the core thread after every change, read by /metrics on the HTTP thread.
+  struct StatsSnapshot {
+    std::atomic<double> running{0}, waiting{0}, usage{0}, queries{0}, hits{0}, prompt{0},
+        generation{0}, preemptions{0}, lateness_p99{0};
+  } snapshot;
+
+  Nanos wall_origin = 0;  // set before either thread runs
   metrics::Registry registry;
   metrics::Histogram* ttft = nullptr;
   metrics::Histogram* tpot = nullptr;
@@ -86,7 +111,6 @@ struct EngineServer::Impl {
   metrics::Counter* steps = nullptr;
   metrics::Counter* success = nullptr;
   metrics::Counter* aborted = nullptr;
-  std::deque<double> recent_lateness;  // seconds, bounded, for the p99 gauge
 
   Nanos engineNow(Nanos wall) const {
     return static_cast<Nanos>(static_cast<double>(wall - wall_origin) * config.time_scale);
@@ -97,8 +121,10 @@ struct EngineServer::Impl {
 
   void registerMetrics();
   void registerRoutes();
-  asio::awaitable<void> stepLoop();
-  void deliver(const StepResult& result);
+  asio::awaitable<void> stepLoop();  // core thread
+  void publishStats();               // core thread
+  void shutdownCore();               // any thread but the core thread; idempotent
+  void deliver(const std::vector<RequestOutput>& outputs, Nanos end);  // HTTP thread
   void recordFinished(const RequestOutput& out, Nanos end);
   double latenessQuantile(double q) const;
 
