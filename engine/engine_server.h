@@ -1,8 +1,9 @@
 // The live emulated engine: an OpenAI-compatible HTTP server (completions, chat, streaming,
 // /health, /v1/models, /tokenize, /metrics with vLLM names) in front of an EngineCore that a
 // coroutine steps on absolute deadlines (modelled step time / time_scale, so time does not drift
-// under load), plus the worker's KV-event publisher. Everything runs on the io_context given to
-// create(), which must be run by exactly one thread; the publisher has its own thread.
+// under load), plus the worker's KV-event publisher. HTTP runs on the io_context given to
+// create() (run it from exactly one thread); the core and its step loop run on an internal
+// thread started by start(); the publisher has its own thread. Call stop() on the HTTP thread.
 #pragma once
 
 #include <cstdint>
