@@ -1,0 +1,64 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "engine/engine_config.h"
+#include "engine/tokenizer.h"
+
+namespace kvf::engine {
+namespace {
+
+TEST(EngineConfigTest, ShippedConfigLoadsWithProfileRelativeToTheFile) {
+  auto c = loadEngineConfig("engine/configs/engine.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->profile.name, "qwen3-coder-30b-a3b-h20");
+  EXPECT_EQ(c->cache.num_gpu_blocks, 281888 / 16);
+  EXPECT_EQ(c->served_model_name, "qwen3-coder-30b-a3b");
+  EXPECT_EQ(c->scheduler.eos_token_id, 151645);
+  EXPECT_EQ(c->scheduler.vocab_size, 151936);
+  EXPECT_EQ(c->kv_events.topic, "kv-events");
+}
+
+TEST(EngineConfigTest, ErrorsNameEveryFieldAndLine) {
+  std::string text =
+      "profile: ../profiles/llama-3.1-8b-h100.yaml\n"
+      "port: 70000\n"
+      "cache:\n  block_size: 0\n  colour: red\n"
+      "scheduler: {max_num_seqs: -1}\n";
+  auto c = parseEngineConfig(text, "test.yaml", "engine/configs");
+  ASSERT_FALSE(c.ok());
+  std::string msg(c.status().message());
+  for (const char* field : {"port", "cache.block_size", "cache.colour", "scheduler.max_num_seqs"}) {
+    EXPECT_NE(msg.find(field), std::string::npos) << field << " in " << msg;
+  }
+  EXPECT_NE(msg.find("test.yaml:2"), std::string::npos) << msg;
+}
+
+TEST(EngineConfigTest, MissingProfileIsReported) {
+  auto c = parseEngineConfig("profile: nope.yaml\n", "t.yaml", "engine/configs");
+  ASSERT_FALSE(c.ok());
+  EXPECT_NE(std::string(c.status().message()).find("nope.yaml"), std::string::npos);
+  auto d = parseEngineConfig("port: 1\n", "t.yaml", "");
+  ASSERT_FALSE(d.ok());
+  EXPECT_NE(std::string(d.status().message()).find("profile"), std::string::npos);
+}
+
+TEST(TokenizerTest, DeterministicPiecesInVocabulary) {
+  auto a = tokenize("def f(x):\n  return x + 1", 1000);
+  auto b = tokenize("def f(x):\n  return x + 1", 1000);
+  EXPECT_EQ(a, b);
+  // "def", " f", "(", "x", ")", ":", "\n", " ", " return", " x", " ", "+", " 1"
+  EXPECT_EQ(a.size(), 13u);
+  for (auto t : a) {
+    EXPECT_GE(t, kReservedTokenIds);
+    EXPECT_LT(t, 1000);
+  }
+  EXPECT_NE(tokenize("x", 1000), tokenize(" x", 1000));
+  EXPECT_TRUE(tokenize("", 1000).empty());
+  EXPECT_EQ(applyChatTemplate({{"user", "hi"}}), "<|user|>\nhi\n<|assistant|>\n");
+  EXPECT_NE(tokenText(5), tokenText(6));
+  EXPECT_EQ(tokenText(5)[0], ' ');
+}
+
+}  // namespace
+}  // namespace kvf::engine
