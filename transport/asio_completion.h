@@ -17,9 +17,8 @@ template <class Executor, class Fn>
 auto onExecutor(Executor executor, Fn fn) {
   auto shared = std::make_shared<Fn>(std::move(fn));
   return [executor, shared](auto value) {
-    boost::asio::post(executor, [shared, value = std::move(value)]() mutable {
-      (*shared)(std::move(value));
-    });
+    boost::asio::post(
+        executor, [shared, value = std::move(value)]() mutable { (*shared)(std::move(value)); });
   };
 }
 

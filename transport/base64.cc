@@ -51,7 +51,8 @@ absl::StatusOr<std::string> base64Decode(std::string_view text, size_t max_decod
         strCat("base64: length ", text.size(), " is not a multiple of 4"));
   }
   size_t padding = 0;
-  if (!text.empty() && text.back() == '=') padding = text.size() >= 2 && text[text.size() - 2] == '=' ? 2 : 1;
+  if (!text.empty() && text.back() == '=')
+    padding = text.size() >= 2 && text[text.size() - 2] == '=' ? 2 : 1;
   size_t decoded = text.size() / 4 * 3 - padding;
   if (decoded > max_decoded) {
     return absl::InvalidArgumentError(

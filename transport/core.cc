@@ -203,12 +203,18 @@ void Core::run() {
       next_housekeeping = now + kNanosPerMilli;
     }
     if (active || now - last_activity < spin) continue;
+    if (busy_batches_ > 0) {
+      // Puts in flight: keep progressing (UCX gives no wakeup when a full send FIFO drains),
+      // yielding the core between polls.
+      std::this_thread::yield();
+      continue;
+    }
     // Idle: sleep on the worker's event fd, the command eventfd and the peers' pidfds.
     ucs_status_t armed = ucp_worker_arm(worker_);
     if (armed == UCS_ERR_BUSY) continue;
     Nanos wake = std::min(nextDeadline(), now + 50 * kNanosPerMilli);
-    int timeout_ms = static_cast<int>(std::max<Nanos>(0, (wake - now + kNanosPerMilli - 1) /
-                                                             kNanosPerMilli));
+    int timeout_ms =
+        static_cast<int>(std::max<Nanos>(0, (wake - now + kNanosPerMilli - 1) / kNanosPerMilli));
     housekeeping(now, timeout_ms);
   }
   // Shutdown: fail everything in flight, close endpoints, drop registrations.
@@ -248,8 +254,9 @@ void Core::housekeeping(Nanos now, int timeout_ms) {
         stats_.peer_failures.fetch_add(1);
         log::warn("transport peer process exited", "name", options_.name, "pid",
                   peer->identity.pid);
-        closePeer(peer.get(), absl::UnavailableError(
-                                  strCat("peer process ", peer->identity.pid, " exited")));
+        closePeer(peer.get(),
+                  absl::UnavailableError(strCat("peer process ", peer->identity.pid, " exited")),
+                  /*peer_exited=*/true);
         break;
       }
     }
@@ -311,8 +318,8 @@ absl::StatusOr<Peer*> Core::getPeer(const std::string& key, bool* created) {
     degraded.warn("transport endpoint without failure detection (deadlines only)", "name",
                   options_.name);
   }
-  log::debug("transport endpoint created", "name", options_.name, "peer_pid",
-             peer->identity.pid, "peer_error_mode", peer->peer_error_mode);
+  log::debug("transport endpoint created", "name", options_.name, "peer_pid", peer->identity.pid,
+             "peer_error_mode", peer->peer_error_mode);
   stats_.endpoints_created.fetch_add(1);
   *created = true;
   Peer* raw = peer.get();
@@ -335,7 +342,7 @@ absl::StatusOr<ucp_rkey_h> Core::getRkey(Peer& peer, const std::string& bytes, b
   return rkey;
 }
 
-void Core::closePeer(Peer* peer, const absl::Status& status) {
+void Core::closePeer(Peer* peer, const absl::Status& status, bool peer_exited) {
   auto node = peers_.extract(peer->key);
   if (node.empty()) return;
   std::unique_ptr<Peer> owned = std::move(node.mapped());
@@ -346,6 +353,16 @@ void Core::closePeer(Peer* peer, const absl::Status& status) {
     // The endpoint to the sender is gone: no further write from it can land.
     finishLanding(*landing, status, true);
   }
+  if (peer_exited && !owned->peer_error_mode) {
+    // Shared memory without peer error mode: UCX keeps sends to the dead peer pending forever
+    // (its FIFO is never drained again), so they can no longer read the source. Release it.
+    for (auto& [raw, batch] : owned->batches) {
+      if (!batch->source_held) continue;
+      batch->source_held = false;
+      std::static_pointer_cast<RegionImpl>(batch->request.source)->dropUser();
+      batch->request.source.reset();
+    }
+  }
   Closing closing{nullptr, {}};
   for (auto& [bytes, rkey] : owned->rkeys) closing.rkeys.push_back(rkey);
   ucp_request_param_t param{};
@@ -354,13 +371,6 @@ void Core::closePeer(Peer* peer, const absl::Status& status) {
   void* req = ucp_ep_close_nbx(owned->ep, &param);
   if (UCS_PTR_IS_PTR(req)) closing.request = req;
   closing_.push_back(std::move(closing));
-  // Force-close completes outstanding requests; batches release their source on that callback.
-  for (const auto& [raw, batch] : owned->batches) {
-    if (batch->source_held && !batch->self_ref) {
-      batch->source_held = false;
-      std::static_pointer_cast<RegionImpl>(batch->request.source)->dropUser();
-    }
-  }
   reapClosing();
 }
 
@@ -382,7 +392,9 @@ void Core::onEndpointError(ucp_ep_h ep, ucs_status_t status) {
     stats_.peer_failures.fetch_add(1);
     log::warn("transport endpoint failed", "name", options_.name, "peer_pid", peer->identity.pid,
               "error", ucs_status_string(status));
-    closePeer(peer.get(), ucsToStatus(status, strCat("peer ", peer->identity.pid, " failed")));
+    // Whatever UCX calls it (reset, timeout, unreachable), the peer is gone for this batch.
+    closePeer(peer.get(), absl::UnavailableError(strCat("endpoint to peer ", peer->identity.pid,
+                                                        " failed: ", ucs_status_string(status))));
     return;
   }
 }

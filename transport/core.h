@@ -61,7 +61,8 @@ class RegionImpl final : public MemoryRegion, public std::enable_shared_from_thi
   uint32_t activeUsers() const override { return users_.load(); }
   void release(std::function<void()> done) override;
 
-  char* data() const { return static_cast<char*>(ptr_); }
+  void* data() const override { return ptr_; }
+  char* bytes() const { return static_cast<char*>(ptr_); }
   bool contains(uint64_t addr, uint64_t len) const {
     return addr >= base() && len <= length_ && addr - base() <= length_ - len;
   }
@@ -147,7 +148,12 @@ class Batch final : public PutHandle, public std::enable_shared_from_this<Batch>
   Nanos deadline_at = 0;
   std::string peer_key;
   bool source_held = false;
-  std::shared_ptr<Batch> self_ref;  // while UCX holds a pointer to this batch
+  // UCX requests of this batch not completed yet (puts, flush, notice). While > 0 the batch
+  // keeps itself alive (callbacks carry a raw pointer) and holds its source region: UCX may
+  // still read it, even after a force close (pending sends on shared memory are not purged).
+  uint32_t outstanding = 0;
+  ucs_status_t put_error = UCS_OK;
+  std::shared_ptr<Batch> self_ref;
   Completion<absl::StatusOr<PutResult>> completion_;
 };
 
@@ -205,6 +211,8 @@ class Core : public std::enable_shared_from_this<Core> {
   ucp_context_h ucpContext() const { return context_; }
 
   absl::StatusOr<std::shared_ptr<MemoryRegion>> registerMemory(void* ptr, uint64_t length);
+  absl::StatusOr<std::shared_ptr<MemoryRegion>> allocateMemory(uint64_t length);
+  absl::StatusOr<std::shared_ptr<MemoryRegion>> mapMemory(void* ptr, uint64_t length);
   absl::Status connect(const std::string& peer_address);
   absl::StatusOr<std::shared_ptr<PutHandle>> postPut(PutRequest request, PutCallback done);
   absl::StatusOr<std::shared_ptr<Landing>> expectPut(const std::shared_ptr<MemoryRegion>& region,
@@ -216,6 +224,9 @@ class Core : public std::enable_shared_from_this<Core> {
   void cancelBatch(Batch* batch, absl::Status status);
   void cancelLanding(LandingImpl* landing);
   void finishBatch(Batch& batch, absl::StatusOr<PutResult> result);
+  void opStarted(Batch& batch);
+  void opDone(Batch* batch);
+  void untrackBatch(Batch& batch);
   void onFlushDone(Batch* batch, ucs_status_t status);
   void onNoticeSent(Batch* batch, ucs_status_t status);
   void onNotice(const void* header, size_t header_len, const void* data, size_t len);
@@ -238,7 +249,7 @@ class Core : public std::enable_shared_from_this<Core> {
 
   absl::StatusOr<Peer*> getPeer(const std::string& key, bool* created);
   absl::StatusOr<ucp_rkey_h> getRkey(Peer& peer, const std::string& bytes, bool* created);
-  void closePeer(Peer* peer, const absl::Status& status);
+  void closePeer(Peer* peer, const absl::Status& status, bool peer_exited = false);
   void startBatch(const std::shared_ptr<Batch>& batch);
   void sendNotice(Batch* batch);
   void startLanding(const std::shared_ptr<LandingImpl>& landing);
@@ -271,6 +282,7 @@ class Core : public std::enable_shared_from_this<Core> {
     std::vector<ucp_rkey_h> rkeys;
   };
   std::list<Closing> closing_;
+  uint32_t busy_batches_ = 0;  // batches with UCX requests outstanding
   std::atomic<uint64_t> next_id_{1};
   friend class RegionImpl;
 };

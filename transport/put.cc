@@ -145,25 +145,42 @@ absl::StatusOr<std::shared_ptr<MemoryRegion>> Core::registerMemory(void* ptr, ui
   if (ptr == nullptr || length == 0) {
     return absl::InvalidArgumentError("registerMemory: null pointer or zero length");
   }
+  return mapMemory(ptr, length);
+}
+
+absl::StatusOr<std::shared_ptr<MemoryRegion>> Core::allocateMemory(uint64_t length) {
+  if (length == 0) return absl::InvalidArgumentError("allocateMemory: zero length");
+  return mapMemory(nullptr, length);
+}
+
+absl::StatusOr<std::shared_ptr<MemoryRegion>> Core::mapMemory(void* ptr, uint64_t length) {
   auto self = shared_from_this();
   return call<absl::StatusOr<std::shared_ptr<MemoryRegion>>>(
       [&]() -> absl::StatusOr<std::shared_ptr<MemoryRegion>> {
         ucp_mem_map_params_t params{};
-        params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH;
+        params.field_mask = UCP_MEM_MAP_PARAM_FIELD_ADDRESS | UCP_MEM_MAP_PARAM_FIELD_LENGTH |
+                            UCP_MEM_MAP_PARAM_FIELD_FLAGS;
         params.address = ptr;
         params.length = length;
+        // Without an address UCX allocates, from shared memory when a shm transport is on, so
+        // peers on the host write into it directly instead of through active messages.
+        params.flags = ptr == nullptr ? UCP_MEM_MAP_ALLOCATE : 0;
         ucp_mem_h memh = nullptr;
         KVF_RETURN_IF_ERROR(ucsToStatus(ucp_mem_map(context_, &params, &memh), "ucp_mem_map"));
+        ucp_mem_attr_t attr{};
+        attr.field_mask = UCP_MEM_ATTR_FIELD_ADDRESS | UCP_MEM_ATTR_FIELD_LENGTH;
+        ucs_status_t status = ucp_mem_query(memh, &attr);
         void* buffer = nullptr;
         size_t size = 0;
-        ucs_status_t status = ucp_rkey_pack(context_, memh, &buffer, &size);
+        if (status == UCS_OK) status = ucp_rkey_pack(context_, memh, &buffer, &size);
         if (status != UCS_OK) {
           ucp_mem_unmap(context_, memh);
-          return ucsToStatus(status, "ucp_rkey_pack");
+          return ucsToStatus(status, "ucp_mem_query/ucp_rkey_pack");
         }
         std::string rkey(static_cast<const char*>(buffer), size);
         ucp_rkey_buffer_release(buffer);
-        auto region = std::make_shared<RegionImpl>(self, ptr, length, memh, std::move(rkey));
+        auto region = std::make_shared<RegionImpl>(
+            self, ptr ? ptr : attr.address, ptr ? length : attr.length, memh, std::move(rkey));
         regions_.insert(region.get());
         return std::shared_ptr<MemoryRegion>(region);
       });
@@ -203,7 +220,7 @@ absl::StatusOr<std::shared_ptr<PutHandle>> Core::postPut(PutRequest request, Put
   if (request.checksums == ChecksumMode::kCompute) {
     p.checksums.reserve(request.blocks.size());
     for (const auto& b : request.blocks) {
-      p.checksums.push_back(blockChecksum(source->data() + b.local_offset, b.length));
+      p.checksums.push_back(blockChecksum(source->bytes() + b.local_offset, b.length));
     }
   } else if (request.checksums == ChecksumMode::kProvided) {
     p.checksums = request.provided_checksums;
@@ -225,6 +242,29 @@ absl::StatusOr<std::shared_ptr<PutHandle>> Core::postPut(PutRequest request, Put
     return absl::FailedPreconditionError("transport context is shut down");
   }
   return std::shared_ptr<PutHandle>(batch);
+}
+
+void Core::opStarted(Batch& batch) {
+  if (batch.outstanding++ == 0) {
+    batch.self_ref = batch.shared_from_this();
+    ++busy_batches_;
+  }
+}
+
+void Core::opDone(Batch* batch) {
+  if (--batch->outstanding != 0) return;
+  --busy_batches_;
+  if (batch->source_held) {
+    batch->source_held = false;
+    std::static_pointer_cast<RegionImpl>(batch->request.source)->dropUser();
+  }
+  std::shared_ptr<Batch> keep = std::move(batch->self_ref);
+  if (batch->completion_.done()) untrackBatch(*batch);
+}
+
+void Core::untrackBatch(Batch& batch) {
+  auto it = peers_.find(batch.peer_key);
+  if (it != peers_.end()) it->second->batches.erase(&batch);
 }
 
 void Core::startBatch(const std::shared_ptr<Batch>& batch) {
@@ -250,44 +290,59 @@ void Core::startBatch(const std::shared_ptr<Batch>& batch) {
   peer->batches.emplace(batch.get(), batch);
   source->addUser();
   batch->source_held = true;
-  ucp_request_param_t nocb{};
-  for (const PutOp& op : batch->ops) {
-    void* req = ucp_put_nbx(peer->ep, source->data() + op.local_offset, op.length, op.remote_addr,
-                            *rkey_or, &nocb);
-    if (UCS_PTR_IS_ERR(req)) {
-      // The endpoint is unusable; closing it fails every batch on it, this one included.
-      closePeer(peer, ucsToStatus(UCS_PTR_STATUS(req), "ucp_put_nbx"));
-      return;
-    }
-    // Completion is tracked by the flush below; the request itself is not needed.
-    if (req != nullptr) ucp_request_free(req);
-  }
+  opStarted(*batch);  // posting guard: the hold outlives the loop even if requests finish early
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+  param.user_data = batch.get();
+  param.cb.send = [](void* request, ucs_status_t status, void* user_data) {
+    ucp_request_free(request);
+    auto* b = static_cast<Batch*>(user_data);
+    if (status != UCS_OK) b->put_error = status;
+    b->core_->opDone(b);
+  };
+  ucs_status_t post_error = UCS_OK;
+  for (const PutOp& op : batch->ops) {
+    void* req = ucp_put_nbx(peer->ep, source->bytes() + op.local_offset, op.length, op.remote_addr,
+                            *rkey_or, &param);
+    if (UCS_PTR_IS_ERR(req)) {
+      post_error = UCS_PTR_STATUS(req);
+      break;
+    }
+    if (req != nullptr) opStarted(*batch);
+  }
+  if (post_error != UCS_OK) {
+    // The endpoint is unusable; closing it fails every batch on it, this one included.
+    closePeer(peer, ucsToStatus(post_error, "ucp_put_nbx"));
+    opDone(batch.get());
+    return;
+  }
   param.cb.send = [](void* request, ucs_status_t status, void* user_data) {
     ucp_request_free(request);
     auto* b = static_cast<Batch*>(user_data);
     b->core_->onFlushDone(b, status);
+    b->core_->opDone(b);
   };
-  param.user_data = batch.get();
-  batch->self_ref = batch;
   void* req = ucp_ep_flush_nbx(peer->ep, &param);
   if (req == nullptr) {
     onFlushDone(batch.get(), UCS_OK);
   } else if (UCS_PTR_IS_ERR(req)) {
     onFlushDone(batch.get(), UCS_PTR_STATUS(req));
+  } else {
+    opStarted(*batch);
   }
+  opDone(batch.get());
 }
 
 void Core::onFlushDone(Batch* batch, ucs_status_t status) {
-  std::shared_ptr<Batch> keep = std::move(batch->self_ref);
-  if (batch->source_held) {
-    batch->source_held = false;
-    std::static_pointer_cast<RegionImpl>(batch->request.source)->dropUser();
+  if (status == UCS_OK) status = batch->put_error;
+  if (batch->completion_.done()) {
+    // Abandoned (deadline/cancel) but landed after all: tell the receiver, so its quarantined
+    // landing resolves instead of waiting for this process to exit.
+    if (status == UCS_OK && !batch->notice.empty()) sendNotice(batch);
+    return;
   }
-  if (batch->completion_.done()) return;  // cancelled, timed out or peer failed meanwhile
   if (status != UCS_OK) {
-    finishBatch(*batch, ucsToStatus(status, "flush"));
+    finishBatch(*batch, ucsToStatus(status, "put"));
     return;
   }
   if (batch->notice.empty()) {
@@ -311,10 +366,10 @@ void Core::sendNotice(Batch* batch) {
     ucp_request_free(request);
     auto* b = static_cast<Batch*>(user_data);
     b->core_->onNoticeSent(b, status);
+    b->core_->opDone(b);
   };
   param.user_data = batch;
   const char* data = batch->notice.data();
-  batch->self_ref = batch->shared_from_this();
   void* req = ucp_am_send_nbx(it->second->ep, kNoticeAmId, data, sizeof(NoticeHeader),
                               data + sizeof(NoticeHeader),
                               batch->notice.size() - sizeof(NoticeHeader), &param);
@@ -322,11 +377,12 @@ void Core::sendNotice(Batch* batch) {
     onNoticeSent(batch, UCS_OK);
   } else if (UCS_PTR_IS_ERR(req)) {
     onNoticeSent(batch, UCS_PTR_STATUS(req));
+  } else {
+    opStarted(*batch);
   }
 }
 
 void Core::onNoticeSent(Batch* batch, ucs_status_t status) {
-  std::shared_ptr<Batch> keep = std::move(batch->self_ref);
   if (status != UCS_OK) {
     finishBatch(*batch, ucsToStatus(status, "completion notice"));
   } else {
@@ -343,37 +399,26 @@ void Core::finishBatch(Batch& batch, absl::StatusOr<PutResult> result) {
   } else {
     stats_.puts_failed.fetch_add(1);
   }
-  auto it = peers_.find(batch.peer_key);
-  std::shared_ptr<Batch> keep;
-  if (it != peers_.end()) {
-    auto b = it->second->batches.find(&batch);
-    if (b != it->second->batches.end()) {
-      keep = std::move(b->second);
-      it->second->batches.erase(b);
-    }
-  }
+  std::shared_ptr<Batch> keep = batch.shared_from_this();
+  // Still tracked while UCX requests are outstanding (source hold, dead-peer release).
+  if (batch.outstanding == 0) untrackBatch(batch);
   if (batch.callback) std::exchange(batch.callback, nullptr)(std::move(result));
 }
 
 void Core::cancelBatch(Batch* batch, absl::Status status) {
-  if (batch->completion_.done()) return;
-  auto it = peers_.find(batch->peer_key);
-  if (it == peers_.end() || !it->second->batches.count(batch)) {
-    finishBatch(*batch, status);
-    return;
-  }
-  // Puts already posted cannot be recalled one by one: closing the endpoint stops them.
-  finishBatch(*batch, status);
-  closePeer(it->second.get(),
-            absl::AbortedError(strCat("endpoint closed to stop batch ", batch->id_, ": ",
-                                      std::string(status.message()))));
+  // Abandon, don't abort: force-closing a shared-memory endpoint whose peer is alive is undefined
+  // behaviour in UCX, and posted puts cannot be recalled one by one. The caller gets `status`
+  // now; the puts drain in the background (the source stays held until UCX is done with it) and
+  // a late completion notice still resolves the receiver's quarantined landing. disconnect() is
+  // the hard stop; a dead peer is detected by peer error mode or its pidfd.
+  finishBatch(*batch, std::move(status));
 }
 
 void Core::checkDeadlines(Nanos now) {
   std::vector<Batch*> late_batches;
   for (auto& [key, peer] : peers_) {
     for (auto& [raw, batch] : peer->batches) {
-      if (now >= batch->deadline_at) late_batches.push_back(raw);
+      if (!batch->completion_.done() && now >= batch->deadline_at) late_batches.push_back(raw);
     }
   }
   for (Batch* batch : late_batches) {
@@ -399,7 +444,9 @@ void Core::checkDeadlines(Nanos now) {
 Nanos Core::nextDeadline() const {
   Nanos next = std::numeric_limits<Nanos>::max();
   for (const auto& [key, peer] : peers_) {
-    for (const auto& [raw, batch] : peer->batches) next = std::min(next, batch->deadline_at);
+    for (const auto& [raw, batch] : peer->batches) {
+      if (!batch->completion_.done()) next = std::min(next, batch->deadline_at);
+    }
   }
   for (const auto& [id, landing] : landings_) {
     if (!landing->completion_.done()) next = std::min(next, landing->deadline_at);
@@ -422,8 +469,8 @@ absl::StatusOr<std::shared_ptr<Landing>> Core::expectPut(
   }
   if (spec.blocks.empty()) return absl::InvalidArgumentError("blocks: empty");
   if (spec.blocks.size() > options_.max_blocks_per_put) {
-    return absl::InvalidArgumentError(strCat("blocks: ", spec.blocks.size(),
-                                             " exceeds max_blocks_per_put"));
+    return absl::InvalidArgumentError(
+        strCat("blocks: ", spec.blocks.size(), " exceeds max_blocks_per_put"));
   }
   for (size_t i = 0; i < spec.blocks.size(); ++i) {
     if (spec.blocks[i].length == 0 ||
@@ -508,26 +555,25 @@ void Core::onNotice(const void* header, size_t header_len, const void* data, siz
   if (len > 0) std::memcpy(blocks.data(), data, len);
   absl::Status status;
   if (blocks.size() != expected.size()) {
-    status = absl::DataLossError(strCat("sender reported ", blocks.size(), " blocks, expected ",
-                                        expected.size()));
+    status = absl::DataLossError(
+        strCat("sender reported ", blocks.size(), " blocks, expected ", expected.size()));
   }
   for (size_t i = 0; status.ok() && i < blocks.size(); ++i) {
     if (blocks[i].remote_addr != expected[i].remote_addr ||
         blocks[i].length != expected[i].length) {
       status = absl::DataLossError(strCat("block ", i, ": sender wrote [", blocks[i].remote_addr,
                                           ", +", blocks[i].length, "), expected [",
-                                          expected[i].remote_addr, ", +", expected[i].length,
-                                          ")"));
+                                          expected[i].remote_addr, ", +", expected[i].length, ")"));
     }
   }
   if (status.ok() && landing->spec.verify_checksums) {
     if (!(h.flags & kNoticeHasChecksums)) {
       status = absl::DataLossError("checksums required but the sender sent none");
     }
-    const char* base = landing->region->data();
+    const char* base = landing->region->bytes();
     for (size_t i = 0; status.ok() && i < blocks.size(); ++i) {
-      uint64_t got = blockChecksum(base + (blocks[i].remote_addr - landing->region->base()),
-                                   blocks[i].length);
+      uint64_t got =
+          blockChecksum(base + (blocks[i].remote_addr - landing->region->base()), blocks[i].length);
       if (got != blocks[i].checksum) {
         stats_.checksum_mismatches.fetch_add(1);
         status = absl::DataLossError(strCat("block ", i, " at ", blocks[i].remote_addr,
@@ -553,6 +599,9 @@ class Context final : public TransportContext {
   absl::StatusOr<std::shared_ptr<MemoryRegion>> registerMemory(void* ptr,
                                                                uint64_t length) override {
     return core_->registerMemory(ptr, length);
+  }
+  absl::StatusOr<std::shared_ptr<MemoryRegion>> allocateMemory(uint64_t length) override {
+    return core_->allocateMemory(length);
   }
   absl::Status connect(const std::string& peer_address) override {
     return core_->connect(peer_address);

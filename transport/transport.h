@@ -55,10 +55,10 @@ enum class ChecksumMode {
 class MemoryRegion;
 
 struct PutRequest {
-  std::shared_ptr<MemoryRegion> source;  // a region of this context
-  std::string peer_address;              // the peer's workerAddress() bytes
-  std::string peer_rkey;                 // the peer's packedRkey() bytes for the target region
-  std::vector<BlockCopy> blocks;         // in the order the receiver expects (see Landing)
+  std::shared_ptr<MemoryRegion> source;   // a region of this context
+  std::string peer_address;               // the peer's workerAddress() bytes
+  std::string peer_rkey;                  // the peer's packedRkey() bytes for the target region
+  std::vector<BlockCopy> blocks;          // in the order the receiver expects (see Landing)
   std::chrono::milliseconds deadline{0};  // 0: TransportOptions::default_deadline
   ChecksumMode checksums = ChecksumMode::kNone;
   std::vector<uint64_t> provided_checksums;  // one per block when kProvided
@@ -70,16 +70,17 @@ struct PutRequest {
 struct PutResult {
   uint64_t bytes = 0;
   uint32_t blocks = 0;
-  uint32_t operations = 0;           // puts issued after coalescing adjacent blocks
-  std::vector<uint64_t> checksums;   // per block, when checksums were on
+  uint32_t operations = 0;              // puts issued after coalescing adjacent blocks
+  std::vector<uint64_t> checksums;      // per block, when checksums were on
   std::chrono::nanoseconds elapsed{0};  // post to completion
-  bool new_endpoint = false;         // this put paid the endpoint/rkey setup cost
+  bool new_endpoint = false;            // this put paid the endpoint/rkey setup cost
 };
 
 using PutCallback = std::function<void(absl::StatusOr<PutResult>)>;
 
-// A posted put. check() answers without blocking; cancel() stops it (its endpoint is closed,
-// so other puts in flight to the same peer fail with kAborted too).
+// A posted put. check() answers without blocking. cancel() (and a missed deadline) completes it
+// with kCancelled (kDeadlineExceeded) at once; puts already handed to UCX drain in the background
+// and keep the source region held until UCX is done with them (see MemoryRegion::release).
 class PutHandle {
  public:
   virtual ~PutHandle() = default;
@@ -95,10 +96,10 @@ class PutHandle {
 
 // What a receiver expects a sender to write into one of its regions.
 struct LandingSpec {
-  std::string sender_address;          // the sender's workerAddress() bytes
-  std::vector<BlockCopy> blocks;       // remote_addr/length inside the region (local_offset unused)
+  std::string sender_address;     // the sender's workerAddress() bytes
+  std::vector<BlockCopy> blocks;  // remote_addr/length inside the region (local_offset unused)
   std::chrono::milliseconds deadline{0};  // 0: default
-  bool verify_checksums = false;       // require and verify the sender's per-block xxh3
+  bool verify_checksums = false;          // require and verify the sender's per-block xxh3
 };
 
 using LandingCallback = std::function<void(absl::Status)>;
@@ -120,13 +121,14 @@ class Landing {
   virtual void cancel() = 0;
 };
 
-// Registered memory (a whole KV pool, not one block). The caller owns the bytes; they must stay
-// valid until release()'s callback ran (or, without release(), until the last reference drops
-// and no put or landing uses the region).
+// Registered memory (a whole KV pool, not one block). For registerMemory() the caller owns the
+// bytes; they must stay valid until release()'s callback ran (or, without release(), until the
+// context is destroyed). For allocateMemory() UCX owns them and frees them on release.
 class MemoryRegion {
  public:
   virtual ~MemoryRegion() = default;
-  virtual uint64_t base() const = 0;
+  virtual void* data() const = 0;
+  virtual uint64_t base() const = 0;  // data() as the integer peers put in BlockCopy
   virtual uint64_t length() const = 0;
   virtual const std::string& packedRkey() const = 0;
   // Puts reading from it plus landings into it that are not resolved yet.
@@ -166,6 +168,11 @@ class TransportContext {
   // prepare: registers [ptr, ptr+length) once; the region packs its remote key.
   virtual absl::StatusOr<std::shared_ptr<MemoryRegion>> registerMemory(void* ptr,
                                                                        uint64_t length) = 0;
+
+  // prepare: allocates and registers `length` bytes owned by UCX - shared memory when a shm
+  // transport is selected, so same-host peers write into it with one-sided copies (tens of GB/s)
+  // rather than active messages. Prefer this for a landing pool (KV pool) on a host.
+  virtual absl::StatusOr<std::shared_ptr<MemoryRegion>> allocateMemory(uint64_t length) = 0;
 
   // prepare: creates (or finds) the cached endpoint to a peer; optional, postPut does it too.
   virtual absl::Status connect(const std::string& peer_address) = 0;

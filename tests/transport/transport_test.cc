@@ -42,8 +42,8 @@ TEST(Base64, RejectsBadInput) {
 }
 
 struct Pair {
+  std::vector<char> src, dst;  // declared first: destroyed after the contexts
   std::unique_ptr<TransportContext> sender, receiver;
-  std::vector<char> src, dst;
   std::shared_ptr<MemoryRegion> src_region, dst_region;
 };
 
@@ -89,8 +89,8 @@ TEST_P(TransportTest, PushesThousandsOfBlocksWithVerifiedChecksums) {
   auto blocks = scatter(p, kBlocks, kBlock, true);
   LandingSpec spec{p.sender->workerAddress(), blocks, 5000ms, true};
   std::promise<absl::Status> landed;
-  auto landing = p.receiver->expectPut(p.dst_region, spec,
-                                       [&](absl::Status s) { landed.set_value(s); });
+  auto landing =
+      p.receiver->expectPut(p.dst_region, spec, [&](absl::Status s) { landed.set_value(s); });
   ASSERT_TRUE(landing.ok()) << landing.status();
   EXPECT_EQ(p.dst_region->activeUsers(), 1u);
 
@@ -162,8 +162,8 @@ TEST_P(TransportTest, DetectsACorruptedBlock) {
     sums.push_back(blockChecksum(p.src.data() + blocks[i].local_offset, blocks[i].length));
   }
   sums[17] ^= 1;  // what the receiver would see if block 17 were damaged on the way
-  auto landing = p.receiver->expectPut(p.dst_region, {p.sender->workerAddress(), blocks, 5s, true},
-                                       nullptr);
+  auto landing =
+      p.receiver->expectPut(p.dst_region, {p.sender->workerAddress(), blocks, 5s, true}, nullptr);
   ASSERT_TRUE(landing.ok());
   PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(), blocks};
   req.checksums = ChecksumMode::kProvided;
@@ -182,8 +182,8 @@ TEST_P(TransportTest, DetectsACorruptedBlock) {
 TEST_P(TransportTest, LandingTimesOutAndStaysQuarantinedUntilSenderCompletes) {
   Pair p = makePair(GetParam(), 16 * 16384);
   auto blocks = scatter(p, 16, 16384, false);
-  auto landing = p.receiver->expectPut(p.dst_region, {p.sender->workerAddress(), blocks, 100ms},
-                                       nullptr);
+  auto landing =
+      p.receiver->expectPut(p.dst_region, {p.sender->workerAddress(), blocks, 100ms}, nullptr);
   ASSERT_TRUE(landing.ok());
   ASSERT_TRUE((*landing)->waitFor(2s));
   EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kDeadlineExceeded);
@@ -204,16 +204,16 @@ TEST_P(TransportTest, LandingTimesOutAndStaysQuarantinedUntilSenderCompletes) {
 
 TEST_P(TransportTest, RejectsBadRequests) {
   Pair p = makePair(GetParam(), 1 << 16);
-  PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(),
+  PutRequest req{p.src_region,
+                 p.receiver->workerAddress(),
+                 p.dst_region->packedRkey(),
                  {{60000, p.dst_region->base(), 8192}}};
   EXPECT_EQ(p.sender->postPut(req, nullptr).status().code(), absl::StatusCode::kOutOfRange);
   req.blocks = {{0, p.dst_region->base(), 0}};
-  EXPECT_EQ(p.sender->postPut(req, nullptr).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.sender->postPut(req, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
   req.blocks = {{0, p.dst_region->base(), 4096}};
   req.checksums = ChecksumMode::kProvided;
-  EXPECT_EQ(p.sender->postPut(req, nullptr).status().code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(p.sender->postPut(req, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
   req.checksums = ChecksumMode::kNone;
   req.peer_address = "not an address";
   auto handle = p.sender->postPut(req, nullptr);
@@ -246,7 +246,7 @@ TEST_P(TransportTest, CancelFailsThePutAndDeliversOnTheExecutor) {
   EXPECT_EQ(seen.code(), absl::StatusCode::kUnknown);  // not yet run: it waits for the executor
   EXPECT_EQ(io.run_one_for(2s), 1u);
   EXPECT_EQ(seen.code(), code);
-  // The context recovers: a new endpoint is created for the next put.
+  // The endpoint stays usable for the next put.
   auto next = p.sender->postPut(req, nullptr);
   ASSERT_TRUE(next.ok());
   ASSERT_TRUE((*next)->waitFor(5s));
@@ -254,6 +254,38 @@ TEST_P(TransportTest, CancelFailsThePutAndDeliversOnTheExecutor) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Loopback, TransportTest, ::testing::Values("shm", "tcp"));
+
+}  // namespace
+}  // namespace kvf::transport
+
+namespace kvf::transport {
+namespace {
+
+TEST_P(TransportTest, MissedDeadlineFailsThePutAndTheContextRecovers) {
+  Pair p = makePair(GetParam(), 16 << 20);
+  PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(),
+                 scatter(p, 1024, 16384, true)};
+  int expired = 0;
+  for (int i = 0; i < 5; ++i) {
+    req.deadline = std::chrono::milliseconds(1);
+    auto handle = p.sender->postPut(req, nullptr);
+    ASSERT_TRUE(handle.ok());
+    ASSERT_TRUE((*handle)->waitFor(3s)) << "put stuck past its deadline";
+    absl::StatusCode code = (*handle)->check().code();
+    EXPECT_TRUE(code == absl::StatusCode::kDeadlineExceeded || code == absl::StatusCode::kOk)
+        << (*handle)->check();
+    expired += code == absl::StatusCode::kDeadlineExceeded;
+  }
+  EXPECT_GT(expired, 0);
+  req.deadline = 20s;
+  auto handle = p.sender->postPut(req, nullptr);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE((*handle)->waitFor(20s));
+  EXPECT_TRUE((*handle)->check().ok()) << (*handle)->check();
+  std::promise<void> released;
+  p.src_region->release([&] { released.set_value(); });
+  EXPECT_EQ(released.get_future().wait_for(3s), std::future_status::ready);
+}
 
 }  // namespace
 }  // namespace kvf::transport
