@@ -114,6 +114,11 @@ absl::Status Core::init() {
   params.features = UCP_FEATURE_RMA | UCP_FEATURE_AM | UCP_FEATURE_WAKEUP;
   params.name = options_.name.c_str();
   KVF_RETURN_IF_ERROR(ucsToStatus(ucp_init(&params, config, &context_), "ucp_init"));
+  ucp_context_attr_t context_attr{};
+  context_attr.field_mask = UCP_ATTR_FIELD_MEMORY_TYPES;
+  if (ucp_context_query(context_, &context_attr) == UCS_OK) {
+    cuda_memory_ = context_attr.memory_types & UCS_BIT(UCS_MEMORY_TYPE_CUDA);
+  }
 
   ucp_worker_params_t wparams{};
   wparams.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
@@ -153,7 +158,8 @@ absl::Status Core::init() {
   ev.data.u64 = kWorkerTag;
   ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_ADD, worker_fd_, &ev);
   log::info("transport context created", "name", options_.name, "tls", tls_, "devices",
-            options_.net_devices.empty() ? "all" : options_.net_devices);
+            options_.net_devices.empty() ? "all" : options_.net_devices, "cuda_memory",
+            cuda_memory_);
   return absl::OkStatus();
 }
 

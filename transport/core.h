@@ -208,6 +208,7 @@ class Core : public std::enable_shared_from_this<Core> {
   const TransportOptions& options() const { return options_; }
   const std::string& address() const { return address_; }
   const std::string& tls() const { return tls_; }
+  bool cudaMemory() const { return cuda_memory_; }
   ucp_context_h ucpContext() const { return context_; }
 
   absl::StatusOr<std::shared_ptr<MemoryRegion>> registerMemory(void* ptr, uint64_t length);
@@ -260,6 +261,7 @@ class Core : public std::enable_shared_from_this<Core> {
   TransportOptions options_;
   std::string tls_;
   bool shm_only_ = false;
+  bool cuda_memory_ = false;
   SteadyClock clock_;
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;

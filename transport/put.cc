@@ -595,6 +595,7 @@ class Context final : public TransportContext {
   explicit Context(std::shared_ptr<Core> core) : core_(std::move(core)) {}
   ~Context() override { core_->shutdown(); }
   std::string transportsInUse() const override { return core_->tls(); }
+  bool supportsCudaMemory() const override { return core_->cudaMemory(); }
   const std::string& workerAddress() const override { return core_->address(); }
   absl::StatusOr<std::shared_ptr<MemoryRegion>> registerMemory(void* ptr,
                                                                uint64_t length) override {

@@ -162,6 +162,10 @@ class TransportContext {
   // UCX (peer error mode) or only by process liveness + keepalive + deadlines.
   virtual std::string transportsInUse() const = 0;
 
+  // Capability: UCX here can register and put CUDA device memory directly (a CUDA-aware UCX
+  // build). When false, serve device pools through transport/cuda_staging.h.
+  virtual bool supportsCudaMemory() const = 0;
+
   // Opaque bytes to give a peer (base64 for JSON): UCX worker address plus process identity.
   virtual const std::string& workerAddress() const = 0;
 

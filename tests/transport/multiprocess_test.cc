@@ -3,14 +3,14 @@
 // block, and survive kill -9 of either side mid-batch with an error inside the deadline.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cstring>
 #include <future>
 #include <sstream>
-#include <unistd.h>
 
+#include "common/strings.h"
 #include "tests/transport/child_process.h"
 #include "tests/transport/peer_layout.h"
-#include "common/strings.h"
 #include "transport/base64.h"
 #include "transport/transport.h"
 
@@ -57,7 +57,9 @@ class MultiProcessTest : public ::testing::TestWithParam<std::string> {
   }
 
   std::unique_ptr<ChildProcess> spawn(const std::string& role, std::vector<std::string> extra) {
-    std::vector<std::string> argv = {peerBinary(), "--role=" + role, "--transports=" + GetParam(),
+    std::vector<std::string> argv = {peerBinary(),
+                                     "--role=" + role,
+                                     "--transports=" + GetParam(),
                                      "--blocks=" + std::to_string(kBlocks),
                                      "--block_size=" + std::to_string(kBlock),
                                      "--seed=" + std::to_string(kSeed)};

@@ -8,8 +8,8 @@
 //             "BATCH <n> <code>" after each and "RESULT <code> <message>" at the end.
 // Exit status 0 when RESULT is OK, 1 otherwise, 2 on bad usage.
 #include <cinttypes>
-#include <cstring>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -80,8 +80,8 @@ int runReceiver() {
   if (!sender.ok()) return finish(sender.status());
   kt::LandingSpec spec;
   spec.sender_address = *sender;
-  spec.blocks = kt::testing::layoutBlocks(count, block, absl::GetFlag(FLAGS_seed),
-                                          (*region)->base());
+  spec.blocks =
+      kt::testing::layoutBlocks(count, block, absl::GetFlag(FLAGS_seed), (*region)->base());
   spec.deadline = std::chrono::milliseconds(absl::GetFlag(FLAGS_deadline_ms));
   spec.verify_checksums = absl::GetFlag(FLAGS_checksums);
   auto landing = ctx->expectPut(*region, spec, nullptr);
@@ -128,7 +128,8 @@ int runSender() {
   if (corrupt >= 0 && static_cast<uint64_t>(corrupt) < count) {
     request.checksums = kt::ChecksumMode::kProvided;
     for (const auto& b : request.blocks) {
-      request.provided_checksums.push_back(kt::blockChecksum(memory.data() + b.local_offset, block));
+      request.provided_checksums.push_back(
+          kt::blockChecksum(memory.data() + b.local_offset, block));
     }
     request.provided_checksums[corrupt] ^= 0x5a5a;
   } else if (absl::GetFlag(FLAGS_checksums)) {
