@@ -93,8 +93,8 @@ class Pusher final : public DeviceStagingPusher {
 
   absl::Status init() {
     KVF_RETURN_IF_ERROR(cudaToStatus(cudaSetDevice(options_.device), "cudaSetDevice"));
-    KVF_RETURN_IF_ERROR(cudaToStatus(
-        cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+    KVF_RETURN_IF_ERROR(cudaToStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                                     "cudaStreamCreate"));
     uint64_t bytes = options_.chunk_bytes * options_.chunks;
     KVF_RETURN_IF_ERROR(cudaToStatus(cudaHostAlloc(&ring_, bytes, cudaHostAllocDefault),
                                      "cudaHostAlloc(staging ring)"));
@@ -267,8 +267,8 @@ class Uploader final : public DeviceUploader {
   }
   absl::Status init() {
     KVF_RETURN_IF_ERROR(cudaToStatus(cudaSetDevice(device_), "cudaSetDevice"));
-    KVF_RETURN_IF_ERROR(cudaToStatus(
-        cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
+    KVF_RETURN_IF_ERROR(cudaToStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
+                                     "cudaStreamCreate"));
     jobs_ = std::make_unique<JobThread>();
     return absl::OkStatus();
   }

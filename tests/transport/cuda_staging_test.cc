@@ -39,8 +39,8 @@ TEST(CudaStaging, PushesADevicePoolThroughTheRingAndUploadsOnTheReceiver) {
     // Reverse order on the receiver so that nothing coalesces by accident.
     blocks.push_back({i * kBlock, (*landing_region)->base() + (kBlocks - 1 - i) * kBlock, kBlock});
   }
-  auto landing = (*receiver)->expectPut(
-      *landing_region, {(*sender)->workerAddress(), blocks, 10s, true}, nullptr);
+  auto landing = (*receiver)->expectPut(*landing_region,
+                                        {(*sender)->workerAddress(), blocks, 10s, true}, nullptr);
   ASSERT_TRUE(landing.ok());
   auto pusher = DeviceStagingPusher::create(**sender, {1 << 20, 4, 0});
   ASSERT_TRUE(pusher.ok()) << pusher.status();
@@ -85,8 +85,7 @@ TEST(CudaStaging, RejectsBlocksLargerThanAChunk) {
   ASSERT_TRUE(pusher.ok());
   PutRequest request;
   request.blocks = {{0, 0, 2 << 20}};
-  EXPECT_EQ((*pusher)->push(nullptr, request, nullptr).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*pusher)->push(nullptr, request, nullptr).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

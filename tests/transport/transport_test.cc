@@ -289,3 +289,29 @@ TEST_P(TransportTest, MissedDeadlineFailsThePutAndTheContextRecovers) {
 
 }  // namespace
 }  // namespace kvf::transport
+
+#include "transport/transport_metrics.h"
+
+namespace kvf::transport {
+namespace {
+
+TEST(TransportMetrics, ExportsCountersAtScrapeTime) {
+  Pair p = makePair("shm", 1 << 16);
+  metrics::Registry registry;
+  exportMetrics(*p.sender, registry, {{"instance", "a"}});
+  PutRequest req{p.src_region,
+                 p.receiver->workerAddress(),
+                 p.dst_region->packedRkey(),
+                 {{0, p.dst_region->base(), 4096}}};
+  auto handle = p.sender->postPut(req, nullptr);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE((*handle)->waitFor(5s));
+  std::string text = registry.exposition();
+  EXPECT_NE(text.find("kvfabric_transport_puts_ok_total{instance=\"a\"} 1"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("kvfabric_transport_put_bytes_total{instance=\"a\"} 4096"), std::string::npos)
+      << text;
+}
+
+}  // namespace
+}  // namespace kvf::transport
