@@ -28,8 +28,25 @@ namespace kvf::transport {
 
 class Core;
 
-// Active message id of the completion notice a sender posts after a batch's flush.
+// The completion notice a sender posts (active message kNoticeAmId) after a batch's flush:
+// a NoticeHeader, then `count` NoticeBlocks in the sender's block order.
 inline constexpr unsigned kNoticeAmId = 7;
+inline constexpr uint32_t kNoticeMagic = 0x4e46564b;  // "KVFN"
+inline constexpr uint32_t kNoticeHasChecksums = 1;
+
+struct NoticeHeader {
+  uint32_t magic;
+  uint32_t count;
+  uint64_t landing_id;
+  uint32_t flags;
+  uint32_t reserved;
+};
+
+struct NoticeBlock {
+  uint64_t remote_addr;
+  uint64_t length;
+  uint64_t checksum;
+};
 
 // RAII for a file descriptor.
 class UniqueFd {
