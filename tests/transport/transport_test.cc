@@ -315,3 +315,37 @@ TEST(TransportMetrics, ExportsCountersAtScrapeTime) {
 
 }  // namespace
 }  // namespace kvf::transport
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "tests/testing/io_thread.h"
+
+namespace kvf::transport {
+namespace {
+
+TEST(AsyncPut, CompletesInACoroutineOnTheCallersExecutor) {
+  Pair p = makePair("shm", 1 << 20);
+  kvf::testing::IoThread io;
+  PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(),
+                 scatter(p, 16, 65536, true)};
+  std::thread::id before, after;
+  auto result = io.run([&]() -> boost::asio::awaitable<absl::StatusOr<PutResult>> {
+    before = std::this_thread::get_id();
+    auto r = co_await asyncPut(*p.sender, req, boost::asio::use_awaitable);
+    after = std::this_thread::get_id();
+    co_return r;
+  });
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->bytes, 16u * 65536);
+  EXPECT_EQ(before, after);  // resumed on the io thread, not the transport's progress thread
+  req.blocks[3].local_offset = 1 << 20;  // out of range: rejected, still one completion
+  auto rejected = io.run([&]() -> boost::asio::awaitable<absl::StatusOr<PutResult>> {
+    auto r = co_await asyncPut(*p.sender, req, boost::asio::use_awaitable);
+    co_return r;
+  });
+  EXPECT_EQ(rejected.status().code(), absl::StatusCode::kOutOfRange);
+}
+
+}  // namespace
+}  // namespace kvf::transport
