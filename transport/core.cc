@@ -88,6 +88,7 @@ absl::StatusOr<std::shared_ptr<Core>> Core::create(const TransportOptions& optio
   if (options.max_blocks_per_put == 0) {
     return absl::InvalidArgumentError("max_blocks_per_put: must be > 0");
   }
+  if (options.max_endpoints == 0) return absl::InvalidArgumentError("max_endpoints: must be > 0");
   std::shared_ptr<Core> core(new Core(options));
   KVF_RETURN_IF_ERROR(core->init());
   core->start();
@@ -282,7 +283,11 @@ void Core::shutdown() {
 absl::StatusOr<Peer*> Core::getPeer(const std::string& key, bool* created) {
   *created = false;
   auto it = peers_.find(key);
-  if (it != peers_.end()) return it->second.get();
+  if (it != peers_.end()) {
+    it->second->last_used = clock_.now();
+    return it->second.get();
+  }
+  if (peers_.size() >= options_.max_endpoints) evictIdlePeer();
   KVF_ASSIGN_OR_RETURN(PeerIdentity identity, decodePeerAddress(key));
   auto peer = std::make_unique<Peer>();
   peer->key = key;
@@ -329,6 +334,7 @@ absl::StatusOr<Peer*> Core::getPeer(const std::string& key, bool* created) {
   stats_.endpoints_created.fetch_add(1);
   *created = true;
   Peer* raw = peer.get();
+  peer->last_used = clock_.now();
   peers_.emplace(key, std::move(peer));
   stats_.endpoints_cached.store(static_cast<uint32_t>(peers_.size()));
   return raw;
@@ -348,7 +354,7 @@ absl::StatusOr<ucp_rkey_h> Core::getRkey(Peer& peer, const std::string& bytes, b
   return rkey;
 }
 
-void Core::closePeer(Peer* peer, const absl::Status& status, bool peer_exited) {
+void Core::closePeer(Peer* peer, const absl::Status& status, bool peer_exited, bool graceful) {
   auto node = peers_.extract(peer->key);
   if (node.empty()) return;
   std::unique_ptr<Peer> owned = std::move(node.mapped());
@@ -373,11 +379,25 @@ void Core::closePeer(Peer* peer, const absl::Status& status, bool peer_exited) {
   for (auto& [bytes, rkey] : owned->rkeys) closing.rkeys.push_back(rkey);
   ucp_request_param_t param{};
   param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-  param.flags = UCP_EP_CLOSE_FLAG_FORCE;
+  // An idle endpoint to a live peer closes gracefully (flush); a failed one is forced.
+  param.flags = graceful ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
   void* req = ucp_ep_close_nbx(owned->ep, &param);
   if (UCS_PTR_IS_PTR(req)) closing.request = req;
   closing_.push_back(std::move(closing));
   reapClosing();
+}
+
+void Core::evictIdlePeer() {
+  Peer* victim = nullptr;
+  for (auto& [key, peer] : peers_) {
+    if (!peer->batches.empty() || !peer->landings.empty()) continue;
+    if (!victim || peer->last_used < victim->last_used) victim = peer.get();
+  }
+  if (!victim) return;  // every endpoint is busy: the cache grows past the bound for now
+  static log::RateLimitedLog evicting;
+  evicting.warn("transport endpoint cache full, evicting the least recently used", "name",
+                options_.name, "max_endpoints", options_.max_endpoints);
+  closePeer(victim, absl::AbortedError("endpoint evicted"), false, /*graceful=*/true);
 }
 
 void Core::reapClosing() {

@@ -202,6 +202,7 @@ struct Peer {
   PeerIdentity identity;
   ucp_ep_h ep = nullptr;
   bool peer_error_mode = false;
+  Nanos last_used = 0;
   UniqueFd pidfd;
   std::unordered_map<std::string, ucp_rkey_h> rkeys;
   std::unordered_map<Batch*, std::shared_ptr<Batch>> batches;
@@ -267,7 +268,9 @@ class Core : public std::enable_shared_from_this<Core> {
 
   absl::StatusOr<Peer*> getPeer(const std::string& key, bool* created);
   absl::StatusOr<ucp_rkey_h> getRkey(Peer& peer, const std::string& bytes, bool* created);
-  void closePeer(Peer* peer, const absl::Status& status, bool peer_exited = false);
+  void closePeer(Peer* peer, const absl::Status& status, bool peer_exited = false,
+                 bool graceful = false);
+  void evictIdlePeer();
   void startBatch(const std::shared_ptr<Batch>& batch);
   void sendNotice(Batch* batch);
   void startLanding(const std::shared_ptr<LandingImpl>& landing);

@@ -36,6 +36,9 @@ struct TransportOptions {
   std::chrono::microseconds busy_poll{200};
   // Bounds on what one put may carry (peers and callers are not trusted).
   uint32_t max_blocks_per_put = 1 << 16;
+  // Endpoint cache bound: beyond it the least recently used idle endpoint is closed (a peer
+  // that comes back pays the setup cost again). Must be > 0.
+  uint32_t max_endpoints = 1024;
 };
 
 // One block to copy: `length` bytes at `local_offset` in the source region to `remote_addr`

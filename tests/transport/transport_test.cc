@@ -349,3 +349,36 @@ TEST(AsyncPut, CompletesInACoroutineOnTheCallersExecutor) {
 
 }  // namespace
 }  // namespace kvf::transport
+
+namespace kvf::transport {
+namespace {
+
+TEST(EndpointCache, EvictsTheLeastRecentlyUsedIdleEndpoint) {
+  TransportOptions options;
+  options.max_endpoints = 2;
+  auto sender = TransportContext::create(options);
+  ASSERT_TRUE(sender.ok());
+  std::vector<std::unique_ptr<TransportContext>> peers;
+  for (int i = 0; i < 3; ++i) peers.push_back(std::move(*TransportContext::create({})));
+  std::vector<char> src(4096, 1), dst(4096 * 3, 0);
+  auto source = (*sender)->registerMemory(src.data(), src.size());
+  ASSERT_TRUE(source.ok());
+  std::vector<std::shared_ptr<MemoryRegion>> targets;
+  for (int i = 0; i < 3; ++i) {
+    targets.push_back(*peers[i]->registerMemory(dst.data() + 4096 * i, 4096));
+    PutRequest req{*source,
+                   peers[i]->workerAddress(),
+                   targets[i]->packedRkey(),
+                   {{0, targets[i]->base(), 4096}}};
+    auto handle = (*sender)->postPut(req, nullptr);
+    ASSERT_TRUE(handle.ok());
+    ASSERT_TRUE((*handle)->waitFor(5s));
+    ASSERT_TRUE((*handle)->check().ok()) << (*handle)->check();
+  }
+  EXPECT_EQ((*sender)->stats().endpoints_cached, 2u);
+  EXPECT_EQ((*sender)->stats().endpoints_created, 3u);
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 1), 3 * 4096);
+}
+
+}  // namespace
+}  // namespace kvf::transport
