@@ -249,23 +249,30 @@ void Core::run() {
 void Core::housekeeping(Nanos now, int timeout_ms) {
   epoll_event events[16];
   int n = ::epoll_wait(epoll_fd_.get(), events, 16, timeout_ms);
+  std::vector<int> exited;
   for (int i = 0; i < n; ++i) {
     if (events[i].data.u64 == kWakeTag) {
       uint64_t value;
       [[maybe_unused]] ssize_t r = ::read(event_fd_.get(), &value, sizeof(value));
     } else if (events[i].data.u64 >= kPidTag) {
-      int fd = static_cast<int>(events[i].data.u64 - kPidTag);
-      for (auto& [key, peer] : peers_) {
-        if (peer->pidfd.get() != fd) continue;
-        ::epoll_ctl(epoll_fd_.get(), EPOLL_CTL_DEL, fd, nullptr);
-        stats_.peer_failures.fetch_add(1);
-        log::warn("transport peer process exited", "name", options_.name, "pid",
-                  peer->identity.pid);
-        closePeer(peer.get(),
-                  absl::UnavailableError(strCat("peer process ", peer->identity.pid, " exited")),
-                  /*peer_exited=*/true);
-        break;
-      }
+      exited.push_back(static_cast<int>(events[i].data.u64 - kPidTag));
+    }
+  }
+  if (!exited.empty()) {
+    // What a peer sent before it exited (its last writes, its completion notice) is still in
+    // our sockets / FIFOs: deliver it before declaring the peer gone.
+    for (int i = 0; i < 100000 && ucp_worker_progress(worker_) != 0; ++i) {
+    }
+  }
+  for (int fd : exited) {
+    for (auto& [key, peer] : peers_) {
+      if (peer->pidfd.get() != fd) continue;
+      stats_.peer_failures.fetch_add(1);
+      log::warn("transport peer process exited", "name", options_.name, "pid", peer->identity.pid);
+      closePeer(peer.get(),
+                absl::UnavailableError(strCat("peer process ", peer->identity.pid, " exited")),
+                /*peer_exited=*/true);
+      break;
     }
   }
   reapClosing();
