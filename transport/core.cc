@@ -88,6 +88,9 @@ absl::StatusOr<std::shared_ptr<Core>> Core::create(const TransportOptions& optio
   if (options.max_blocks_per_put == 0) {
     return absl::InvalidArgumentError("max_blocks_per_put: must be > 0");
   }
+  if (options.idle_wakeup_ms < 1 || options.idle_wakeup_ms > 1000) {
+    return absl::InvalidArgumentError("idle_wakeup_ms: must be in [1, 1000]");
+  }
   if (options.max_endpoints == 0) return absl::InvalidArgumentError("max_endpoints: must be > 0");
   std::shared_ptr<Core> core(new Core(options));
   KVF_RETURN_IF_ERROR(core->init());
@@ -219,7 +222,7 @@ void Core::run() {
     // Idle: sleep on the worker's event fd, the command eventfd and the peers' pidfds.
     ucs_status_t armed = ucp_worker_arm(worker_);
     if (armed == UCS_ERR_BUSY) continue;
-    Nanos wake = std::min(nextDeadline(), now + 50 * kNanosPerMilli);
+    Nanos wake = std::min(nextDeadline(), now + options_.idle_wakeup_ms * kNanosPerMilli);
     int timeout_ms =
         static_cast<int>(std::max<Nanos>(0, (wake - now + kNanosPerMilli - 1) / kNanosPerMilli));
     housekeeping(now, timeout_ms);

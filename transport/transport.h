@@ -34,6 +34,9 @@ struct TransportOptions {
   // After any activity the progress thread spins this long before sleeping on the worker's
   // event fd; longer lowers latency and costs CPU.
   std::chrono::microseconds busy_poll{200};
+  // Longest sleep of an idle progress thread. UCX's TCP connection setup is not always signalled
+  // on the worker's event fd, so this bounds the first-contact latency; must be in [1, 1000].
+  int64_t idle_wakeup_ms = 10;
   // Bounds on what one put may carry (peers and callers are not trusted).
   uint32_t max_blocks_per_put = 1 << 16;
   // Endpoint cache bound: beyond it the least recently used idle endpoint is closed (a peer
