@@ -442,12 +442,20 @@ absl::Status Core::connect(const std::string& peer_address) {
   });
 }
 
-void Core::disconnect(const std::string& peer_address) {
-  post([this, peer_address] {
+absl::Status Core::disconnect(const std::string& peer_address) {
+  return call<absl::Status>([&]() -> absl::Status {
     auto it = peers_.find(peer_address);
-    if (it != peers_.end()) {
-      closePeer(it->second.get(), absl::AbortedError("endpoint closed by disconnect()"));
+    if (it == peers_.end()) return absl::OkStatus();
+    Peer* peer = it->second.get();
+    if (!peer->landings.empty()) {
+      // Closing our endpoint does not stop the peer's writes into our memory.
+      return absl::FailedPreconditionError(
+          strCat(peer->landings.size(), " landing(s) from this peer are unresolved"));
     }
+    // Forced only where peer error mode makes that defined; flushed on shared memory.
+    closePeer(peer, absl::AbortedError("endpoint closed by disconnect()"), false,
+              /*graceful=*/!peer->peer_error_mode);
+    return absl::OkStatus();
   });
 }
 

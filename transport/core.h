@@ -236,7 +236,7 @@ class Core : public std::enable_shared_from_this<Core> {
   absl::StatusOr<std::shared_ptr<PutHandle>> postPut(PutRequest request, PutCallback done);
   absl::StatusOr<std::shared_ptr<Landing>> expectPut(const std::shared_ptr<MemoryRegion>& region,
                                                      LandingSpec spec, LandingCallback done);
-  void disconnect(const std::string& peer_address);
+  absl::Status disconnect(const std::string& peer_address);
   TransportStats stats() const;
 
   // Progress thread only (used by handles and callbacks).

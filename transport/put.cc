@@ -292,8 +292,8 @@ void Core::cancelBatch(Batch* batch, absl::Status status) {
   // Abandon, don't abort: force-closing a shared-memory endpoint whose peer is alive is undefined
   // behaviour in UCX, and posted puts cannot be recalled one by one. The caller gets `status`
   // now; the puts drain in the background (the source stays held until UCX is done with it) and
-  // a late completion notice still resolves the receiver's quarantined landing. disconnect() is
-  // the hard stop; a dead peer is detected by peer error mode or its pidfd.
+  // a late completion notice still resolves the receiver's quarantined landing. disconnect()
+  // closes the endpoint; a dead peer is detected by peer error mode or its pidfd.
   finishBatch(*batch, std::move(status));
 }
 

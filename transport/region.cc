@@ -134,7 +134,9 @@ class Context final : public TransportContext {
                                                      LandingCallback done) override {
     return core_->expectPut(region, std::move(spec), std::move(done));
   }
-  void disconnect(const std::string& peer_address) override { core_->disconnect(peer_address); }
+  absl::Status disconnect(const std::string& peer_address) override {
+    return core_->disconnect(peer_address);
+  }
   TransportStats stats() const override { return core_->stats(); }
 
  private:

@@ -196,8 +196,10 @@ class TransportContext {
   virtual absl::StatusOr<std::shared_ptr<Landing>> expectPut(
       const std::shared_ptr<MemoryRegion>& region, LandingSpec spec, LandingCallback done) = 0;
 
-  // Closes the cached endpoint to a peer (in-flight puts to it fail with kAborted).
-  virtual void disconnect(const std::string& peer_address) = 0;
+  // Closes the cached endpoint to a peer; puts in flight to it fail with kAborted. Refused
+  // (kFailedPrecondition) while a landing from that peer is unresolved: closing our endpoint
+  // would not stop its writes.
+  virtual absl::Status disconnect(const std::string& peer_address) = 0;
 
   virtual TransportStats stats() const = 0;
 };

@@ -382,3 +382,76 @@ TEST(EndpointCache, EvictsTheLeastRecentlyUsedIdleEndpoint) {
 
 }  // namespace
 }  // namespace kvf::transport
+
+#include "transport/peer_identity.h"
+
+namespace kvf::transport {
+namespace {
+
+TEST(PeerIdentity, RoundTripsAndRejectsDamagedAddresses) {
+  PeerIdentity id = localIdentity("ucx-address-bytes");
+  std::string bytes = encodePeerAddress(id);
+  auto back = decodePeerAddress(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->pid, id.pid);
+  EXPECT_EQ(back->ucp_address, "ucx-address-bytes");
+  EXPECT_TRUE(back->sameHostAs(id));
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    EXPECT_FALSE(decodePeerAddress(bytes.substr(0, cut)).ok()) << "truncated at " << cut;
+  }
+  EXPECT_FALSE(decodePeerAddress(bytes + "x").ok());
+  std::string bad_magic = bytes;
+  bad_magic[0] = 'X';
+  EXPECT_FALSE(decodePeerAddress(bad_magic).ok());
+}
+
+TEST(Landing, CancelKeepsTheRegionQuarantinedUntilTheSenderCompletes) {
+  Pair p = makePair("shm", 1 << 16);
+  auto landing = p.receiver->expectPut(
+      p.dst_region, {p.sender->workerAddress(), {{0, p.dst_region->base(), 4096}}, 10s}, nullptr);
+  ASSERT_TRUE(landing.ok());
+  (*landing)->cancel();
+  ASSERT_TRUE((*landing)->waitFor(2s));
+  EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kCancelled);
+  EXPECT_FALSE((*landing)->resolved());
+  std::promise<void> released;
+  p.dst_region->release([&] { released.set_value(); });
+  auto rf = released.get_future();
+  EXPECT_EQ(rf.wait_for(100ms), std::future_status::timeout);
+  // Closing our endpoint would not stop the sender's writes: refused.
+  EXPECT_EQ(p.receiver->disconnect(p.sender->workerAddress()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rf.wait_for(100ms), std::future_status::timeout);
+  // The sender's late completion notice proves its writes are done: the region comes back.
+  PutRequest req{p.src_region,
+                 p.receiver->workerAddress(),
+                 p.dst_region->packedRkey(),
+                 {{0, p.dst_region->base(), 4096}}};
+  req.landing_id = (*landing)->id();
+  ASSERT_TRUE(p.sender->postPut(req, nullptr).ok());
+  EXPECT_EQ(rf.wait_for(5s), std::future_status::ready);
+  EXPECT_TRUE((*landing)->resolved());
+  EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kCancelled);  // first outcome stays
+  EXPECT_TRUE(p.receiver->disconnect(p.sender->workerAddress()).ok());
+}
+
+TEST(MemoryRegion, ReleaseWaitsForPutsReadingIt) {
+  Pair p = makePair("tcp", 32 << 20);
+  PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(),
+                 scatter(p, 2048, 16384, true)};
+  auto handle = p.sender->postPut(req, nullptr);
+  ASSERT_TRUE(handle.ok());
+  std::atomic<bool> released{false};
+  p.src_region->release([&] { released = true; });
+  ASSERT_TRUE((*handle)->waitFor(10s));
+  EXPECT_TRUE((*handle)->check().ok()) << (*handle)->check();
+  for (int i = 0; i < 200 && !released; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(released);
+  auto late = p.sender->postPut(req, nullptr);  // a released region takes no new puts
+  ASSERT_TRUE(late.ok());
+  ASSERT_TRUE((*late)->waitFor(2s));
+  EXPECT_EQ((*late)->check().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace kvf::transport
