@@ -187,7 +187,8 @@ class TransportContext {
   // prepare: creates (or finds) the cached endpoint to a peer; optional, postPut does it too.
   virtual absl::Status connect(const std::string& peer_address) = 0;
 
-  // post: validates the request (bounds, counts, checksums), then issues the coalesced puts,
+  // post: validates the request (bounds, counts, checksums), computes kCompute checksums on the
+  // calling thread (xxh3, several GB/s), then the progress thread issues the coalesced puts,
   // flushes and calls `done` exactly once.
   virtual absl::StatusOr<std::shared_ptr<PutHandle>> postPut(PutRequest request,
                                                              PutCallback done) = 0;
