@@ -34,8 +34,8 @@ struct TransportOptions {
   // After any activity the progress thread spins this long before sleeping on the worker's
   // event fd; longer lowers latency and costs CPU.
   std::chrono::microseconds busy_poll{200};
-  // Longest sleep of an idle progress thread. UCX's TCP connection setup is not always signalled
-  // on the worker's event fd, so this bounds the first-contact latency; must be in [1, 1000].
+  // Longest sleep of an idle progress thread (a safety net should the worker's event fd miss an
+  // event; deadlines wake it on time anyway). Must be in [1, 1000].
   int64_t idle_wakeup_ms = 10;
   // Bounds on what one put may carry (peers and callers are not trusted).
   uint32_t max_blocks_per_put = 1 << 16;
