@@ -1,0 +1,457 @@
+// In-process tests of transport/: two TransportContexts in one process talk over shared memory
+// and over TCP on loopback, exactly as two engine processes would (same UCX paths).
+#include <gtest/gtest.h>
+
+#include <boost/asio/executor_work_guard.hpp>
+#include <boost/asio/io_context.hpp>
+#include <cstring>
+#include <future>
+#include <numeric>
+#include <random>
+
+#include "transport/asio_completion.h"
+#include "transport/base64.h"
+#include "transport/transport.h"
+
+namespace kvf::transport {
+namespace {
+
+using namespace std::chrono_literals;
+
+TEST(Base64, RoundTripsEveryLength) {
+  std::string bytes;
+  for (int i = 0; i < 300; ++i) {
+    auto encoded = base64Encode(bytes);
+    EXPECT_EQ(encoded.size() % 4, 0u);
+    auto decoded = base64Decode(encoded);
+    ASSERT_TRUE(decoded.ok()) << decoded.status();
+    EXPECT_EQ(*decoded, bytes);
+    bytes.push_back(static_cast<char>(i * 37));
+  }
+  EXPECT_EQ(base64Encode("foobar"), "Zm9vYmFy");
+  EXPECT_EQ(base64Encode("fo"), "Zm8=");
+}
+
+TEST(Base64, RejectsBadInput) {
+  EXPECT_FALSE(base64Decode("abc").ok());
+  EXPECT_FALSE(base64Decode("ab=c").ok());
+  EXPECT_FALSE(base64Decode("a===").ok());
+  EXPECT_FALSE(base64Decode("ab!d").ok());
+  EXPECT_FALSE(base64Decode("AAAAAAAA", 5).ok());
+  EXPECT_TRUE(base64Decode("AAAAAAAA", 6).ok());
+}
+
+struct Pair {
+  std::vector<char> src, dst;  // declared first: destroyed after the contexts
+  std::unique_ptr<TransportContext> sender, receiver;
+  std::shared_ptr<MemoryRegion> src_region, dst_region;
+};
+
+Pair makePair(const std::string& transports, size_t bytes) {
+  TransportOptions options;
+  options.transports = transports;
+  if (transports == "tcp") options.net_devices = "lo";
+  options.name = "sender";
+  Pair p;
+  auto s = TransportContext::create(options);
+  EXPECT_TRUE(s.ok()) << s.status();
+  options.name = "receiver";
+  auto r = TransportContext::create(options);
+  EXPECT_TRUE(r.ok()) << r.status();
+  p.sender = std::move(*s);
+  p.receiver = std::move(*r);
+  p.src.resize(bytes);
+  p.dst.assign(bytes, 0);
+  std::mt19937_64 rng(42);
+  for (auto& c : p.src) c = static_cast<char>(rng());
+  p.src_region = *p.sender->registerMemory(p.src.data(), bytes);
+  p.dst_region = *p.receiver->registerMemory(p.dst.data(), bytes);
+  return p;
+}
+
+// Blocks of `block` bytes; block i of the source goes to slot perm[i] of the target.
+std::vector<BlockCopy> scatter(const Pair& p, size_t count, size_t block, bool shuffle) {
+  std::vector<size_t> perm(count);
+  std::iota(perm.begin(), perm.end(), 0);
+  if (shuffle) std::shuffle(perm.begin(), perm.end(), std::mt19937(7));
+  std::vector<BlockCopy> blocks;
+  for (size_t i = 0; i < count; ++i) {
+    blocks.push_back({i * block, p.dst_region->base() + perm[i] * block, block});
+  }
+  return blocks;
+}
+
+class TransportTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(TransportTest, PushesThousandsOfBlocksWithVerifiedChecksums) {
+  constexpr size_t kBlocks = 4096, kBlock = 4096;
+  Pair p = makePair(GetParam(), kBlocks * kBlock);
+  auto blocks = scatter(p, kBlocks, kBlock, true);
+  LandingSpec spec{p.sender->workerAddress(), blocks, 5000ms, true};
+  std::promise<absl::Status> landed;
+  auto landing =
+      p.receiver->expectPut(p.dst_region, spec, [&](absl::Status s) { landed.set_value(s); });
+  ASSERT_TRUE(landing.ok()) << landing.status();
+  EXPECT_EQ(p.dst_region->activeUsers(), 1u);
+
+  PutRequest req;
+  req.source = p.src_region;
+  req.peer_address = p.receiver->workerAddress();
+  req.peer_rkey = p.dst_region->packedRkey();
+  req.blocks = blocks;
+  req.deadline = 5000ms;
+  req.checksums = ChecksumMode::kCompute;
+  req.landing_id = (*landing)->id();
+  std::promise<absl::StatusOr<PutResult>> sent;
+  auto handle = p.sender->postPut(req, [&](absl::StatusOr<PutResult> r) { sent.set_value(r); });
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  auto result = sent.get_future().get();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->blocks, kBlocks);
+  EXPECT_EQ(result->bytes, kBlocks * kBlock);
+  EXPECT_EQ(result->checksums.size(), kBlocks);
+  EXPECT_TRUE(result->new_endpoint);
+  EXPECT_TRUE((*handle)->done());
+  EXPECT_TRUE((*handle)->check().ok());
+
+  auto lf = landed.get_future();
+  ASSERT_EQ(lf.wait_for(5s), std::future_status::ready);
+  EXPECT_TRUE(lf.get().ok());
+  EXPECT_TRUE((*landing)->resolved());
+  EXPECT_EQ(p.dst_region->activeUsers(), 0u);
+  for (size_t i = 0; i < kBlocks; ++i) {
+    const char* got = p.dst.data() + (blocks[i].remote_addr - p.dst_region->base());
+    ASSERT_EQ(std::memcmp(got, p.src.data() + i * kBlock, kBlock), 0) << "block " << i;
+  }
+  // The second put to the same peer reuses the cached endpoint and rkey.
+  req.landing_id = 0;
+  auto again = p.sender->postPut(req, nullptr);
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE((*again)->waitFor(5s));
+  ASSERT_TRUE((*again)->result().ok()) << (*again)->check();
+  EXPECT_FALSE((*again)->result()->new_endpoint);
+  EXPECT_EQ(p.sender->stats().endpoints_created, 1u);
+}
+
+TEST_P(TransportTest, CoalescesAdjacentBlocks) {
+  Pair p = makePair(GetParam(), 1 << 20);
+  auto blocks = scatter(p, 64, 16384, false);
+  PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(), blocks};
+  auto handle = p.sender->postPut(req, nullptr);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE((*handle)->waitFor(5s));
+  auto result = (*handle)->result();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->operations, 1u);
+  EXPECT_EQ(std::memcmp(p.src.data(), p.dst.data(), 1 << 20), 0);
+
+  std::swap(blocks[3].remote_addr, blocks[9].remote_addr);  // breaks one run into five
+  req.blocks = blocks;
+  handle = p.sender->postPut(req, nullptr);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE((*handle)->waitFor(5s));
+  ASSERT_TRUE((*handle)->result().ok());
+  EXPECT_EQ((*handle)->result()->operations, 5u);
+}
+
+TEST_P(TransportTest, DetectsACorruptedBlock) {
+  Pair p = makePair(GetParam(), 64 * 16384);
+  auto blocks = scatter(p, 64, 16384, true);
+  std::vector<uint64_t> sums;
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    sums.push_back(blockChecksum(p.src.data() + blocks[i].local_offset, blocks[i].length));
+  }
+  sums[17] ^= 1;  // what the receiver would see if block 17 were damaged on the way
+  auto landing =
+      p.receiver->expectPut(p.dst_region, {p.sender->workerAddress(), blocks, 5s, true}, nullptr);
+  ASSERT_TRUE(landing.ok());
+  PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(), blocks};
+  req.checksums = ChecksumMode::kProvided;
+  req.provided_checksums = sums;
+  req.landing_id = (*landing)->id();
+  auto handle = p.sender->postPut(req, nullptr);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE((*landing)->waitFor(5s));
+  absl::Status status = (*landing)->check();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(std::string(status.message()).find("block 17"), std::string::npos) << status;
+  EXPECT_EQ(p.receiver->stats().checksum_mismatches, 1u);
+  EXPECT_TRUE((*landing)->resolved());  // the sender finished: memory is reusable
+}
+
+TEST_P(TransportTest, LandingTimesOutAndStaysQuarantinedUntilSenderCompletes) {
+  Pair p = makePair(GetParam(), 16 * 16384);
+  auto blocks = scatter(p, 16, 16384, false);
+  auto landing =
+      p.receiver->expectPut(p.dst_region, {p.sender->workerAddress(), blocks, 100ms}, nullptr);
+  ASSERT_TRUE(landing.ok());
+  ASSERT_TRUE((*landing)->waitFor(2s));
+  EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_FALSE((*landing)->resolved());
+  std::promise<void> released;
+  p.dst_region->release([&] { released.set_value(); });
+  auto rf = released.get_future();
+  EXPECT_EQ(rf.wait_for(200ms), std::future_status::timeout);  // a sender may still write
+
+  PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(), blocks};
+  req.landing_id = (*landing)->id();
+  auto handle = p.sender->postPut(req, nullptr);
+  ASSERT_TRUE(handle.ok());
+  EXPECT_EQ(rf.wait_for(5s), std::future_status::ready);  // the late notice resolves it
+  EXPECT_TRUE((*landing)->resolved());
+  EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_P(TransportTest, RejectsBadRequests) {
+  Pair p = makePair(GetParam(), 1 << 16);
+  PutRequest req{p.src_region,
+                 p.receiver->workerAddress(),
+                 p.dst_region->packedRkey(),
+                 {{60000, p.dst_region->base(), 8192}}};
+  EXPECT_EQ(p.sender->postPut(req, nullptr).status().code(), absl::StatusCode::kOutOfRange);
+  req.blocks = {{0, p.dst_region->base(), 0}};
+  EXPECT_EQ(p.sender->postPut(req, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+  req.blocks = {{0, p.dst_region->base(), 4096}};
+  req.checksums = ChecksumMode::kProvided;
+  EXPECT_EQ(p.sender->postPut(req, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+  req.checksums = ChecksumMode::kNone;
+  req.peer_address = "not an address";
+  auto handle = p.sender->postPut(req, nullptr);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE((*handle)->waitFor(2s));
+  EXPECT_EQ((*handle)->check().code(), absl::StatusCode::kInvalidArgument);
+  auto landing = p.receiver->expectPut(
+      p.dst_region, {p.sender->workerAddress(), {{0, p.dst_region->base() + 65536, 1}}}, nullptr);
+  EXPECT_EQ(landing.status().code(), absl::StatusCode::kOutOfRange);
+  TransportOptions bad;
+  bad.transports = "tcp;rm -rf";
+  EXPECT_EQ(TransportContext::create(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(TransportTest, CancelFailsThePutAndDeliversOnTheExecutor) {
+  Pair p = makePair(GetParam(), 8 << 20);
+  PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(),
+                 scatter(p, 512, 16384, true)};
+  boost::asio::io_context io;
+  auto work = boost::asio::make_work_guard(io);
+  absl::Status seen = absl::UnknownError("not called");
+  auto handle = p.sender->postPut(
+      req, onExecutor(io.get_executor(), [&](absl::StatusOr<PutResult> r) { seen = r.status(); }));
+  ASSERT_TRUE(handle.ok());
+  (*handle)->cancel();
+  ASSERT_TRUE((*handle)->waitFor(2s));
+  // Either the cancel won or the put finished first; both are exactly one completion.
+  absl::StatusCode code = (*handle)->check().code();
+  EXPECT_TRUE(code == absl::StatusCode::kCancelled || code == absl::StatusCode::kOk) << code;
+  EXPECT_EQ(seen.code(), absl::StatusCode::kUnknown);  // not yet run: it waits for the executor
+  EXPECT_EQ(io.run_one_for(2s), 1u);
+  EXPECT_EQ(seen.code(), code);
+  // The endpoint stays usable for the next put.
+  auto next = p.sender->postPut(req, nullptr);
+  ASSERT_TRUE(next.ok());
+  ASSERT_TRUE((*next)->waitFor(5s));
+  EXPECT_TRUE((*next)->check().ok()) << (*next)->check();
+}
+
+INSTANTIATE_TEST_SUITE_P(Loopback, TransportTest, ::testing::Values("shm", "tcp"));
+
+}  // namespace
+}  // namespace kvf::transport
+
+namespace kvf::transport {
+namespace {
+
+TEST_P(TransportTest, MissedDeadlineFailsThePutAndTheContextRecovers) {
+  Pair p = makePair(GetParam(), 16 << 20);
+  PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(),
+                 scatter(p, 1024, 16384, true)};
+  int expired = 0;
+  for (int i = 0; i < 5; ++i) {
+    req.deadline = std::chrono::milliseconds(1);
+    auto handle = p.sender->postPut(req, nullptr);
+    ASSERT_TRUE(handle.ok());
+    ASSERT_TRUE((*handle)->waitFor(3s)) << "put stuck past its deadline";
+    absl::StatusCode code = (*handle)->check().code();
+    EXPECT_TRUE(code == absl::StatusCode::kDeadlineExceeded || code == absl::StatusCode::kOk)
+        << (*handle)->check();
+    expired += code == absl::StatusCode::kDeadlineExceeded;
+  }
+  EXPECT_GT(expired, 0);
+  req.deadline = 20s;
+  auto handle = p.sender->postPut(req, nullptr);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE((*handle)->waitFor(20s));
+  EXPECT_TRUE((*handle)->check().ok()) << (*handle)->check();
+  std::promise<void> released;
+  p.src_region->release([&] { released.set_value(); });
+  EXPECT_EQ(released.get_future().wait_for(3s), std::future_status::ready);
+}
+
+}  // namespace
+}  // namespace kvf::transport
+
+#include "transport/transport_metrics.h"
+
+namespace kvf::transport {
+namespace {
+
+TEST(TransportMetrics, ExportsCountersAtScrapeTime) {
+  Pair p = makePair("shm", 1 << 16);
+  metrics::Registry registry;
+  exportMetrics(*p.sender, registry, {{"instance", "a"}});
+  PutRequest req{p.src_region,
+                 p.receiver->workerAddress(),
+                 p.dst_region->packedRkey(),
+                 {{0, p.dst_region->base(), 4096}}};
+  auto handle = p.sender->postPut(req, nullptr);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE((*handle)->waitFor(5s));
+  std::string text = registry.exposition();
+  EXPECT_NE(text.find("kvfabric_transport_puts_ok_total{instance=\"a\"} 1"), std::string::npos)
+      << text;
+  EXPECT_NE(text.find("kvfabric_transport_put_bytes_total{instance=\"a\"} 4096"), std::string::npos)
+      << text;
+}
+
+}  // namespace
+}  // namespace kvf::transport
+
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "tests/testing/io_thread.h"
+
+namespace kvf::transport {
+namespace {
+
+TEST(AsyncPut, CompletesInACoroutineOnTheCallersExecutor) {
+  Pair p = makePair("shm", 1 << 20);
+  kvf::testing::IoThread io;
+  PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(),
+                 scatter(p, 16, 65536, true)};
+  std::thread::id before, after;
+  auto result = io.run([&]() -> boost::asio::awaitable<absl::StatusOr<PutResult>> {
+    before = std::this_thread::get_id();
+    auto r = co_await asyncPut(*p.sender, req, boost::asio::use_awaitable);
+    after = std::this_thread::get_id();
+    co_return r;
+  });
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->bytes, 16u * 65536);
+  EXPECT_EQ(before, after);  // resumed on the io thread, not the transport's progress thread
+  req.blocks[3].local_offset = 1 << 20;  // out of range: rejected, still one completion
+  auto rejected = io.run([&]() -> boost::asio::awaitable<absl::StatusOr<PutResult>> {
+    auto r = co_await asyncPut(*p.sender, req, boost::asio::use_awaitable);
+    co_return r;
+  });
+  EXPECT_EQ(rejected.status().code(), absl::StatusCode::kOutOfRange);
+}
+
+}  // namespace
+}  // namespace kvf::transport
+
+namespace kvf::transport {
+namespace {
+
+TEST(EndpointCache, EvictsTheLeastRecentlyUsedIdleEndpoint) {
+  TransportOptions options;
+  options.max_endpoints = 2;
+  auto sender = TransportContext::create(options);
+  ASSERT_TRUE(sender.ok());
+  std::vector<std::unique_ptr<TransportContext>> peers;
+  for (int i = 0; i < 3; ++i) peers.push_back(std::move(*TransportContext::create({})));
+  std::vector<char> src(4096, 1), dst(4096 * 3, 0);
+  auto source = (*sender)->registerMemory(src.data(), src.size());
+  ASSERT_TRUE(source.ok());
+  std::vector<std::shared_ptr<MemoryRegion>> targets;
+  for (int i = 0; i < 3; ++i) {
+    targets.push_back(*peers[i]->registerMemory(dst.data() + 4096 * i, 4096));
+    PutRequest req{*source,
+                   peers[i]->workerAddress(),
+                   targets[i]->packedRkey(),
+                   {{0, targets[i]->base(), 4096}}};
+    auto handle = (*sender)->postPut(req, nullptr);
+    ASSERT_TRUE(handle.ok());
+    ASSERT_TRUE((*handle)->waitFor(5s));
+    ASSERT_TRUE((*handle)->check().ok()) << (*handle)->check();
+  }
+  EXPECT_EQ((*sender)->stats().endpoints_cached, 2u);
+  EXPECT_EQ((*sender)->stats().endpoints_created, 3u);
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 1), 3 * 4096);
+}
+
+}  // namespace
+}  // namespace kvf::transport
+
+#include "transport/peer_identity.h"
+
+namespace kvf::transport {
+namespace {
+
+TEST(PeerIdentity, RoundTripsAndRejectsDamagedAddresses) {
+  PeerIdentity id = localIdentity("ucx-address-bytes");
+  std::string bytes = encodePeerAddress(id);
+  auto back = decodePeerAddress(bytes);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->pid, id.pid);
+  EXPECT_EQ(back->ucp_address, "ucx-address-bytes");
+  EXPECT_TRUE(back->sameHostAs(id));
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    EXPECT_FALSE(decodePeerAddress(bytes.substr(0, cut)).ok()) << "truncated at " << cut;
+  }
+  EXPECT_FALSE(decodePeerAddress(bytes + "x").ok());
+  std::string bad_magic = bytes;
+  bad_magic[0] = 'X';
+  EXPECT_FALSE(decodePeerAddress(bad_magic).ok());
+}
+
+TEST(Landing, CancelKeepsTheRegionQuarantinedUntilTheSenderCompletes) {
+  Pair p = makePair("shm", 1 << 16);
+  auto landing = p.receiver->expectPut(
+      p.dst_region, {p.sender->workerAddress(), {{0, p.dst_region->base(), 4096}}, 10s}, nullptr);
+  ASSERT_TRUE(landing.ok());
+  (*landing)->cancel();
+  ASSERT_TRUE((*landing)->waitFor(2s));
+  EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kCancelled);
+  EXPECT_FALSE((*landing)->resolved());
+  std::promise<void> released;
+  p.dst_region->release([&] { released.set_value(); });
+  auto rf = released.get_future();
+  EXPECT_EQ(rf.wait_for(100ms), std::future_status::timeout);
+  // Closing our endpoint would not stop the sender's writes: refused.
+  EXPECT_EQ(p.receiver->disconnect(p.sender->workerAddress()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(rf.wait_for(100ms), std::future_status::timeout);
+  // The sender's late completion notice proves its writes are done: the region comes back.
+  PutRequest req{p.src_region,
+                 p.receiver->workerAddress(),
+                 p.dst_region->packedRkey(),
+                 {{0, p.dst_region->base(), 4096}}};
+  req.landing_id = (*landing)->id();
+  ASSERT_TRUE(p.sender->postPut(req, nullptr).ok());
+  EXPECT_EQ(rf.wait_for(5s), std::future_status::ready);
+  EXPECT_TRUE((*landing)->resolved());
+  EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kCancelled);  // first outcome stays
+  EXPECT_TRUE(p.receiver->disconnect(p.sender->workerAddress()).ok());
+}
+
+TEST(MemoryRegion, ReleaseWaitsForPutsReadingIt) {
+  Pair p = makePair("tcp", 32 << 20);
+  PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(),
+                 scatter(p, 2048, 16384, true)};
+  auto handle = p.sender->postPut(req, nullptr);
+  ASSERT_TRUE(handle.ok());
+  std::atomic<bool> released{false};
+  p.src_region->release([&] { released = true; });
+  ASSERT_TRUE((*handle)->waitFor(10s));
+  EXPECT_TRUE((*handle)->check().ok()) << (*handle)->check();
+  for (int i = 0; i < 200 && !released; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_TRUE(released);
+  auto late = p.sender->postPut(req, nullptr);  // a released region takes no new puts
+  ASSERT_TRUE(late.ok());
+  ASSERT_TRUE((*late)->waitFor(2s));
+  EXPECT_EQ((*late)->check().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+}  // namespace
+}  // namespace kvf::transport
