@@ -145,7 +145,7 @@ std::vector<std::vector<double>> valuesPerRep(const ArmData& arm, Field field) {
     std::vector<double> v;
     for (const auto& r : rep) {
       if (!r.outcome.ok) continue;
-      double x = field == Field::kTtft ? r.outcome.ttft_s
+      double x = field == Field::kTtft   ? r.outcome.ttft_s
                  : field == Field::kTpot ? r.outcome.tpot_s
                                          : r.outcome.e2e_s;
       if (x >= 0) v.push_back(x);
@@ -174,8 +174,9 @@ std::string pct(double v) { return fmt::format("{:+.1f}%", 100 * v); }
 
 void latencyTable(std::string& md, const std::vector<ArmData>& arms,
                   const std::vector<ReplaySummary>& sums) {
-  md += "| arm | requests | errors | APC | TTFT mean | TTFT p50 | TTFT p90 | TTFT p99 | TPOT p50 | "
-        "TPOT p90 | TPOT p99 | E2E p50 | E2E p90 | E2E p99 |\n";
+  md +=
+      "| arm | requests | errors | APC | TTFT mean | TTFT p50 | TTFT p90 | TTFT p99 | TPOT p50 | "
+      "TPOT p90 | TPOT p99 | E2E p50 | E2E p90 | E2E p99 |\n";
   md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (size_t i = 0; i < arms.size(); ++i) {
     const auto& s = sums[i];
@@ -195,13 +196,15 @@ void deltaTable(std::string& md, const std::vector<ArmData>& arms) {
     Field field;
     double (*stat)(std::vector<double>&);
   };
-  const Column columns[] = {{"TTFT mean", Field::kTtft, statMean}, {"TTFT p50", Field::kTtft, statP50},
-                            {"TTFT p90", Field::kTtft, statP90},   {"TPOT p50", Field::kTpot, statP50},
-                            {"TPOT p90", Field::kTpot, statP90},   {"E2E p50", Field::kE2e, statP50},
-                            {"E2E p90", Field::kE2e, statP90},     {"E2E p99", Field::kE2e, statP99}};
+  const Column columns[] = {
+      {"TTFT mean", Field::kTtft, statMean}, {"TTFT p50", Field::kTtft, statP50},
+      {"TTFT p90", Field::kTtft, statP90},   {"TPOT p50", Field::kTpot, statP50},
+      {"TPOT p90", Field::kTpot, statP90},   {"E2E p50", Field::kE2e, statP50},
+      {"E2E p90", Field::kE2e, statP90},     {"E2E p99", Field::kE2e, statP99}};
   md += fmt::format("\n## Change against the baseline ({})\n\n", arms[0].name);
-  md += "Relative change of each statistic, with its 95% bootstrap interval (1,000 resamples of "
-        "repetitions, then of requests within each drawn repetition).\n\n| arm |";
+  md +=
+      "Relative change of each statistic, with its 95% bootstrap interval (1,000 resamples of "
+      "repetitions, then of requests within each drawn repetition).\n\n| arm |";
   for (const auto& c : columns) md += fmt::format(" {} |", c.name);
   md += "\n|---|";
   for (size_t i = 0; i < std::size(columns); ++i) md += "---|";
@@ -209,8 +212,8 @@ void deltaTable(std::string& md, const std::vector<ArmData>& arms) {
   for (size_t a = 1; a < arms.size(); ++a) {
     md += "| " + arms[a].name + " |";
     for (const auto& c : columns) {
-      Delta d = bootstrapDelta(valuesPerRep(arms[0], c.field), valuesPerRep(arms[a], c.field),
-                               c.stat);
+      Delta d =
+          bootstrapDelta(valuesPerRep(arms[0], c.field), valuesPerRep(arms[a], c.field), c.stat);
       md += fmt::format(" {} [{}, {}] |", pct(d.value), pct(d.low), pct(d.high));
     }
     md += "\n";
@@ -229,8 +232,8 @@ void instanceTables(std::string& md, const std::vector<ArmData>& arms) {
     md += fmt::format("**{}**: ", arm.name);
     std::vector<std::string> parts;
     for (const auto& [name, hq] : arm.instance_cache) {
-      parts.push_back(fmt::format("inst_{}={:.1f}%", name,
-                                  hq.second > 0 ? 100 * hq.first / hq.second : 0.0));
+      parts.push_back(
+          fmt::format("inst_{}={:.1f}%", name, hq.second > 0 ? 100 * hq.first / hq.second : 0.0));
     }
     md += parts.empty() ? "(no engine metrics)" : strJoin(parts, ", ");
     md += "  \nrequests per instance: ";
@@ -256,9 +259,9 @@ void classTables(std::string& md, const std::vector<ArmData>& arms,
       auto it = sums[i].by_class.find(cls);
       if (it == sums[i].by_class.end()) continue;
       const auto& row = it->second;
-      md += fmt::format("| {} | {} | {} | {} | {:.3f} | {:.3f} | {:.4f} | {:.3f} |\n",
-                        arms[i].name, cls, row.requests, row.errors, row.ttft.p50, row.ttft.p90,
-                        row.tpot.p90, row.e2e.p50);
+      md += fmt::format("| {} | {} | {} | {} | {:.3f} | {:.3f} | {:.4f} | {:.3f} |\n", arms[i].name,
+                        cls, row.requests, row.errors, row.ttft.p50, row.ttft.p90, row.tpot.p90,
+                        row.e2e.p50);
     }
   }
 }
@@ -306,9 +309,10 @@ absl::StatusOr<std::string> writeReport(const std::string& dir_text, bool plots)
   std::vector<ReplaySummary> sums;
   for (const auto& arm : arms) sums.push_back(summarize(pooledResults(arm)));
   std::string md = fmt::format("# Experiment report: {}\n\n", dir.filename().string());
-  md += fmt::format("{} arm(s); baseline: **{}**. Seconds unless noted; APC is the cluster "
-                    "prefix-cache hit ratio (token level, from the engines' /metrics).\n\n",
-                    arms.size(), arms[0].name);
+  md += fmt::format(
+      "{} arm(s); baseline: **{}**. Seconds unless noted; APC is the cluster "
+      "prefix-cache hit ratio (token level, from the engines' /metrics).\n\n",
+      arms.size(), arms[0].name);
   latencyTable(md, arms, sums);
   deltaTable(md, arms);
   instanceTables(md, arms);
@@ -320,8 +324,9 @@ absl::StatusOr<std::string> writeReport(const std::string& dir_text, bool plots)
     if (std::system(cmd.c_str()) != 0) {
       log::warn("plots not written (needs /usr/bin/python3 with matplotlib)", "dir", dir.string());
     } else {
-      md += "\n## Plots\n\n![TTFT CDF](plots/ttft_cdf.png)\n![E2E CDF](plots/e2e_cdf.png)\n"
-            "![Per-instance APC](plots/instance_apc.png)\n![Load over time](plots/load.png)\n";
+      md +=
+          "\n## Plots\n\n![TTFT CDF](plots/ttft_cdf.png)\n![E2E CDF](plots/e2e_cdf.png)\n"
+          "![Per-instance APC](plots/instance_apc.png)\n![Load over time](plots/load.png)\n";
     }
   }
   std::ofstream out(dir / "report.md");

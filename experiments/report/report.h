@@ -39,8 +39,9 @@ struct Delta {
 // stat(arm) / stat(baseline) - 1. `stat` maps a sample of values to a number. Deterministic
 // for a given seed.
 Delta bootstrapDelta(const std::vector<std::vector<double>>& baseline,
-                     const std::vector<std::vector<double>>& arm, double (*stat)(std::vector<double>&),
-                     int resamples = 1000, uint64_t seed = 42);
+                     const std::vector<std::vector<double>>& arm,
+                     double (*stat)(std::vector<double>&), int resamples = 1000,
+                     uint64_t seed = 42);
 
 // Writes DIR/report.md, DIR/data/*.csv and (when /usr/bin/python3 with matplotlib is present)
 // DIR/plots/*.png. Returns the markdown text.
