@@ -31,7 +31,8 @@ ABSL_FLAG(std::string, dispatch, "timestamp",
           "time if later.");
 ABSL_FLAG(double, time_scale, 1.0, "Trace time compression (2 = twice as fast; 1 = real time).");
 ABSL_FLAG(int64_t, limit, 0, "Replay only the first N requests by arrival (0 = all).");
-ABSL_FLAG(double, warmup_s, 0.0, "Leave requests arriving before this trace time out of the summary.");
+ABSL_FLAG(double, warmup_s, 0.0,
+          "Leave requests arriving before this trace time out of the summary.");
 ABSL_FLAG(int64_t, max_in_flight, 0, "Cap on concurrent requests (0 = never capped).");
 ABSL_FLAG(double, timeout_s, 600.0, "Per-request timeout in seconds.");
 ABSL_FLAG(std::string, model, "kvf-model", "Model name sent in requests.");
@@ -82,16 +83,16 @@ absl::Status run() {
   options.limit = absl::GetFlag(FLAGS_limit);
   options.warmup_s = absl::GetFlag(FLAGS_warmup_s);
   options.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
-  options.timeout = std::chrono::milliseconds(
-      static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_s) * 1000));
+  options.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_s) * 1000));
   options.model = absl::GetFlag(FLAGS_model);
   options.progress = absl::GetFlag(FLAGS_progress);
   KVF_ASSIGN_OR_RETURN(auto endpoint, parseUrl(absl::GetFlag(FLAGS_url)));
 
   trace::ReaderOptions reader;
   KVF_ASSIGN_OR_RETURN(reader.format, trace::parseFormatName(absl::GetFlag(FLAGS_format)));
-  reader.on_error = absl::GetFlag(FLAGS_skip_bad_lines) ? trace::OnError::kSkip
-                                                        : trace::OnError::kStop;
+  reader.on_error =
+      absl::GetFlag(FLAGS_skip_bad_lines) ? trace::OnError::kSkip : trace::OnError::kStop;
   reader.arrivals.rate_per_s = absl::GetFlag(FLAGS_conversation_rate);
   reader.arrivals.seed = absl::GetFlag(FLAGS_seed);
   KVF_ASSIGN_OR_RETURN(std::vector<trace::Request> requests, trace::readAll(trace_path, reader));
@@ -120,15 +121,15 @@ absl::Status run() {
   http::ClientOptions client_options;
   client_options.max_idle_connections = 4096;
   client_options.read_timeout = options.timeout;
-  auto client = http::HttpClient::create(ioc.get_executor(), endpoint.first, endpoint.second,
-                                         client_options);
+  auto client =
+      http::HttpClient::create(ioc.get_executor(), endpoint.first, endpoint.second, client_options);
   experiments::Replayer replayer(client, options, prompt, log.get());
   auto done = asio::co_spawn(ioc, replayer.run(std::move(requests)), asio::use_future);
   ioc.run();
   absl::Status status = done.get();
-  std::printf("%s", experiments::formatSummary(
-                        experiments::summarize(log->results(), options.warmup_s))
-                        .c_str());
+  std::printf(
+      "%s",
+      experiments::formatSummary(experiments::summarize(log->results(), options.warmup_s)).c_str());
   std::printf("results: %s\n", output.c_str());
   return status;
 }
