@@ -1,0 +1,29 @@
+#include "engine/block_hasher.h"
+
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
+#include <xxhash.h>
+
+namespace kvf::engine {
+
+worker::BlockHash hashBlock(uint64_t seed, worker::BlockHash parent,
+                            std::span<const worker::TokenId> tokens) {
+  XXH3_state_t state;
+  XXH3_64bits_reset_withSeed(&state, seed);
+  XXH3_64bits_update(&state, &parent, sizeof(parent));
+  XXH3_64bits_update(&state, tokens.data(), tokens.size_bytes());
+  return XXH3_64bits_digest(&state);
+}
+
+uint64_t outputSeed(std::span<const worker::TokenId> prompt) {
+  return XXH3_64bits_withSeed(prompt.data(), prompt.size_bytes(), 0x6b76662d6f7574ULL);
+}
+
+worker::TokenId generatedToken(uint64_t seed, int64_t index, int64_t vocab_size) {
+  uint64_t z = seed + 0x9e3779b97f4a7c15ULL * static_cast<uint64_t>(index + 1);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  z ^= z >> 31;
+  return static_cast<worker::TokenId>(z % static_cast<uint64_t>(vocab_size));
+}
+
+}  // namespace kvf::engine

@@ -1,0 +1,107 @@
+#include "engine/engine_config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "common/status.h"
+#include "common/strings.h"
+
+namespace kvf::engine {
+namespace {
+
+void parseCache(config::ConfigMap& m, CacheConfig* c) {
+  m.get("block_size", &c->block_size, 1, 1024);
+  m.get("num_gpu_blocks", &c->num_gpu_blocks, 0, int64_t{1} << 30);
+  uint64_t payload = c->payload_bytes_per_block;
+  m.get("payload_bytes_per_block", &payload, 0, uint64_t{1} << 24);
+  c->payload_bytes_per_block = payload;
+  m.get("enable_prefix_caching", &c->enable_prefix_caching);
+  m.rejectUnknownKeys();
+}
+
+void parseScheduler(config::ConfigMap& m, SchedulerConfig* s) {
+  m.get("max_num_batched_tokens", &s->max_num_batched_tokens, 1, int64_t{1} << 24);
+  m.get("max_num_seqs", &s->max_num_seqs, 1, 1 << 20);
+  m.get("enable_chunked_prefill", &s->enable_chunked_prefill);
+  m.get("long_prefill_token_threshold", &s->long_prefill_token_threshold, 0, int64_t{1} << 24);
+  m.get("hash_seed", &s->hash_seed, 0, ~uint64_t{0});
+  m.get("eos_token_id", &s->eos_token_id, -1, int64_t{1} << 24);
+  m.rejectUnknownKeys();
+}
+
+void parseKvEvents(config::ConfigMap& m, KvEventsConfig* k) {
+  m.get("enabled", &k->enabled);
+  m.get("endpoint", &k->endpoint);
+  m.get("replay_endpoint", &k->replay_endpoint);
+  m.get("topic", &k->topic);
+  m.get("buffer_batches", &k->buffer_batches, 1, 10'000'000);
+  m.rejectUnknownKeys();
+}
+
+void parseRoot(config::ConfigMap& root, EngineConfig* c) {
+  root.get("instance_id", &c->instance_id);
+  root.get("served_model_name", &c->served_model_name);
+  root.get("host", &c->host);
+  root.get("port", &c->port, 0, 65535);
+  root.require("profile");
+  root.get("profile", &c->profile_path);
+  root.get("max_model_len", &c->max_model_len, 0, int64_t{1} << 24);
+  root.get("time_scale", &c->time_scale, 1e-3, 1e6);
+  root.get("max_body_bytes", &c->max_body_bytes, 1024, int64_t{1} << 32);
+  root.get("log_level", &c->log_level);
+  if (auto m = root.map("cache")) parseCache(*m, &c->cache);
+  if (auto m = root.map("scheduler")) parseScheduler(*m, &c->scheduler);
+  if (auto m = root.map("kv_events")) parseKvEvents(*m, &c->kv_events);
+}
+
+}  // namespace
+
+absl::StatusOr<EngineConfig> parseEngineConfig(std::string_view text, std::string_view source,
+                                               const std::string& base_dir) {
+  KVF_ASSIGN_OR_RETURN(EngineConfig c, config::parseText<EngineConfig>(text, source, parseRoot));
+  std::filesystem::path p(c.profile_path);
+  if (p.is_relative() && !base_dir.empty()) p = std::filesystem::path(base_dir) / p;
+  auto profile = loadProfile(p.string());
+  if (!profile.ok()) return annotate(profile.status(), strCat(source, ": profile"));
+  c.profile = std::move(*profile);
+  KVF_RETURN_IF_ERROR(finalizeEngineConfig(&c));
+  return c;
+}
+
+absl::StatusOr<EngineConfig> loadEngineConfig(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(strCat("cannot read config file ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  return parseEngineConfig(text.str(), path, dir);
+}
+
+absl::Status finalizeEngineConfig(EngineConfig* c) {
+  const ModelShape& m = c->profile.model;
+  if (c->served_model_name.empty()) c->served_model_name = m.name;
+  if (c->max_model_len == 0) c->max_model_len = m.max_model_len;
+  if (c->cache.num_gpu_blocks == 0) {
+    c->cache.num_gpu_blocks = c->profile.kv_cache_tokens / c->cache.block_size;
+  }
+  c->scheduler.vocab_size = m.vocab_size;
+  if (c->scheduler.eos_token_id < 0) {
+    c->scheduler.eos_token_id = m.eos_token_id >= 0 ? m.eos_token_id : m.vocab_size - 1;
+  }
+  if (c->scheduler.eos_token_id >= m.vocab_size) {
+    return absl::InvalidArgumentError(strCat("scheduler.eos_token_id ", c->scheduler.eos_token_id,
+                                             " is outside the vocabulary (", m.vocab_size, ")"));
+  }
+  if (c->cache.num_gpu_blocks < 1) {
+    return absl::InvalidArgumentError("cache: the KV cache must hold at least one block");
+  }
+  if (!c->scheduler.enable_chunked_prefill &&
+      c->scheduler.max_num_batched_tokens < c->max_model_len) {
+    return absl::InvalidArgumentError(
+        "scheduler.max_num_batched_tokens must be >= max_model_len without chunked prefill");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvf::engine

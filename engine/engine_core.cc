@@ -1,0 +1,62 @@
+#include "engine/engine_core.h"
+
+#include "common/status.h"
+#include "common/strings.h"
+
+namespace kvf::engine {
+
+absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::create(const EngineConfig& config,
+                                                               worker::KvEventSink* sink) {
+  std::unique_ptr<EngineCore> core(new EngineCore());
+  core->timing_ = std::make_unique<TimingModel>(config.profile);
+  KvPoolOptions pool_options;
+  pool_options.block_size = config.cache.block_size;
+  pool_options.num_blocks = config.cache.num_gpu_blocks;
+  pool_options.payload_bytes_per_block = config.cache.payload_bytes_per_block;
+  pool_options.enable_prefix_caching = config.cache.enable_prefix_caching;
+  KVF_ASSIGN_OR_RETURN(core->pool_, KvPool::create(pool_options, sink));
+  SchedulerConfig sched = config.scheduler;
+  if (sched.vocab_size <= 0) sched.vocab_size = config.profile.model.vocab_size;
+  if (sched.eos_token_id < 0) sched.eos_token_id = sched.vocab_size - 1;
+  core->scheduler_ =
+      std::make_unique<Scheduler>(sched, core->pool_.get(), core->timing_.get(), sink);
+  core->max_model_len_ =
+      config.max_model_len > 0 ? config.max_model_len : config.profile.model.max_model_len;
+  return core;
+}
+
+absl::Status EngineCore::validate(const RequestSpec& spec) const {
+  if (spec.prompt.empty()) return absl::InvalidArgumentError("prompt: must not be empty");
+  const int64_t vocab = vocabSize();
+  for (size_t i = 0; i < spec.prompt.size(); ++i) {
+    if (spec.prompt[i] < 0 || spec.prompt[i] >= vocab) {
+      return absl::InvalidArgumentError(strCat("prompt[", i, "]: token id ", spec.prompt[i],
+                                               " is out of vocabulary (0..", vocab - 1, ")"));
+    }
+  }
+  auto prompt_len = static_cast<int64_t>(spec.prompt.size());
+  if (prompt_len >= max_model_len_) {
+    return absl::InvalidArgumentError(strCat("prompt: this model's maximum context length is ",
+                                             max_model_len_, " tokens, but the prompt has ",
+                                             prompt_len, " tokens"));
+  }
+  const SamplingParams& s = spec.sampling;
+  if (s.max_tokens < 1) return absl::InvalidArgumentError("max_tokens: must be at least 1");
+  if (prompt_len + s.max_tokens > max_model_len_) {
+    return absl::InvalidArgumentError(strCat("max_tokens: this model's maximum context length is ",
+                                             max_model_len_, " tokens; the prompt has ", prompt_len,
+                                             " tokens and max_tokens is ", s.max_tokens));
+  }
+  if (s.min_tokens < 0 || s.min_tokens > s.max_tokens) {
+    return absl::InvalidArgumentError(
+        strCat("min_tokens: must be in [0, max_tokens], got ", s.min_tokens));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineCore::add(RequestSpec spec, Nanos now) {
+  KVF_RETURN_IF_ERROR(validate(spec));
+  return scheduler_->add(std::move(spec), now);
+}
+
+}  // namespace kvf::engine

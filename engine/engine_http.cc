@@ -1,0 +1,224 @@
+// EngineServer construction and the HTTP handlers; the step loop and metrics are in
+// engine_server.cc.
+#include <ctime>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/json.hpp>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/strings.h"
+#include "engine/engine_server_impl.h"
+#include "engine/tokenizer.h"
+
+namespace kvf::engine {
+
+namespace bj = boost::json;
+using detail::kAwait;
+using detail::steadyNanos;
+
+EngineServer::EngineServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+EngineServer::~EngineServer() {
+  if (impl_ && impl_->publisher) impl_->publisher->stop();
+}
+
+absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::create(asio::io_context& ioc,
+                                                                   EngineConfig config) {
+  auto impl = std::make_unique<Impl>(ioc, std::move(config));
+  const EngineConfig& c = impl->config;
+  if (c.kv_events.enabled) {
+    worker::PublisherOptions po;
+    po.endpoint = c.kv_events.endpoint;
+    po.replay_endpoint = c.kv_events.replay_endpoint;
+    po.topic = c.kv_events.topic;
+    po.buffer_batches = static_cast<size_t>(c.kv_events.buffer_batches);
+    KVF_ASSIGN_OR_RETURN(impl->publisher, worker::KvEventPublisher::create(po));
+  }
+  KVF_ASSIGN_OR_RETURN(impl->core, EngineCore::create(c, &impl->step_events));
+  impl->limits.served_model_name = c.served_model_name;
+  impl->limits.vocab_size = impl->core->vocabSize();
+  impl->limits.max_model_len = impl->core->maxModelLen();
+  http::ServerOptions so;
+  so.host = c.host;
+  so.port = static_cast<uint16_t>(c.port);
+  so.max_body_bytes = static_cast<size_t>(c.max_body_bytes);
+  KVF_ASSIGN_OR_RETURN(impl->http, http::HttpServer::create(ioc, so));
+  impl->registerMetrics();
+  impl->registerRoutes();
+  return std::unique_ptr<EngineServer>(new EngineServer(std::move(impl)));
+}
+
+void EngineServer::start() {
+  impl_->wall_origin = steadyNanos();
+  impl_->http->start();
+  asio::co_spawn(impl_->ioc, impl_->stepLoop(), asio::detached);
+}
+
+void EngineServer::stop() {
+  Impl& s = *impl_;
+  s.stopping = true;
+  s.step_timer.cancel();
+  s.wake_timer.cancel();
+  s.http->stop();
+  for (auto& [id, p] : s.pending) {
+    p->done = true;
+    p->finish_reason = "abort";
+    p->signal.cancel();
+  }
+  s.pending.clear();
+  if (s.publisher) s.publisher->stop();
+}
+
+uint16_t EngineServer::port() const { return impl_->http->port(); }
+std::string EngineServer::kvEventsEndpoint() const {
+  return impl_->publisher ? impl_->publisher->endpoint() : std::string();
+}
+std::string EngineServer::kvReplayEndpoint() const {
+  return impl_->publisher ? impl_->publisher->replayEndpoint() : std::string();
+}
+const EngineConfig& EngineServer::config() const { return impl_->config; }
+
+void EngineServer::Impl::registerRoutes() {
+  using http::Request;
+  using http::ResponseWriter;
+  http->route("POST", "/v1/completions",
+              [this](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
+                co_await handleApi(ApiKind::kCompletion, r, w);
+              });
+  http->route("POST", "/v1/chat/completions",
+              [this](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
+                co_await handleApi(ApiKind::kChat, r, w);
+              });
+  http->route("POST", "/tokenize",
+              [this](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
+                co_await handleTokenize(r, w);
+              });
+  http->route("GET", "/v1/models",
+              [this](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
+                co_await handleModels(r, w);
+              });
+  http->route("GET", "/health", [](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
+    co_await w.send(200, "text/plain", std::string());
+  });
+  http->route("GET", "/metrics",
+              [this](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
+                std::string text = registry.exposition();
+                co_await w.send(200, metrics::kExpositionContentType, std::move(text));
+              });
+}
+
+asio::awaitable<void> EngineServer::Impl::handleApi(ApiKind kind, const http::Request& req,
+                                                    http::ResponseWriter& w) {
+  auto parsed = parseApiRequest(kind, req.body, limits);
+  if (!parsed.ok()) {
+    co_await w.sendStatus(parsed.status());
+    co_return;
+  }
+  std::string id = strCat(kind == ApiKind::kCompletion ? "cmpl-" : "chatcmpl-", config.instance_id,
+                          "-", next_request++);
+  RequestSpec spec;
+  spec.id = id;
+  spec.prompt = std::move(parsed->prompt);
+  spec.sampling = parsed->sampling;
+  CompletionSummary summary;
+  summary.id = id;
+  summary.model = config.served_model_name;
+  summary.created = static_cast<int64_t>(std::time(nullptr));
+  summary.prompt_tokens = static_cast<int64_t>(spec.prompt.size());
+  auto p = std::make_shared<Pending>(ioc.get_executor());
+  absl::Status added = core->add(std::move(spec), engineNow(steadyNanos()));
+  if (!added.ok()) {
+    co_await w.sendStatus(added);
+    co_return;
+  }
+  pending[id] = p;
+  if (idle) wake_timer.cancel();
+  if (parsed->stream) {
+    co_await streamResponse(kind, *parsed, summary, p, id, w);
+    co_return;
+  }
+  while (!p->done) co_await p->signal.async_wait(kAwait);
+  summary.output = p->tokens;
+  summary.cached_tokens = p->cached_tokens;
+  summary.finish_reason = p->finish_reason;
+  std::string body = completionBody(kind, summary, parsed->kv_transfer_params);
+  co_await w.sendJson(200, std::move(body));
+}
+
+asio::awaitable<void> EngineServer::Impl::streamResponse(ApiKind kind, ParsedRequest& parsed,
+                                                         CompletionSummary& summary,
+                                                         std::shared_ptr<Pending> p,
+                                                         const std::string& id,
+                                                         http::ResponseWriter& w) {
+  http::Headers headers = {{"Cache-Control", "no-cache"}};
+  absl::Status st = co_await w.beginStream(200, "text/event-stream", headers);
+  size_t sent = 0;
+  bool first = true;
+  bool finish_sent = false;
+  while (st.ok() && !finish_sent) {
+    while (!p->done && sent == p->tokens.size()) co_await p->signal.async_wait(kAwait);
+    while (st.ok() && (sent < p->tokens.size() || (p->done && !finish_sent))) {
+      std::string text = sent < p->tokens.size() ? tokenText(p->tokens[sent++]) : std::string();
+      bool last = p->done && sent == p->tokens.size();
+      std::string chunk =
+          streamChunk(kind, summary, text, first, last ? &p->finish_reason : nullptr,
+                      parsed.kv_transfer_params);
+      first = false;
+      finish_sent = last;
+      st = co_await w.writeEvent(chunk);
+    }
+  }
+  if (st.ok() && parsed.include_usage) {
+    summary.output = p->tokens;
+    summary.cached_tokens = p->cached_tokens;
+    std::string chunk = usageChunk(kind, summary);
+    st = co_await w.writeEvent(chunk);
+  }
+  if (st.ok()) st = co_await w.writeEvent("[DONE]");
+  if (st.ok()) st = co_await w.endStream();
+  if (!st.ok() && !p->done) {
+    // The client went away: free its blocks instead of generating for nobody.
+    core->abort(id);
+    pending.erase(id);
+    aborted->inc();
+  }
+}
+
+asio::awaitable<void> EngineServer::Impl::handleTokenize(const http::Request& req,
+                                                         http::ResponseWriter& w) {
+  auto tokens = parseTokenizeRequest(req.body, limits);
+  if (!tokens.ok()) {
+    co_await w.sendStatus(tokens.status());
+    co_return;
+  }
+  bj::object o;
+  o["count"] = tokens->size();
+  o["max_model_len"] = limits.max_model_len;
+  bj::array arr;
+  arr.reserve(tokens->size());
+  for (TokenId t : *tokens) arr.push_back(t);
+  o["tokens"] = std::move(arr);
+  std::string body = bj::serialize(o);
+  co_await w.sendJson(200, std::move(body));
+}
+
+asio::awaitable<void> EngineServer::Impl::handleModels(const http::Request&,
+                                                       http::ResponseWriter& w) {
+  bj::object model;
+  model["id"] = config.served_model_name;
+  model["object"] = "model";
+  model["created"] = static_cast<int64_t>(std::time(nullptr));
+  model["owned_by"] = "kvfabric";
+  model["root"] = config.profile.model.name;
+  model["max_model_len"] = limits.max_model_len;
+  bj::object o;
+  o["object"] = "list";
+  o["data"] = bj::array{std::move(model)};
+  std::string body = bj::serialize(o);
+  co_await w.sendJson(200, std::move(body));
+}
+
+}  // namespace kvf::engine

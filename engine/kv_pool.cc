@@ -1,0 +1,197 @@
+#include "engine/kv_pool.h"
+
+#include <cassert>
+#include <cstdlib>
+#include <cstring>
+
+#include "common/status.h"
+#include "common/strings.h"
+#include "worker/block_payload.h"
+
+namespace kvf::engine {
+
+absl::StatusOr<std::unique_ptr<KvPool>> KvPool::create(KvPoolOptions options,
+                                                       worker::KvEventSink* sink) {
+  if (options.block_size < 1) return absl::InvalidArgumentError("block_size must be >= 1");
+  if (options.num_blocks < 1 || options.num_blocks >= int64_t{kNone}) {
+    return absl::InvalidArgumentError(strCat("num_blocks out of range: ", options.num_blocks));
+  }
+  std::unique_ptr<KvPool> pool(new KvPool(options, sink));
+  size_t bytes = options.payload_bytes_per_block * static_cast<size_t>(options.num_blocks);
+  if (bytes > 0) {
+    constexpr size_t kAlign = 4096;
+    size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+    pool->payload_ = static_cast<std::byte*>(std::aligned_alloc(kAlign, rounded));
+    if (pool->payload_ == nullptr) {
+      return absl::ResourceExhaustedError(strCat("cannot allocate ", rounded, " payload bytes"));
+    }
+    std::memset(pool->payload_, 0, rounded);
+    pool->payload_bytes_ = bytes;
+  }
+  return pool;
+}
+
+KvPool::KvPool(KvPoolOptions options, worker::KvEventSink* sink)
+    : options_(options), sink_(sink), blocks_(static_cast<size_t>(options.num_blocks)) {
+  for (BlockIndex b = 0; b < blocks_.size(); ++b) pushBack(b);
+}
+
+KvPool::~KvPool() { std::free(payload_); }
+
+double KvPool::usage() const {
+  return blocks_.empty() ? 0.0 : 1.0 - static_cast<double>(num_free_) / blocks_.size();
+}
+
+void KvPool::pushBack(BlockIndex b) {
+  Block& blk = blocks_[b];
+  blk.prev = tail_;
+  blk.next = kNone;
+  if (tail_ != kNone) blocks_[tail_].next = b;
+  tail_ = b;
+  if (head_ == kNone) head_ = b;
+  blk.in_free_queue = true;
+  ++num_free_;
+}
+
+void KvPool::pushFront(BlockIndex b) {
+  Block& blk = blocks_[b];
+  blk.prev = kNone;
+  blk.next = head_;
+  if (head_ != kNone) blocks_[head_].prev = b;
+  head_ = b;
+  if (tail_ == kNone) tail_ = b;
+  blk.in_free_queue = true;
+  ++num_free_;
+}
+
+void KvPool::unlink(BlockIndex b) {
+  Block& blk = blocks_[b];
+  assert(blk.in_free_queue);
+  if (blk.prev != kNone)
+    blocks_[blk.prev].next = blk.next;
+  else
+    head_ = blk.next;
+  if (blk.next != kNone)
+    blocks_[blk.next].prev = blk.prev;
+  else
+    tail_ = blk.prev;
+  blk.prev = blk.next = kNone;
+  blk.in_free_queue = false;
+  --num_free_;
+}
+
+void KvPool::ref(BlockIndex b) {
+  if (blocks_[b].ref_count == 0) unlink(b);
+  ++blocks_[b].ref_count;
+}
+
+std::vector<BlockIndex> KvPool::findCachedPrefix(std::span<const BlockHash> hashes) const {
+  std::vector<BlockIndex> out;
+  if (!options_.enable_prefix_caching) return out;
+  for (BlockHash h : hashes) {
+    auto b = table_.find(h);
+    if (!b) break;
+    out.push_back(*b);
+  }
+  return out;
+}
+
+int64_t KvPool::countUnreferenced(std::span<const BlockIndex> blocks) const {
+  int64_t n = 0;
+  for (BlockIndex b : blocks) n += blocks_[b].ref_count == 0 ? 1 : 0;
+  return n;
+}
+
+void KvPool::acquire(std::span<const BlockIndex> blocks) {
+  for (BlockIndex b : blocks) ref(b);
+}
+
+std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
+  if (n > num_free_) return std::nullopt;
+  std::vector<BlockIndex> out;
+  out.reserve(static_cast<size_t>(n));
+  worker::BlockRemoved removed;
+  for (int64_t i = 0; i < n; ++i) {
+    BlockIndex b = head_;
+    unlink(b);
+    Block& blk = blocks_[b];
+    if (blk.has_hash) {
+      table_.erase(blk.hash);
+      removed.block_hashes.push_back(blk.hash);
+      blk.has_hash = false;
+    }
+    blk.ref_count = 1;
+    out.push_back(b);
+  }
+  if (sink_ != nullptr && !removed.block_hashes.empty()) sink_->onBlockRemoved(std::move(removed));
+  return out;
+}
+
+void KvPool::release(std::span<const BlockIndex> blocks) {
+  for (BlockIndex b : blocks) {
+    Block& blk = blocks_[b];
+    assert(blk.ref_count > 0);
+    if (--blk.ref_count > 0) continue;
+    if (blk.has_hash) {
+      pushBack(b);
+    } else {
+      pushFront(b);
+    }
+  }
+}
+
+bool KvPool::cacheBlock(BlockIndex block, BlockHash hash) {
+  if (!options_.enable_prefix_caching) return false;
+  Block& blk = blocks_[block];
+  if (blk.has_hash) return blk.hash == hash;
+  if (!table_.insert(hash, block)) return false;
+  blk.has_hash = true;
+  blk.hash = hash;
+  worker::fillBlockPayload(hash, payload(block));
+  return true;
+}
+
+std::optional<BlockHash> KvPool::hashOf(BlockIndex block) const {
+  const Block& blk = blocks_[block];
+  if (!blk.has_hash) return std::nullopt;
+  return blk.hash;
+}
+
+absl::Status KvPool::pin(BlockHash hash) {
+  auto b = table_.find(hash);
+  if (!b) return absl::NotFoundError(strCat("block ", hash, " is not cached"));
+  KVF_RETURN_IF_ERROR(table_.pin(hash));
+  ref(*b);
+  return absl::OkStatus();
+}
+
+absl::Status KvPool::unpin(BlockHash hash) {
+  auto b = table_.find(hash);
+  if (!b) return absl::FailedPreconditionError(strCat("block ", hash, " is not pinned"));
+  KVF_RETURN_IF_ERROR(table_.unpin(hash));
+  BlockIndex idx = *b;
+  release(std::span<const BlockIndex>(&idx, 1));
+  return absl::OkStatus();
+}
+
+bool KvPool::resetPrefixCache() {
+  if (num_free_ != numBlocks()) return false;
+  for (Block& blk : blocks_) blk.has_hash = false;
+  table_.clear();
+  if (sink_ != nullptr) sink_->onAllBlocksCleared();
+  return true;
+}
+
+std::span<std::byte> KvPool::payload(BlockIndex block) {
+  size_t n = options_.payload_bytes_per_block;
+  if (payload_ == nullptr) return {};
+  return {payload_ + n * block, n};
+}
+
+std::span<const std::byte> KvPool::payload(BlockIndex block) const {
+  size_t n = options_.payload_bytes_per_block;
+  if (payload_ == nullptr) return {};
+  return {payload_ + n * block, n};
+}
+
+}  // namespace kvf::engine

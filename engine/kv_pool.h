@@ -1,0 +1,107 @@
+// Paged KV pool with prefix caching: fixed-size blocks with reference counts, a hash -> block
+// map (the worker's BlockTable) for full computed blocks, and an LRU free queue in which freed
+// blocks stay cached until they are reused (evicted). Every block owns payload bytes inside one
+// contiguous allocation (registered once for RDMA later), written with content derived from the
+// block's hash. Owned and used by the engine loop thread only (no locking).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "worker/block_table.h"
+#include "worker/kv_events.h"
+
+namespace kvf::engine {
+
+using worker::BlockHash;
+using worker::BlockIndex;
+
+struct KvPoolOptions {
+  int block_size = 16;
+  int64_t num_blocks = 0;
+  size_t payload_bytes_per_block = 256;
+  bool enable_prefix_caching = true;
+};
+
+class KvPool {
+ public:
+  // `sink` (may be null) receives BlockRemoved for evicted hashes; it must outlive the pool.
+  static absl::StatusOr<std::unique_ptr<KvPool>> create(KvPoolOptions options,
+                                                        worker::KvEventSink* sink);
+  ~KvPool();
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
+
+  int blockSize() const { return options_.block_size; }
+  int64_t numBlocks() const { return static_cast<int64_t>(blocks_.size()); }
+  // Blocks not referenced by any request (free or cached-and-evictable).
+  int64_t numFreeBlocks() const { return num_free_; }
+  // Fraction of blocks referenced by requests (vLLM's kv_cache_usage_perc, 0..1).
+  double usage() const;
+  bool prefixCachingEnabled() const { return options_.enable_prefix_caching; }
+
+  // Blocks holding the longest run of leading `hashes` in the cache (no references taken).
+  std::vector<BlockIndex> findCachedPrefix(std::span<const BlockHash> hashes) const;
+  // How many of `blocks` are unreferenced (touching them takes them off the free queue).
+  int64_t countUnreferenced(std::span<const BlockIndex> blocks) const;
+  // Takes a reference on each (cached) block.
+  void acquire(std::span<const BlockIndex> blocks);
+  // `n` fresh blocks with one reference each, evicting least recently freed cached blocks
+  // (one BlockRemoved event per call listing every evicted hash); nullopt (and no change)
+  // when fewer than n blocks are free.
+  std::optional<std::vector<BlockIndex>> allocate(int64_t n);
+  // Drops one reference from each block in order; blocks reaching zero join the free queue
+  // (cached ones at the LRU tail, in this order; uncached ones at the head, reused first).
+  void release(std::span<const BlockIndex> blocks);
+  // Registers a full computed block under `hash` and writes its payload. False when caching is
+  // off or the hash is already cached in another block (this one then stays uncached).
+  bool cacheBlock(BlockIndex block, BlockHash hash);
+  std::optional<BlockHash> hashOf(BlockIndex block) const;
+  int refCount(BlockIndex block) const { return blocks_[block].ref_count; }
+
+  // Keeps a cached block from eviction (KV push source); NotFound if not cached.
+  absl::Status pin(BlockHash hash);
+  absl::Status unpin(BlockHash hash);
+
+  // Drops every cached hash of unreferenced blocks (returns false if any block is in use).
+  bool resetPrefixCache();
+
+  std::span<std::byte> payload(BlockIndex block);
+  std::span<const std::byte> payload(BlockIndex block) const;
+  // The whole payload region (for one memory registration).
+  std::span<std::byte> payloadRegion() { return {payload_, payload_bytes_}; }
+  const worker::BlockTable& table() const { return table_; }
+
+ private:
+  static constexpr BlockIndex kNone = ~BlockIndex{0};
+  struct Block {
+    int ref_count = 0;
+    bool has_hash = false;
+    BlockHash hash = 0;
+    BlockIndex prev = kNone;  // free-queue links
+    BlockIndex next = kNone;
+    bool in_free_queue = false;
+  };
+  explicit KvPool(KvPoolOptions options, worker::KvEventSink* sink);
+  void pushBack(BlockIndex b);
+  void pushFront(BlockIndex b);
+  void unlink(BlockIndex b);
+  void ref(BlockIndex b);
+
+  KvPoolOptions options_;
+  worker::KvEventSink* sink_;
+  std::vector<Block> blocks_;
+  worker::BlockTable table_;
+  BlockIndex head_ = kNone;  // next to evict
+  BlockIndex tail_ = kNone;
+  int64_t num_free_ = 0;
+  std::byte* payload_ = nullptr;
+  size_t payload_bytes_ = 0;
+};
+
+}  // namespace kvf::engine

@@ -1,0 +1,87 @@
+// kvf-engine: one emulated vLLM-compatible engine instance. Wires config, flags, signals and
+// the EngineServer together.
+#include <csignal>
+#include <iostream>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "common/log.h"
+#include "engine/engine_config.h"
+#include "engine/engine_server.h"
+
+ABSL_FLAG(std::string, config, "", "Engine YAML config (see engine/configs/ and docs/engine.md)");
+ABSL_FLAG(int, port, -1, "HTTP port; overrides the config (0 picks a free port)");
+ABSL_FLAG(std::string, host, "", "HTTP bind address; overrides the config");
+ABSL_FLAG(std::string, instance_id, "", "Instance name in logs and request ids; overrides config");
+ABSL_FLAG(std::string, kv_events_endpoint, "",
+          "ZMQ PUB bind address for KV events, e.g. tcp://*:5557; overrides the config");
+ABSL_FLAG(std::string, kv_replay_endpoint, "",
+          "ZMQ ROUTER bind address for KV-event replay; overrides the config");
+ABSL_FLAG(double, time_scale, 0, "Modelled seconds per wall second; overrides the config if > 0");
+ABSL_FLAG(std::string, log_level, "", "trace, debug, info, warn, error; overrides the config");
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Emulated vLLM-compatible engine instance with a paged prefix cache, a calibrated timing "
+      "model and KV events.\nUsage: kvf-engine --config engine.yaml [--port N] [--instance_id "
+      "ID] [--kv_events_endpoint tcp://*:P] [--kv_replay_endpoint tcp://*:P]");
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view file) {
+    return file.find("engine/main.cc") != absl::string_view::npos;
+  };
+  absl::SetFlagsUsageConfig(usage_config);
+  absl::ParseCommandLine(argc, argv);
+  std::string path = absl::GetFlag(FLAGS_config);
+  if (path.empty()) {
+    std::cerr << "kvf-engine: --config is required (see --help)\n";
+    return 2;
+  }
+  auto config = kvf::engine::loadEngineConfig(path);
+  if (!config.ok()) {
+    std::cerr << "kvf-engine: " << config.status().message() << "\n";
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_port) >= 0) config->port = absl::GetFlag(FLAGS_port);
+  if (!absl::GetFlag(FLAGS_host).empty()) config->host = absl::GetFlag(FLAGS_host);
+  if (!absl::GetFlag(FLAGS_instance_id).empty())
+    config->instance_id = absl::GetFlag(FLAGS_instance_id);
+  if (!absl::GetFlag(FLAGS_kv_events_endpoint).empty()) {
+    config->kv_events.endpoint = absl::GetFlag(FLAGS_kv_events_endpoint);
+  }
+  if (!absl::GetFlag(FLAGS_kv_replay_endpoint).empty()) {
+    config->kv_events.replay_endpoint = absl::GetFlag(FLAGS_kv_replay_endpoint);
+  }
+  if (absl::GetFlag(FLAGS_time_scale) > 0) config->time_scale = absl::GetFlag(FLAGS_time_scale);
+  if (!absl::GetFlag(FLAGS_log_level).empty()) config->log_level = absl::GetFlag(FLAGS_log_level);
+  if (config->port > 65535) {
+    std::cerr << "kvf-engine: --port must be in [0, 65535]\n";
+    return 2;
+  }
+  kvf::log::init(config->instance_id, config->log_level);
+
+  boost::asio::io_context ioc(1);
+  auto server = kvf::engine::EngineServer::create(ioc, *config);
+  if (!server.ok()) {
+    kvf::log::error("cannot start engine", "error", std::string(server.status().message()));
+    return 1;
+  }
+  boost::asio::signal_set signals(ioc, SIGINT, SIGTERM);
+  signals.async_wait([&](const boost::system::error_code&, int) {
+    kvf::log::info("shutting down");
+    (*server)->stop();
+    ioc.stop();
+  });
+  (*server)->start();
+  const auto& c = (*server)->config();
+  kvf::log::info("kvf-engine ready", "instance", c.instance_id, "port", (*server)->port(), "model",
+                 c.served_model_name, "profile", c.profile.name, "blocks", c.cache.num_gpu_blocks,
+                 "block_size", c.cache.block_size, "kv_events", (*server)->kvEventsEndpoint(),
+                 "kv_replay", (*server)->kvReplayEndpoint(), "time_scale", c.time_scale);
+  ioc.run();
+  return 0;
+}

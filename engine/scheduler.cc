@@ -1,0 +1,291 @@
+#include "engine/scheduler.h"
+
+#include <algorithm>
+#include <cassert>
+
+#include "common/strings.h"
+#include "engine/block_hasher.h"
+
+namespace kvf::engine {
+
+const char* finishReasonName(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kAbort:
+      return "abort";
+  }
+  return "unknown";
+}
+
+Scheduler::Scheduler(SchedulerConfig config, KvPool* pool, const TimingModel* timing,
+                     worker::KvEventSink* sink)
+    : config_(config), pool_(pool), timing_(timing), sink_(sink) {}
+
+Scheduler::~Scheduler() = default;
+
+absl::Status Scheduler::add(RequestSpec spec, Nanos now) {
+  if (spec.prompt.empty()) return absl::InvalidArgumentError("prompt must not be empty");
+  if (requests_.contains(spec.id)) {
+    return absl::AlreadyExistsError(strCat("request id ", spec.id, " is already running"));
+  }
+  int64_t bs = pool_->blockSize();
+  auto worst = static_cast<int64_t>(spec.prompt.size()) + spec.sampling.max_tokens;
+  if ((worst + bs - 1) / bs > pool_->numBlocks()) {
+    return absl::InvalidArgumentError(strCat("prompt + max_tokens (", worst,
+                                             " tokens) exceeds the KV cache capacity (",
+                                             pool_->numBlocks() * bs, " tokens)"));
+  }
+  auto r = std::make_unique<Request>();
+  r->id = std::move(spec.id);
+  r->arrival_seq = next_arrival_seq_++;
+  r->prompt = std::move(spec.prompt);
+  r->sampling = spec.sampling;
+  r->output_seed = outputSeed(r->prompt);
+  r->arrival_time = now;
+  waiting_.push_back(r.get());
+  requests_.emplace(r->id, std::move(r));
+  return absl::OkStatus();
+}
+
+bool Scheduler::abort(const std::string& id) {
+  auto it = requests_.find(id);
+  if (it == requests_.end()) return false;
+  Request* r = it->second.get();
+  running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
+  waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), r), waiting_.end());
+  std::reverse(r->blocks.begin(), r->blocks.end());
+  pool_->release(r->blocks);
+  requests_.erase(it);
+  return true;
+}
+
+SchedulerStats Scheduler::statsNow() const {
+  SchedulerStats s = stats_;
+  s.num_running = static_cast<int>(running_.size());
+  s.num_waiting = static_cast<int>(waiting_.size());
+  return s;
+}
+
+void Scheduler::ensureHashes(Request& r) {
+  const int64_t bs = pool_->blockSize();
+  std::vector<TokenId> block(static_cast<size_t>(bs));
+  while (static_cast<int64_t>(r.block_hashes.size() + 1) * bs <= r.numTokens()) {
+    size_t i = r.block_hashes.size();
+    for (int64_t j = 0; j < bs; ++j) block[j] = r.tokenAt(static_cast<int64_t>(i) * bs + j);
+    BlockHash parent = i == 0 ? 0 : r.block_hashes[i - 1];
+    r.block_hashes.push_back(hashBlock(config_.hash_seed, parent, block));
+  }
+}
+
+int64_t Scheduler::chunkLimit(int64_t budget) const {
+  if (config_.long_prefill_token_threshold > 0) {
+    return std::min(budget, config_.long_prefill_token_threshold);
+  }
+  return budget;
+}
+
+bool Scheduler::allocateSlots(Request& r, int64_t n, std::span<const BlockIndex> cached) {
+  const int64_t bs = pool_->blockSize();
+  auto held = static_cast<int64_t>(r.blocks.size() + cached.size());
+  int64_t tokens = r.num_computed_tokens + static_cast<int64_t>(cached.size()) * bs + n;
+  int64_t need = std::max<int64_t>(0, (tokens + bs - 1) / bs - held);
+  if (need + pool_->countUnreferenced(cached) > pool_->numFreeBlocks()) return false;
+  pool_->acquire(cached);  // before allocate(), so eviction cannot take the hit blocks
+  r.blocks.insert(r.blocks.end(), cached.begin(), cached.end());
+  auto fresh = pool_->allocate(need);
+  assert(fresh.has_value());
+  r.blocks.insert(r.blocks.end(), fresh->begin(), fresh->end());
+  return true;
+}
+
+void Scheduler::preempt(Request& r, std::vector<Scheduled>& scheduled, int64_t& budget) {
+  running_.erase(std::remove(running_.begin(), running_.end(), &r), running_.end());
+  for (auto it = scheduled.begin(); it != scheduled.end(); ++it) {
+    if (it->request == &r) {
+      budget += it->num_tokens;
+      scheduled.erase(it);
+      break;
+    }
+  }
+  std::reverse(r.blocks.begin(), r.blocks.end());
+  pool_->release(r.blocks);
+  r.blocks.clear();
+  r.num_computed_tokens = 0;
+  r.num_cached_blocks = 0;
+  r.status = RequestStatus::kPreempted;
+  ++r.num_preemptions;
+  ++stats_.num_preemptions;
+  waiting_.push_front(&r);
+}
+
+void Scheduler::scheduleRunning(std::vector<Scheduled>& scheduled, int64_t& budget, int& preempted,
+                                StepResult& result) {
+  std::vector<Request*> order;
+  order.reserve(running_.size());
+  for (Request* r : running_) {
+    if (r->numTokens() - r->num_computed_tokens == 1) order.push_back(r);  // decodes first
+  }
+  for (Request* r : running_) {
+    if (r->numTokens() - r->num_computed_tokens != 1) order.push_back(r);
+  }
+  for (Request* r : order) {
+    if (budget <= 0) break;
+    if (r->status != RequestStatus::kRunning) continue;  // preempted earlier in this loop
+    int64_t remaining = r->numTokens() - r->num_computed_tokens;
+    int64_t n = remaining == 1 ? 1 : std::min(remaining, chunkLimit(budget));
+    bool self_preempted = false;
+    while (!allocateSlots(*r, n, {})) {
+      Request* victim = running_.back();
+      preempt(*victim, scheduled, budget);
+      ++preempted;
+      if (victim == r) {
+        self_preempted = true;
+        break;
+      }
+    }
+    if (self_preempted) continue;
+    scheduled.push_back({r, n});
+    budget -= n;
+  }
+  result.num_preempted = preempted;
+}
+
+void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget) {
+  const int64_t bs = pool_->blockSize();
+  while (budget > 0 && !waiting_.empty() &&
+         static_cast<int>(running_.size()) < config_.max_num_seqs) {
+    Request& r = *waiting_.front();
+    ensureHashes(r);
+    // The last token is always computed, so at most (n - 1) / bs blocks can come from cache.
+    auto max_blocks = static_cast<size_t>((r.numTokens() - 1) / bs);
+    std::span<const BlockHash> lookup(r.block_hashes.data(),
+                                      std::min(max_blocks, r.block_hashes.size()));
+    std::vector<BlockIndex> cached = pool_->findCachedPrefix(lookup);
+    int64_t cached_tokens = static_cast<int64_t>(cached.size()) * bs;
+    int64_t n = r.numTokens() - cached_tokens;
+    if (!config_.enable_chunked_prefill && n > budget) break;
+    n = std::min(n, chunkLimit(budget));
+    if (!allocateSlots(r, n, cached)) break;  // FCFS: the head waits for blocks
+    r.num_computed_tokens = cached_tokens;
+    r.num_cached_blocks = cached.size();
+    if (r.num_cached_tokens < 0) {
+      r.num_cached_tokens = cached_tokens;
+      stats_.prompt_tokens += r.prompt.size();
+    }
+    stats_.prefix_cache_queries += static_cast<uint64_t>(r.numTokens());
+    stats_.prefix_cache_hits += static_cast<uint64_t>(cached_tokens);
+    waiting_.pop_front();
+    r.status = RequestStatus::kRunning;
+    running_.push_back(&r);
+    scheduled.push_back({&r, n});
+    budget -= n;
+  }
+}
+
+void Scheduler::cacheFullBlocks(Request& r) {
+  const int64_t bs = pool_->blockSize();
+  ensureHashes(r);
+  auto full = static_cast<size_t>(r.num_computed_tokens / bs);
+  size_t run_start = r.num_cached_blocks;
+  auto flush = [&](size_t end) {
+    if (end <= run_start || sink_ == nullptr) return;
+    worker::BlockStored ev;
+    ev.block_hashes.assign(r.block_hashes.begin() + run_start, r.block_hashes.begin() + end);
+    if (run_start > 0) ev.parent_block_hash = r.block_hashes[run_start - 1];
+    ev.token_ids.reserve((end - run_start) * bs);
+    for (auto t = static_cast<int64_t>(run_start) * bs; t < static_cast<int64_t>(end) * bs; ++t) {
+      ev.token_ids.push_back(r.tokenAt(t));
+    }
+    ev.block_size = static_cast<int>(bs);
+    sink_->onBlockStored(std::move(ev));
+  };
+  for (size_t i = r.num_cached_blocks; i < full; ++i) {
+    if (!pool_->cacheBlock(r.blocks[i], r.block_hashes[i])) {
+      flush(i);  // a duplicate of a block cached elsewhere ends the run
+      run_start = i + 1;
+    }
+  }
+  flush(full);
+  r.num_cached_blocks = std::max(r.num_cached_blocks, full);
+}
+
+void Scheduler::sampleToken(Request& r, Nanos end, RequestOutput& out) {
+  auto index = static_cast<int64_t>(r.output.size());
+  TokenId token = generatedToken(r.output_seed, index, config_.vocab_size);
+  bool eos = token == config_.eos_token_id;
+  if (eos && index < r.sampling.min_tokens) {
+    token = (token + 1) % config_.vocab_size;  // EOS is masked until min_tokens
+    eos = false;
+  }
+  r.output.push_back(token);
+  out.new_tokens.push_back(token);
+  ++stats_.generation_tokens;
+  if (r.first_token_time < 0) r.first_token_time = end;
+  if (eos && !r.sampling.ignore_eos) {
+    finish(r, FinishReason::kStop);
+  } else if (static_cast<int64_t>(r.output.size()) >= r.sampling.max_tokens) {
+    finish(r, FinishReason::kLength);
+  }
+}
+
+void Scheduler::finish(Request& r, FinishReason reason) {
+  r.status = RequestStatus::kFinished;
+  r.finish_reason = reason;
+  running_.erase(std::remove(running_.begin(), running_.end(), &r), running_.end());
+  std::reverse(r.blocks.begin(), r.blocks.end());  // tail blocks are evicted first
+  pool_->release(r.blocks);
+  r.blocks.clear();
+}
+
+RequestOutput Scheduler::outputFor(const Request& r) const {
+  RequestOutput o;
+  o.id = r.id;
+  o.finish = r.finish_reason;
+  o.prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  o.cached_tokens = std::max<int64_t>(0, r.num_cached_tokens);
+  o.output_tokens = static_cast<int64_t>(r.output.size());
+  o.arrival_time = r.arrival_time;
+  o.first_token_time = r.first_token_time;
+  o.num_preemptions = r.num_preemptions;
+  return o;
+}
+
+StepResult Scheduler::step(Nanos now) {
+  StepResult result;
+  result.start = now;
+  std::vector<Scheduled> scheduled;
+  int64_t budget = config_.max_num_batched_tokens;
+  int preempted = 0;
+  scheduleRunning(scheduled, budget, preempted, result);
+  if (preempted == 0) admitWaiting(scheduled, budget);
+  if (scheduled.empty()) return result;
+
+  std::vector<BatchEntry> batch;
+  batch.reserve(scheduled.size());
+  for (auto& [r, n] : scheduled) {
+    bool decode = n == 1 && !r->output.empty() && r->num_computed_tokens + 1 == r->numTokens();
+    (decode ? result.num_decode_requests : result.num_prefill_requests)++;
+    batch.push_back({n, r->num_computed_tokens});
+    r->num_computed_tokens += n;
+    result.num_scheduled_tokens += n;
+    cacheFullBlocks(*r);
+  }
+  result.duration = timing_->stepDuration(batch);
+  const Nanos end = now + result.duration;
+  std::vector<std::string> done;
+  for (auto& [r, n] : scheduled) {
+    RequestOutput out;
+    if (r->num_computed_tokens == r->numTokens()) sampleToken(*r, end, out);
+    RequestOutput full = outputFor(*r);
+    full.new_tokens = std::move(out.new_tokens);
+    result.outputs.push_back(std::move(full));
+    if (r->status == RequestStatus::kFinished) done.push_back(r->id);
+  }
+  for (const auto& id : done) requests_.erase(id);
+  return result;
+}
+
+}  // namespace kvf::engine

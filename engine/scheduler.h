@@ -1,0 +1,117 @@
+// Continuous-batching scheduler with vLLM v1 semantics, clock-agnostic: step(now) picks the
+// batch (running decodes first, then chunked prefill of running requests, then FCFS admission
+// of waiting requests while the token budget, max_num_seqs and free blocks last; preemption by
+// recompute when a running request cannot get a block), advances every scheduled request,
+// caches newly full blocks (BlockStored via the sink) and returns what happened with the step
+// duration from the timing model. Owned by one thread (the live loop or a simulator).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "engine/kv_pool.h"
+#include "engine/request.h"
+#include "engine/timing_model.h"
+#include "worker/kv_events.h"
+
+namespace kvf::engine {
+
+struct SchedulerConfig {
+  int64_t max_num_batched_tokens = 8192;
+  int max_num_seqs = 256;
+  bool enable_chunked_prefill = true;
+  int64_t long_prefill_token_threshold = 0;  // per-request chunk cap; 0 = none
+  int64_t vocab_size = 151936;
+  TokenId eos_token_id = -1;               // -1: the profile's (set by finalizeEngineConfig)
+  uint64_t hash_seed = 0x6b7666656e67ULL;  // engine-specific block-hash seed
+};
+
+// One request's progress in a step.
+struct RequestOutput {
+  std::string id;
+  std::vector<TokenId> new_tokens;  // generated this step (0 or 1)
+  std::optional<FinishReason> finish;
+  int64_t prompt_tokens = 0;
+  int64_t cached_tokens = 0;  // prefix-cache hit at first admission
+  int64_t output_tokens = 0;  // generated so far
+  Nanos arrival_time = 0;
+  Nanos first_token_time = -1;
+  int num_preemptions = 0;
+};
+
+struct StepResult {
+  Nanos start = 0;
+  Nanos duration = 0;  // from the timing model; the step's outputs exist at start + duration
+  int64_t num_scheduled_tokens = 0;
+  int num_prefill_requests = 0;  // requests that computed prompt (or recompute) tokens
+  int num_decode_requests = 0;
+  int num_preempted = 0;
+  std::vector<RequestOutput> outputs;  // every scheduled request plus preempted/finished ones
+  bool empty() const { return num_scheduled_tokens == 0; }
+};
+
+struct SchedulerStats {
+  int num_running = 0;
+  int num_waiting = 0;
+  uint64_t prefix_cache_queries = 0;  // tokens looked up at admission
+  uint64_t prefix_cache_hits = 0;     // tokens found
+  uint64_t num_preemptions = 0;
+  uint64_t prompt_tokens = 0;      // prompt tokens of admitted requests (first admission)
+  uint64_t generation_tokens = 0;  // tokens generated
+};
+
+class Scheduler {
+ public:
+  // `pool` and `timing` must outlive the scheduler; `sink` (may be null) gets BlockStored.
+  Scheduler(SchedulerConfig config, KvPool* pool, const TimingModel* timing,
+            worker::KvEventSink* sink);
+  ~Scheduler();
+
+  // Queues a request (id must be unique among live requests, prompt non-empty).
+  absl::Status add(RequestSpec spec, Nanos now);
+  // Removes a live request and frees its blocks; false if unknown (already finished).
+  bool abort(const std::string& id);
+  // Runs one step at time `now`; an empty result (no work schedulable) has duration 0.
+  StepResult step(Nanos now);
+
+  bool hasWork() const { return !running_.empty() || !waiting_.empty(); }
+  const SchedulerStats& stats() const { return stats_; }
+  SchedulerStats statsNow() const;
+  const SchedulerConfig& config() const { return config_; }
+
+ private:
+  struct Scheduled {
+    Request* request;
+    int64_t num_tokens;
+  };
+  void ensureHashes(Request& r);
+  int64_t chunkLimit(int64_t budget) const;
+  // Reserves blocks so `r` can hold num_computed + cached + n tokens; false if not enough free.
+  bool allocateSlots(Request& r, int64_t n, std::span<const BlockIndex> cached);
+  void preempt(Request& r, std::vector<Scheduled>& scheduled, int64_t& budget);
+  void scheduleRunning(std::vector<Scheduled>& scheduled, int64_t& budget, int& preempted,
+                       StepResult& result);
+  void admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget);
+  void cacheFullBlocks(Request& r);
+  void sampleToken(Request& r, Nanos end, RequestOutput& out);
+  void finish(Request& r, FinishReason reason);
+  RequestOutput outputFor(const Request& r) const;
+
+  SchedulerConfig config_;
+  KvPool* pool_;
+  const TimingModel* timing_;
+  worker::KvEventSink* sink_;
+  absl::flat_hash_map<std::string, std::unique_ptr<Request>> requests_;
+  std::deque<Request*> waiting_;
+  std::vector<Request*> running_;  // admission order; the last is preempted first
+  uint64_t next_arrival_seq_ = 0;
+  SchedulerStats stats_;
+};
+
+}  // namespace kvf::engine

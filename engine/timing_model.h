@@ -1,0 +1,97 @@
+// Performance model of one GPU running one model: how long an engine step takes for a batch of
+// (new tokens, context) entries, from model shape and GPU figures (roofline: max of compute
+// and memory time, plus fixed per-step and per-sequence overheads). Profiles are YAML files in
+// engine/profiles/. Pure functions of the profile; immutable after load, safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "common/config.h"
+
+namespace kvf::engine {
+
+struct ModelShape {
+  std::string name;
+  int num_layers = 0;
+  int hidden_size = 0;
+  int num_attention_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  double total_params = 0;   // all weights
+  double active_params = 0;  // weights used per token (== total for dense models)
+  int num_experts = 0;       // 0 for dense models
+  int experts_per_token = 0;
+  int dtype_bytes = 2;
+  int64_t vocab_size = 0;
+  int64_t eos_token_id = -1;  // -1: vocab_size - 1
+  int64_t max_model_len = 0;
+};
+
+struct GpuFigures {
+  std::string name;
+  double peak_flops = 0;              // dense FLOP/s at the model's dtype
+  double hbm_bytes_per_s = 0;         // memory bandwidth
+  double matmul_efficiency = 0.5;     // achieved fraction of peak on the linear layers
+  double attention_efficiency = 0.5;  // achieved fraction of peak on attention
+  double bandwidth_efficiency = 0.8;  // achieved fraction of HBM bandwidth
+  double step_overhead_s = 0;         // fixed cost per step (scheduling, launches, sampling)
+  double per_seq_overhead_s = 0;      // extra cost per sequence in the batch
+};
+
+// Figures the profile claims; tests check the model reproduces them.
+struct Anchors {
+  double prefill_tokens_per_s = 0;  // cold prefill of prefill_prompt_tokens, chunked
+  int64_t prefill_prompt_tokens = 0;
+  int64_t prefill_chunk_tokens = 8192;
+  double tpot_s = 0;  // decode step with tpot_batch sequences of tpot_context_tokens each
+  int tpot_batch = 1;
+  int64_t tpot_context_tokens = 0;
+};
+
+struct Profile {
+  std::string name;
+  ModelShape model;
+  GpuFigures gpu;
+  int64_t kv_cache_tokens = 0;  // KV capacity of the GPU for this model
+  Anchors anchors;
+};
+
+// Parses a profile mapping (used by loadProfile and by inline profiles in engine configs).
+void parseProfile(config::ConfigMap& root, Profile* out);
+absl::StatusOr<Profile> loadProfile(const std::string& path);
+
+// One sequence's share of a step.
+struct BatchEntry {
+  int64_t new_tokens = 0;      // tokens computed this step (1 for a decode)
+  int64_t context_tokens = 0;  // tokens already in the KV cache before this step
+};
+
+class TimingModel {
+ public:
+  explicit TimingModel(Profile profile);
+
+  const Profile& profile() const { return profile_; }
+  // Logical KV bytes per token (K and V, every layer), as the real model stores them.
+  double kvBytesPerToken() const { return kv_bytes_per_token_; }
+
+  // Seconds one step takes for this batch; 0 for an empty batch.
+  double stepSeconds(std::span<const BatchEntry> batch) const;
+  Nanos stepDuration(std::span<const BatchEntry> batch) const;
+
+  // Cold prefill throughput of one prompt processed alone in chunks (tokens/s).
+  double prefillTokensPerSecond(int64_t prompt_tokens, int64_t chunk_tokens) const;
+  // One decode step with `batch` sequences of `context_tokens` each.
+  double decodeStepSeconds(int batch, int64_t context_tokens) const;
+
+ private:
+  Profile profile_;
+  double kv_bytes_per_token_ = 0;
+  double dense_params_ = 0;   // weights every token reads
+  double expert_params_ = 0;  // routed-expert weights (all experts)
+};
+
+}  // namespace kvf::engine

@@ -1,0 +1,97 @@
+#include <gtest/gtest.h>
+
+#include <variant>
+
+#include "engine/kv_pool.h"
+#include "worker/block_payload.h"
+
+namespace kvf::engine {
+namespace {
+
+std::unique_ptr<KvPool> makePool(int64_t blocks, worker::KvEventSink* sink) {
+  KvPoolOptions o;
+  o.block_size = 4;
+  o.num_blocks = blocks;
+  o.payload_bytes_per_block = 64;
+  auto pool = KvPool::create(o, sink);
+  EXPECT_TRUE(pool.ok());
+  return std::move(*pool);
+}
+
+TEST(KvPoolTest, AllocateReleaseAndCounts) {
+  auto pool = makePool(4, nullptr);
+  EXPECT_EQ(pool->numFreeBlocks(), 4);
+  auto a = pool->allocate(3);
+  ASSERT_TRUE(a.has_value());
+  EXPECT_EQ(pool->numFreeBlocks(), 1);
+  EXPECT_DOUBLE_EQ(pool->usage(), 0.75);
+  EXPECT_FALSE(pool->allocate(2).has_value());
+  EXPECT_EQ(pool->numFreeBlocks(), 1);  // failed allocation changes nothing
+  pool->release(*a);
+  EXPECT_EQ(pool->numFreeBlocks(), 4);
+}
+
+TEST(KvPoolTest, CachedBlocksSurviveReleaseAndAreEvictedLru) {
+  worker::VectorEventSink sink;
+  auto pool = makePool(3, &sink);
+  auto a = pool->allocate(3);
+  ASSERT_TRUE(a.has_value());
+  ASSERT_TRUE(pool->cacheBlock((*a)[0], 100));
+  ASSERT_TRUE(pool->cacheBlock((*a)[1], 101));
+  // Block 2 stays uncached; a duplicate hash is refused.
+  EXPECT_FALSE(pool->cacheBlock((*a)[2], 100));
+  EXPECT_TRUE(worker::verifyBlockPayload(100, pool->payload((*a)[0])));
+  EXPECT_FALSE(worker::verifyBlockPayload(101, pool->payload((*a)[0])));
+  pool->release(*a);  // order: 100 then 101 at the LRU tail, the uncached one at the head
+  std::vector<BlockHash> hashes = {100, 101};
+  EXPECT_EQ(pool->findCachedPrefix(hashes).size(), 2u);
+
+  auto b = pool->allocate(2);  // takes the uncached block, then evicts 100 (least recent)
+  ASSERT_TRUE(b.has_value());
+  ASSERT_EQ(sink.events().size(), 1u);
+  auto* removed = std::get_if<worker::BlockRemoved>(&sink.events()[0]);
+  ASSERT_NE(removed, nullptr);
+  EXPECT_EQ(removed->block_hashes, std::vector<BlockHash>{100});
+  EXPECT_TRUE(pool->findCachedPrefix(hashes).empty());  // the chain now misses at block 0
+  std::vector<BlockHash> second = {101};
+  EXPECT_EQ(pool->findCachedPrefix(second).size(), 1u);
+}
+
+TEST(KvPoolTest, AcquireTakesCachedBlockOffTheFreeQueue) {
+  auto pool = makePool(2, nullptr);
+  auto a = pool->allocate(1);
+  ASSERT_TRUE(pool->cacheBlock((*a)[0], 7));
+  pool->release(*a);
+  EXPECT_EQ(pool->numFreeBlocks(), 2);
+  EXPECT_EQ(pool->countUnreferenced(*a), 1);
+  pool->acquire(*a);
+  EXPECT_EQ(pool->numFreeBlocks(), 1);
+  EXPECT_EQ(pool->refCount((*a)[0]), 1);
+  auto b = pool->allocate(1);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_NE((*b)[0], (*a)[0]);
+  EXPECT_TRUE(pool->table().contains(7));
+}
+
+TEST(KvPoolTest, PinnedBlocksAreNotEvicted) {
+  worker::VectorEventSink sink;
+  auto pool = makePool(2, &sink);
+  auto a = pool->allocate(2);
+  ASSERT_TRUE(pool->cacheBlock((*a)[0], 1));
+  ASSERT_TRUE(pool->cacheBlock((*a)[1], 2));
+  pool->release(*a);
+  ASSERT_TRUE(pool->pin(1).ok());
+  EXPECT_EQ(pool->table().pins(1), 1u);
+  EXPECT_FALSE(pool->allocate(2).has_value());
+  auto b = pool->allocate(1);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_TRUE(pool->table().contains(1));
+  EXPECT_FALSE(pool->table().contains(2));
+  EXPECT_FALSE(pool->pin(2).ok());
+  ASSERT_TRUE(pool->unpin(1).ok());
+  EXPECT_FALSE(pool->unpin(1).ok());
+  EXPECT_EQ(pool->numFreeBlocks(), 1);
+}
+
+}  // namespace
+}  // namespace kvf::engine

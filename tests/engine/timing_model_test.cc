@@ -1,0 +1,67 @@
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "engine/engine_config.h"
+#include "engine/timing_model.h"
+
+namespace kvf::engine {
+namespace {
+
+void expectAnchors(const std::string& path) {
+  auto profile = loadProfile(path);
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  const Anchors& a = profile->anchors;
+  ASSERT_GT(a.prefill_tokens_per_s, 0);
+  ASSERT_GT(a.tpot_s, 0);
+  TimingModel model(*profile);
+  double prefill = model.prefillTokensPerSecond(a.prefill_prompt_tokens, a.prefill_chunk_tokens);
+  double tpot = model.decodeStepSeconds(a.tpot_batch, a.tpot_context_tokens);
+  EXPECT_NEAR(prefill / a.prefill_tokens_per_s, 1.0, 0.10) << path << " prefill " << prefill;
+  EXPECT_NEAR(tpot / a.tpot_s, 1.0, 0.10) << path << " tpot " << tpot;
+}
+
+TEST(TimingModelTest, QwenH20ReproducesSeedAnchors) {
+  expectAnchors("engine/profiles/qwen3-coder-30b-a3b-h20.yaml");
+  auto profile = loadProfile("engine/profiles/qwen3-coder-30b-a3b-h20.yaml");
+  ASSERT_TRUE(profile.ok());
+  EXPECT_EQ(profile->kv_cache_tokens, 281888);
+  TimingModel model(*profile);
+  // 48 layers x 4 KV heads x 128 x 2 (K,V) x 2 bytes = 96 KiB per token; 281,888 -> 25.8 GiB.
+  EXPECT_DOUBLE_EQ(model.kvBytesPerToken(), 98304.0);
+  EXPECT_NEAR(model.kvBytesPerToken() * 281888 / (1 << 30), 25.8, 0.05);
+}
+
+TEST(TimingModelTest, LlamaH100ReproducesAnchors) {
+  expectAnchors("engine/profiles/llama-3.1-8b-h100.yaml");
+}
+
+TEST(TimingModelTest, CostGrowsWithContextAndBatch) {
+  auto profile = loadProfile("engine/profiles/qwen3-coder-30b-a3b-h20.yaml");
+  ASSERT_TRUE(profile.ok());
+  TimingModel model(*profile);
+  BatchEntry early{4096, 0}, late{4096, 65536};
+  EXPECT_LT(model.stepSeconds({&early, 1}), model.stepSeconds({&late, 1}));
+  EXPECT_LT(model.decodeStepSeconds(1, 1000), model.decodeStepSeconds(64, 1000));
+  EXPECT_LT(model.decodeStepSeconds(8, 1000), model.decodeStepSeconds(8, 100000));
+  EXPECT_EQ(model.stepSeconds({}), 0);
+  // A cached prefix removes its prefill cost: computing 16 tokens after 8,000 cached ones is far
+  // cheaper than computing all 8,016.
+  BatchEntry cold{8016, 0}, warm{16, 8000};
+  EXPECT_LT(model.stepSeconds({&warm, 1}) * 5, model.stepSeconds({&cold, 1}));
+}
+
+TEST(TimingModelTest, ProfileErrorsNameTheField) {
+  auto p = config::parseText<Profile>(
+      "name: x\nkv_cache_tokens: 10\nmodel: {num_layers: -1}\ngpu: {peak_flops: 1e12, "
+      "hbm_bytes_per_s: 1e12, bogus: 1}\n",
+      "<test>", parseProfile);
+  ASSERT_FALSE(p.ok());
+  std::string msg(p.status().message());
+  EXPECT_NE(msg.find("model.num_layers"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("model.hidden_size"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("gpu.bogus"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace kvf::engine

@@ -1,0 +1,44 @@
+// The worker's view of what its engine caches: engine block hash -> KV pool block index, with
+// pin counts that keep a block from being evicted while a peer reads it (KV push). The engine's
+// KV pool updates it as blocks are cached and evicted; it is owned by the engine loop thread,
+// and other threads (the push server, later) must post to that thread.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "worker/kv_events.h"
+
+namespace kvf::worker {
+
+using BlockIndex = uint32_t;
+
+class BlockTable {
+ public:
+  // Records that `hash` is cached in pool block `block`. False when the hash is already present
+  // (the caller keeps its own block uncached).
+  bool insert(BlockHash hash, BlockIndex block);
+  // Forgets `hash`; its pin count must be zero (a pinned block is never evicted).
+  void erase(BlockHash hash);
+  std::optional<BlockIndex> find(BlockHash hash) const;
+  bool contains(BlockHash hash) const { return entries_.contains(hash); }
+  size_t size() const { return entries_.size(); }
+  void clear() { entries_.clear(); }
+
+  // Pin / unpin a cached hash. pin() fails with NotFound when the hash is not cached; unpin()
+  // fails with FailedPrecondition when it is not pinned.
+  absl::Status pin(BlockHash hash);
+  absl::Status unpin(BlockHash hash);
+  uint32_t pins(BlockHash hash) const;
+
+ private:
+  struct Entry {
+    BlockIndex block = 0;
+    uint32_t pins = 0;
+  };
+  absl::flat_hash_map<BlockHash, Entry> entries_;
+};
+
+}  // namespace kvf::worker
