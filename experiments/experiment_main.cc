@@ -32,7 +32,8 @@ std::string binDir() {
 absl::Status runExperiment(const std::string& path) {
   auto config = experiments::loadExperimentConfig(path);
   if (!config.ok()) return config.status();
-  if (!absl::GetFlag(FLAGS_output_dir).empty()) config->output_dir = absl::GetFlag(FLAGS_output_dir);
+  if (!absl::GetFlag(FLAGS_output_dir).empty())
+    config->output_dir = absl::GetFlag(FLAGS_output_dir);
   std::string out = config->output_dir;
   experiments::Harness harness(std::move(*config), binDir());
   absl::Status s = harness.run();

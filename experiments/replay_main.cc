@@ -35,7 +35,8 @@ ABSL_FLAG(double, warmup_s, 0.0,
           "Leave requests arriving before this trace time out of the summary.");
 ABSL_FLAG(int64_t, max_in_flight, 0, "Cap on concurrent requests (0 = never capped).");
 ABSL_FLAG(double, timeout_s, 600.0, "Per-request timeout in seconds.");
-ABSL_FLAG(std::string, model, "kvf-model", "Model name sent in requests.");
+ABSL_FLAG(std::string, model, "",
+          "Model name sent in requests (default: the first at /v1/models).");
 ABSL_FLAG(int32_t, vocab_min, 1000, "Smallest synthesised token id.");
 ABSL_FLAG(int32_t, vocab_max, 32000, "Synthesised token ids are below this.");
 ABSL_FLAG(uint64_t, salt, 0, "Token synthesis salt (same salt = same prompts).");

@@ -92,7 +92,8 @@ void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::
 absl::StatusOr<ExperimentConfig> loadExperimentConfig(const std::string& path) {
   std::string dir = fs::path(path).parent_path().string();
   auto parsed = config::parseFile<ExperimentConfig>(
-      path, [&](config::ConfigMap& root, ExperimentConfig* out) { parseExperiment(root, out, dir); });
+      path,
+      [&](config::ConfigMap& root, ExperimentConfig* out) { parseExperiment(root, out, dir); });
   if (!parsed.ok()) return parsed.status();
   parsed->source = path;
   if (parsed->output_dir.empty()) parsed->output_dir = "experiments/results/" + parsed->name;

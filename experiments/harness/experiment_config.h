@@ -15,18 +15,18 @@
 namespace kvf::experiments {
 
 struct TraceSlice {
-  std::string path;          // resolved against the experiment file's folder
+  std::string path;  // resolved against the experiment file's folder
   std::string format = "auto";
-  double start_s = 0;        // window start (trace time, from the first request)
-  double duration_s = 0;     // window length; 0 = to the end
-  int64_t limit = 0;         // at most this many requests of the window (0 = all)
+  double start_s = 0;                     // window start (trace time, from the first request)
+  double duration_s = 0;                  // window length; 0 = to the end
+  int64_t limit = 0;                      // at most this many requests of the window (0 = all)
   double conversation_rate = 1.0 / 60.0;  // agentic directories: conversations per second
   uint64_t seed = 1;
 };
 
 struct ClusterConfig {
   int engines = 8;
-  std::string engine_config;  // resolved; a kvf-engine YAML used for every engine
+  std::string engine_config;       // resolved; a kvf-engine YAML used for every engine
   double engine_time_scale = 1.0;  // written into each engine's config copy
   double startup_timeout_s = 60;
 };
@@ -44,7 +44,7 @@ struct ExperimentConfig {
   ReplayOptions replay;
   uint64_t salt = 0;
   ClusterConfig cluster;
-  YAML::Node router;  // extra router settings (index, health, upstream), written verbatim
+  YAML::Node router;            // extra router settings (index, health, upstream), written verbatim
   std::vector<ArmConfig> arms;  // the first is the baseline
   int repetitions = 1;
 };

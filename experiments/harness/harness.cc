@@ -36,7 +36,8 @@ absl::StatusOr<std::string> httpGet(uint16_t port, const std::string& path,
   http::ClientRequest request;
   request.target = path;
   auto future = asio::co_spawn(
-      ioc, [&]() -> asio::awaitable<absl::StatusOr<http::Response>> {
+      ioc,
+      [&]() -> asio::awaitable<absl::StatusOr<http::Response>> {
         co_return co_await client->request(request);
       },
       asio::use_future);
@@ -44,8 +45,8 @@ absl::StatusOr<std::string> httpGet(uint16_t port, const std::string& path,
   auto response = future.get();
   if (!response.ok()) return response.status();
   if (response->status != 200) {
-    return absl::UnavailableError(strCat("GET ", path, " on port ", port, " answered ",
-                                         response->status));
+    return absl::UnavailableError(
+        strCat("GET ", path, " on port ", port, " answered ", response->status));
   }
   return response->body;
 }
@@ -75,19 +76,17 @@ absl::Status Harness::prepareTrace() {
   KVF_ASSIGN_OR_RETURN(reader.format, trace::parseFormatName(config_.trace.format));
   reader.arrivals.rate_per_s = config_.trace.conversation_rate;
   reader.arrivals.seed = config_.trace.seed;
-  KVF_ASSIGN_OR_RETURN(std::vector<trace::Request> all,
-                       trace::readAll(config_.trace.path, reader));
+  KVF_ASSIGN_OR_RETURN(std::vector<trace::Request> all, trace::readAll(config_.trace.path, reader));
   for (size_t i = 0; i < all.size(); ++i) {
     if (all[i].id.empty()) all[i].id = strCat("r", i);
   }
-  std::stable_sort(all.begin(), all.end(), [](const auto& a, const auto& b) {
-    return a.arrival < b.arrival;
-  });
+  std::stable_sort(all.begin(), all.end(),
+                   [](const auto& a, const auto& b) { return a.arrival < b.arrival; });
   requests_.clear();
   if (!all.empty()) {
     Nanos from = all.front().arrival + secondsToNanos(config_.trace.start_s);
-    Nanos to = config_.trace.duration_s > 0 ? from + secondsToNanos(config_.trace.duration_s)
-                                            : INT64_MAX;
+    Nanos to =
+        config_.trace.duration_s > 0 ? from + secondsToNanos(config_.trace.duration_s) : INT64_MAX;
     for (auto& r : all) {
       if (r.arrival < from || r.arrival >= to) continue;
       if (config_.trace.limit > 0 &&
@@ -138,8 +137,8 @@ absl::Status writeEngineConfig(const ClusterConfig& cluster, const std::string& 
   return out ? absl::OkStatus() : absl::InternalError(strCat("cannot write ", out_path));
 }
 
-absl::Status writeRouterConfig(const ExperimentConfig& config, const ArmConfig& arm,
-                               uint16_t port, const std::vector<EnginePorts>& engines,
+absl::Status writeRouterConfig(const ExperimentConfig& config, const ArmConfig& arm, uint16_t port,
+                               const std::vector<EnginePorts>& engines,
                                const std::string& rep_dir) {
   YAML::Node root = config.router.IsMap() ? YAML::Clone(config.router) : YAML::Node();
   root["listen"]["host"] = "127.0.0.1";
@@ -199,11 +198,17 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
 
   std::vector<std::unique_ptr<ChildProcess>> engines;
   for (size_t i = 0; i < ports.size(); ++i) {
-    std::vector<std::string> argv = {
-        bin_dir_ + "/kvf-engine", "--config", rep_dir + "/engine.yaml",
-        "--port", std::to_string(ports[i].http), "--instance_id", std::to_string(i),
-        "--kv_events_endpoint", strCat("tcp://127.0.0.1:", ports[i].events),
-        "--kv_replay_endpoint", strCat("tcp://127.0.0.1:", ports[i].replay)};
+    std::vector<std::string> argv = {bin_dir_ + "/kvf-engine",
+                                     "--config",
+                                     rep_dir + "/engine.yaml",
+                                     "--port",
+                                     std::to_string(ports[i].http),
+                                     "--instance_id",
+                                     std::to_string(i),
+                                     "--kv_events_endpoint",
+                                     strCat("tcp://127.0.0.1:", ports[i].events),
+                                     "--kv_replay_endpoint",
+                                     strCat("tcp://127.0.0.1:", ports[i].replay)};
     KVF_ASSIGN_OR_RETURN(auto child,
                          ChildProcess::spawn(argv, strCat(rep_dir, "/logs/engine_", i, ".log")));
     engines.push_back(std::move(child));
@@ -217,10 +222,9 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
     KVF_RETURN_IF_ERROR(checkCold(before, strCat("engine ", i)));
   }
   KVF_RETURN_IF_ERROR(writeRouterConfig(config_, arm, router_port, ports, rep_dir));
-  KVF_ASSIGN_OR_RETURN(auto router,
-                       ChildProcess::spawn({bin_dir_ + "/kvf-router", "--config",
-                                            rep_dir + "/router.yaml"},
-                                           rep_dir + "/logs/router.log"));
+  KVF_ASSIGN_OR_RETURN(auto router, ChildProcess::spawn({bin_dir_ + "/kvf-router", "--config",
+                                                         rep_dir + "/router.yaml"},
+                                                        rep_dir + "/logs/router.log"));
   KVF_RETURN_IF_ERROR(waitHealthy(*router, router_port, config_.cluster.startup_timeout_s,
                                   rep_dir + "/logs/router.log"));
 
@@ -237,8 +241,8 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
   http::ClientOptions client_options;
   client_options.max_idle_connections = 4096;
   client_options.read_timeout = config_.replay.timeout;
-  auto client = http::HttpClient::create(ioc.get_executor(), "127.0.0.1", router_port,
-                                         client_options);
+  auto client =
+      http::HttpClient::create(ioc.get_executor(), "127.0.0.1", router_port, client_options);
   Replayer replayer(client, config_.replay, prompt, log.get());
   auto done = asio::co_spawn(ioc, replayer.run(requests_), asio::use_future);
   ioc.run();

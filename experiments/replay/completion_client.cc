@@ -124,6 +124,24 @@ asio::awaitable<void> readStream(http::ResponseStream& stream,
 
 }  // namespace
 
+asio::awaitable<absl::StatusOr<std::string>> discoverModel(http::HttpClient& client) {
+  http::ClientRequest request;
+  request.target = "/v1/models";
+  auto response = co_await client.request(request);
+  if (!response.ok()) co_return response.status();
+  if (response->status != 200) {
+    co_return absl::UnavailableError(strCat("GET /v1/models answered ", response->status));
+  }
+  auto body = json::parseObject(response->body);
+  if (!body.ok()) co_return body.status();
+  const bj::value* data = body->if_contains("data");
+  if (data && data->is_array() && !data->as_array().empty() && data->as_array()[0].is_object()) {
+    auto id = json::getString(data->as_array()[0].as_object(), "id");
+    if (id.ok()) co_return std::string(*id);
+  }
+  co_return absl::UnavailableError("GET /v1/models lists no model");
+}
+
 asio::awaitable<CompletionOutcome> runCompletion(http::HttpClient& client,
                                                  const CompletionCall& call) {
   CompletionOutcome out;

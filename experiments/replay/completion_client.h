@@ -40,6 +40,9 @@ struct CompletionOutcome {
   int64_t predicted_cached_tokens = -1;  // x-kvf-predicted-cached-tokens
 };
 
+// The first model id the endpoint lists at GET /v1/models.
+asio::awaitable<absl::StatusOr<std::string>> discoverModel(http::HttpClient& client);
+
 // The JSON body sent for `call` (exposed for tests).
 std::string completionBody(const CompletionCall& call);
 

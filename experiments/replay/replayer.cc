@@ -12,6 +12,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "common/log.h"
+#include "common/status.h"
 
 namespace kvf::experiments {
 
@@ -132,6 +133,11 @@ asio::awaitable<absl::Status> Replayer::run(std::vector<trace::Request> requests
     }
   }
   progress_.total = static_cast<int64_t>(todo.size());
+  if (options_.model.empty() && !todo.empty()) {
+    auto model = co_await discoverModel(*client_);
+    if (!model.ok()) co_return annotate(model.status(), "discovering the served model");
+    options_.model = *model;
+  }
   start_wall_ = now();
   trace_origin_ = todo.empty() ? 0 : todo.front()->arrival;
   auto executor = co_await asio::this_coro::executor;

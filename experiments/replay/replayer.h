@@ -28,7 +28,7 @@ struct ReplayOptions {
   double warmup_s = 0;        // requests arriving before this trace time are left out of summaries
   int64_t max_in_flight = 0;  // 0 = never capped
   std::chrono::milliseconds timeout{600'000};
-  std::string model = "kvf-model";
+  std::string model;     // empty: the first model the endpoint lists at /v1/models
   bool progress = true;  // live progress line on stderr
 };
 

@@ -24,9 +24,10 @@ TEST(ColdCheck, RefusesAWarmEngine) {
                         "vllm:prefix_cache_hits_total{engine=\"0\"} 0\n",
                         "engine 0")
                   .ok());
-  absl::Status warm = checkCold("vllm:prefix_cache_queries_total 4096\n"
-                                "vllm:prefix_cache_hits_total 2048\n",
-                                "engine 3");
+  absl::Status warm = checkCold(
+      "vllm:prefix_cache_queries_total 4096\n"
+      "vllm:prefix_cache_hits_total 2048\n",
+      "engine 3");
   EXPECT_EQ(warm.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(std::string(warm.message()).find("engine 3 is not cold"), std::string::npos);
   // An engine that cannot show it is cold is refused too.

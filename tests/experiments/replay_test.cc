@@ -40,6 +40,10 @@ class ScriptedEndpoint {
         [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
           co_await serve(r, w);
         });
+    server_->route("GET", "/v1/models",
+                   [](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
+                     co_await w.sendJson(200, R"({"object":"list","data":[{"id":"scripted"}]})");
+                   });
     server_->start();
   }
   uint16_t port() const { return server_->port(); }
@@ -175,6 +179,7 @@ TEST_F(ReplayTest, MeasuresEveryMetricAgainstTheScript) {
   EXPECT_TRUE(body["ignore_eos"].as_bool());
   EXPECT_TRUE(body["stream"].as_bool());
   EXPECT_EQ(body["user"].as_string(), "s1");
+  EXPECT_EQ(body["model"].as_string(), "scripted");  // discovered at /v1/models
 
   // The line on disk round-trips.
   auto loaded = loadResults((dir_ / "r.jsonl").string());
