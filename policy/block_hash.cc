@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+// Inlined so the per-block call on the routing hot path has no PLT hop.
+#define XXH_INLINE_ALL
 #include <xxhash.h>
 
 namespace kvf::policy {
