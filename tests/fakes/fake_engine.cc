@@ -58,7 +58,9 @@ std::vector<uint32_t> promptTokens(bool chat, const bj::object& body) {
 
 FakeEngine::FakeEngine(asio::io_context& ioc, FakeEngineOptions options)
     : options_(std::move(options)) {
-  auto server = http::HttpServer::create(ioc, {});
+  http::ServerOptions server_options;
+  server_options.port = options_.port;
+  auto server = http::HttpServer::create(ioc, server_options);
   if (!server.ok()) throw std::runtime_error(std::string(server.status().message()));
   server_ = std::move(*server);
   if (options_.publish_kv_events) publisher_ = std::make_unique<FakeKvPublisher>();

@@ -22,6 +22,7 @@ namespace kvf::fakes {
 
 struct FakeEngineOptions {
   std::string id = "engine";
+  uint16_t port = 0;  // 0 picks a free port
   uint32_t block_size = 16;
   size_t capacity_blocks = 1 << 20;  // FIFO eviction beyond this, announced as BlockRemoved
   bool publish_kv_events = false;
