@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <thread>
 
@@ -50,12 +51,13 @@ std::string tokenPrompt(int first, int n, bool stream = false, std::string extra
 
 class ProxyTest : public ::testing::Test {
  protected:
-  void start(int engines, std::string policy_yaml, bool events = true,
-             std::string extra_yaml = "") {
+  void start(int engines, std::string policy_yaml, bool events = true, std::string extra_yaml = "",
+             std::function<void(fakes::FakeEngineOptions&)> tweak = {}) {
     for (int i = 0; i < engines; ++i) {
       fakes::FakeEngineOptions o;
       o.id = "e" + std::to_string(i);
       o.publish_kv_events = events;
+      if (tweak) tweak(o);
       engines_.push_back(std::make_unique<fakes::FakeEngine>(engine_io_.context(), o));
     }
     log_path_ = ::testing::TempDir() + "/router_decisions_" +
@@ -377,6 +379,80 @@ TEST_F(ProxyTest, BadInputGets4xxJsonAndRouterKeepsServing) {
   EXPECT_EQ(health->status, 200);
   auto ok = call(post("/v1/completions", tokenPrompt(0, 32)));
   EXPECT_EQ(ok->status, 200);
+}
+
+TEST_F(ProxyTest, StreamIsPassedThroughAsProducedNotBuffered) {
+  start(1, "{kind: round_robin}", false, "", [](fakes::FakeEngineOptions& o) {
+    o.output_tokens = 3;
+    o.token_delay = 400ms;
+  });
+  http::ClientRequest request = post("/v1/completions", tokenPrompt(0, 64, true));
+  auto gaps = engine_io_.run(
+      [&]() -> asio::awaitable<absl::StatusOr<std::pair<double, double>>> {
+        auto begin = std::chrono::steady_clock::now();
+        auto s = co_await client_->open(request);
+        if (!s.ok()) co_return s.status();
+        double first = -1;
+        for (;;) {
+          auto piece = co_await (*s)->next();
+          if (!piece.ok()) co_return piece.status();
+          if (!piece->has_value()) break;
+          if (first < 0) {
+            first = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+          }
+        }
+        double end =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+        co_return std::make_pair(first, end);
+      },
+      20s);
+  ASSERT_TRUE(gaps.ok()) << gaps.status();
+  // The engine spends ~1.2 s on three tokens; the first must reach the client long before the
+  // end (a buffering proxy would deliver everything at once).
+  EXPECT_GT(gaps->second - gaps->first, 0.6) << gaps->first << " " << gaps->second;
+}
+
+TEST_F(ProxyTest, ConsecutiveFailuresOpenTheCircuit) {
+  start(2, "{kind: round_robin}", false,
+        "health: {interval_s: 60}\nupstream: {circuit_failure_threshold: 2, circuit_open_s: 60}\n");
+  engines_[0]->stop();
+  for (int i = 0; i < 6; ++i) {
+    auto r = call(post("/v1/completions", tokenPrompt(i, 32)));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->status, 200);
+  }
+  EXPECT_TRUE(instanceState("e0")["circuit_open"].as_bool());
+  EXPECT_FALSE(instanceState("e0")["admitted"].as_bool());
+  auto metrics = call(get("/metrics"));
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_NE(metrics->body.find("kvfabric_router_instance_circuit_opens_total{instance=\"e0\"} 1"),
+            std::string::npos);
+  // With the circuit open, e0 is no longer tried: exactly two connect failures were seen.
+  EXPECT_NE(metrics->body.find(
+                "kvfabric_router_upstream_errors_total{instance=\"e0\",kind=\"connect\"} 2"),
+            std::string::npos)
+      << metrics->body;
+}
+
+TEST_F(ProxyTest, SilentMissIsCountedWhenTheEngineLostThePrediction) {
+  start(1, "{kind: hybrid}", false);  // no events: approximate index entries
+  auto first = call(post("/v1/completions", tokenPrompt(0, 1024)));
+  ASSERT_TRUE(first.ok());
+  engine_io_.run([&]() -> asio::awaitable<void> {
+    engines_[0]->clearCache();  // on the engine's thread; no event reaches the router
+    co_return;
+  });
+  auto again = call(post("/v1/completions", tokenPrompt(0, 1024)));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->header("x-kvf-predicted-cached-tokens"), "1024");
+  ASSERT_TRUE(eventually([&] { return decisionLog().size() == 2; }));
+  auto log = decisionLog();
+  EXPECT_EQ(log[1]["actual_cached_tokens"].as_int64(), 0);
+  auto metrics = call(get("/metrics"));
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_NE(metrics->body.find("kvfabric_router_cache_silent_misses_total 1"), std::string::npos);
+  EXPECT_NE(metrics->body.find("kvfabric_router_cache_prediction_error_tokens_count 2"),
+            std::string::npos);
 }
 
 }  // namespace
