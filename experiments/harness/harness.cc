@@ -283,6 +283,11 @@ absl::Status Harness::run() {
       }
       log::info("starting", "arm", arm.name, "rep", rep, "run", strCat(done, "/", total));
       absl::Status s = runRepetition(arm, rep, rep_dir);
+      // Another process can take a picked port before our child binds it; try new ports once.
+      if (!s.ok() && std::string(s.message()).find("Address already in use") != std::string::npos) {
+        log::warn("port taken during start-up; retrying with new ports", "arm", arm.name);
+        s = runRepetition(arm, rep, rep_dir);
+      }
       if (!s.ok()) return annotate(s, strCat("arm ", arm.name, " rep ", rep));
     }
   }

@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <random>
 #include <thread>
 
 #include "common/strings.h"
@@ -81,21 +83,44 @@ int ChildProcess::stop(std::chrono::milliseconds grace) {
   return exit_status_;
 }
 
-absl::StatusOr<uint16_t> pickFreePort() {
+namespace {
+
+// Lowest port of the kernel's ephemeral range: ports picked below it cannot collide with the
+// source port of an outgoing connection (which the kernel takes from that range).
+int ephemeralLow() {
+  int low = 32768, high = 60999;
+  if (std::FILE* f = std::fopen("/proc/sys/net/ipv4/ip_local_port_range", "r")) {
+    if (std::fscanf(f, "%d %d", &low, &high) != 2) low = 32768;
+    std::fclose(f);
+  }
+  return low;
+}
+
+bool canBind(uint16_t port) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError("socket() failed");
+  if (fd < 0) return false;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    ::close(fd);
-    return absl::InternalError("cannot find a free port");
-  }
+  addr.sin_port = htons(port);
+  bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   ::close(fd);
-  return ntohs(addr.sin_port);
+  return ok;
+}
+
+}  // namespace
+
+absl::StatusOr<uint16_t> pickFreePort() {
+  static std::mt19937 rng(static_cast<unsigned>(::getpid()) ^
+                          static_cast<unsigned>(std::random_device{}()));
+  int high = ephemeralLow() - 1;
+  int low = std::min(10000, high - 1000);
+  std::uniform_int_distribution<int> pick(low, high);
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    auto port = static_cast<uint16_t>(pick(rng));
+    if (canBind(port)) return port;
+  }
+  return absl::UnavailableError("cannot find a free port below the ephemeral range");
 }
 
 }  // namespace kvf::experiments

@@ -36,7 +36,8 @@ class ChildProcess {
   int exit_status_ = 0;
 };
 
-// A TCP port on 127.0.0.1 that was free a moment ago (bind to port 0, read it, close).
+// A TCP port on 127.0.0.1 that was free a moment ago, chosen at random below the kernel's
+// ephemeral range so it cannot clash with outgoing connections' source ports.
 absl::StatusOr<uint16_t> pickFreePort();
 
 }  // namespace kvf::experiments

@@ -1,6 +1,8 @@
 #include "experiments/replay/replayer.h"
 
+#include <unistd.h>
 #include <algorithm>
+
 #include <cstdio>
 #include <map>
 
@@ -104,17 +106,20 @@ std::string formatProgress(const ReplayProgress& p, double elapsed_s) {
 }
 
 asio::awaitable<void> Replayer::reportProgress() {
+  // On a terminal the line is redrawn every second; in a log, a line is written every 10 s.
+  bool tty = ::isatty(STDERR_FILENO) != 0;
   asio::steady_timer timer(co_await asio::this_coro::executor);
+  int ticks = 0;
   while (!finished_) {
     timer.expires_after(std::chrono::seconds(1));
     co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
-    if (options_.progress) {
-      std::fprintf(stderr, "\r%s   ",
-                   formatProgress(progress_, nanosToSeconds(now() - start_wall_)).c_str());
-      std::fflush(stderr);
-    }
+    ++ticks;
+    if (!options_.progress || (!tty && ticks % 10 != 0)) continue;
+    std::string line = formatProgress(progress_, nanosToSeconds(now() - start_wall_));
+    std::fprintf(stderr, tty ? "\r%s   " : "%s\n", line.c_str());
+    std::fflush(stderr);
   }
-  if (options_.progress) std::fprintf(stderr, "\n");
+  if (options_.progress && tty) std::fprintf(stderr, "\n");
 }
 
 asio::awaitable<absl::Status> Replayer::run(std::vector<trace::Request> requests) {
