@@ -12,9 +12,13 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// Paths in the file are relative to the file; they become absolute because the harness hands
+// them to processes that resolve paths against their own config copies.
 std::string resolve(const std::string& base_dir, const std::string& path) {
-  if (path.empty() || fs::path(path).is_absolute()) return path;
-  return (fs::path(base_dir) / path).lexically_normal().string();
+  if (path.empty()) return path;
+  fs::path p(path);
+  if (p.is_relative()) p = fs::absolute(fs::path(base_dir) / p);
+  return p.lexically_normal().string();
 }
 
 void parseReplay(config::ConfigMap& m, ReplayOptions* out, uint64_t* salt) {

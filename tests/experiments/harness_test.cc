@@ -46,7 +46,11 @@ arms:
   - {name: lm, policy: {kind: lmetric}}
 repetitions: 2
 )";
-  auto c = loadExperimentConfig((dir / "exp.yaml").string());
+  // A relative experiment path still gives absolute trace and engine paths.
+  fs::path cwd = fs::current_path();
+  fs::current_path(dir.parent_path());
+  auto c = loadExperimentConfig((dir.filename() / "exp.yaml").string());
+  fs::current_path(cwd);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->trace.path, (dir / "trace.jsonl").string());
   EXPECT_EQ(c->cluster.engine_config, (dir / "engine.yaml").string());
