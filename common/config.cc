@@ -247,6 +247,12 @@ void ConfigMap::get(std::string_view key, std::vector<double>* out, double min, 
   }
 }
 
+std::optional<YAML::Node> ConfigMap::raw(std::string_view key) {
+  consumed_.emplace(key);
+  if (!has(key)) return std::nullopt;
+  return child(key);
+}
+
 std::optional<ConfigMap> ConfigMap::map(std::string_view key) {
   consumed_.emplace(key);
   if (!has(key)) return std::nullopt;

@@ -94,6 +94,10 @@ class ConfigMap {
   // Records an error if the key is absent.
   void require(std::string_view key);
 
+  // The raw YAML value at `key` (nullopt when absent), marked as consumed; for values passed on
+  // verbatim to another component that validates them itself.
+  std::optional<YAML::Node> raw(std::string_view key);
+
   // A nested mapping (nullopt when absent or not a map; the latter is recorded as an error).
   std::optional<ConfigMap> map(std::string_view key);
   // A sequence of mappings; each element's path is "key[i]".

@@ -1,0 +1,107 @@
+#include "experiments/harness/experiment_config.h"
+
+#include <filesystem>
+#include <set>
+
+#include "common/config.h"
+#include "common/strings.h"
+
+namespace kvf::experiments {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Paths in the file are relative to the file; they become absolute because the harness hands
+// them to processes that resolve paths against their own config copies.
+std::string resolve(const std::string& base_dir, const std::string& path) {
+  if (path.empty()) return path;
+  fs::path p(path);
+  if (p.is_relative()) p = fs::absolute(fs::path(base_dir) / p);
+  return p.lexically_normal().string();
+}
+
+void parseReplay(config::ConfigMap& m, ReplayOptions* out, uint64_t* salt) {
+  m.getEnum("dispatch", &out->dispatch,
+            {{"timestamp", DispatchMode::kTimestamp}, {"session", DispatchMode::kSession}});
+  m.get("time_scale", &out->time_scale, 0.001, 1000.0);
+  m.get("warmup_s", &out->warmup_s, 0.0, 1e9);
+  m.get("max_in_flight", &out->max_in_flight, 0, int64_t{1} << 30);
+  double timeout_s = static_cast<double>(out->timeout.count()) / 1000.0;
+  m.get("timeout_s", &timeout_s, 0.1, 86400.0);
+  out->timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  m.get("model", &out->model);
+  m.get("salt", salt, 0, UINT64_MAX);
+  m.rejectUnknownKeys();
+}
+
+void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::string& dir) {
+  root.require("name");
+  root.get("name", &out->name);
+  root.get("output_dir", &out->output_dir);
+  root.require("trace");
+  if (auto t = root.map("trace")) {
+    t->require("path");
+    t->get("path", &out->trace.path);
+    out->trace.path = resolve(dir, out->trace.path);
+    t->get("format", &out->trace.format);
+    t->get("start_s", &out->trace.start_s, 0.0, 1e9);
+    t->get("duration_s", &out->trace.duration_s, 0.0, 1e9);
+    t->get("limit", &out->trace.limit, 0, int64_t{1} << 40);
+    t->get("conversation_rate", &out->trace.conversation_rate, 1e-9, 1e6);
+    t->get("seed", &out->trace.seed, 0, UINT64_MAX);
+    t->rejectUnknownKeys();
+  }
+  if (auto r = root.map("replay")) parseReplay(*r, &out->replay, &out->salt);
+  if (auto c = root.map("cluster")) {
+    c->get("engines", &out->cluster.engines, 1, 64);
+    c->require("engine_config");
+    c->get("engine_config", &out->cluster.engine_config);
+    out->cluster.engine_config = resolve(dir, out->cluster.engine_config);
+    c->get("engine_time_scale", &out->cluster.engine_time_scale, 0.001, 1000.0);
+    c->get("startup_timeout_s", &out->cluster.startup_timeout_s, 1.0, 3600.0);
+    c->rejectUnknownKeys();
+  } else {
+    root.fail("cluster", "is required");
+  }
+  if (auto router = root.raw("router")) {
+    if (!router->IsMap()) root.fail("router", "expected a map of router settings");
+    out->router = *router;
+    for (const char* reserved : {"listen", "instances", "policy", "decision_log"}) {
+      if ((*router)[reserved]) {
+        root.fail("router", strCat("'", reserved, "' is set by the harness, not the experiment"));
+      }
+    }
+  }
+  root.get("repetitions", &out->repetitions, 1, 1000);
+  std::set<std::string> names;
+  for (auto& a : root.mapList("arms")) {
+    ArmConfig arm;
+    a.require("name");
+    a.get("name", &arm.name);
+    if (!arm.name.empty() && arm.name.find_first_of("/ \t") != std::string::npos) {
+      a.fail("name", "must not contain '/' or spaces");
+    }
+    if (!names.insert(arm.name).second) a.fail("name", strCat("duplicate arm '", arm.name, "'"));
+    a.require("policy");
+    if (auto p = a.raw("policy")) arm.policy = *p;
+    a.rejectUnknownKeys();
+    out->arms.push_back(std::move(arm));
+  }
+  if (out->arms.empty()) root.fail("arms", "at least one arm is required");
+}
+
+}  // namespace
+
+absl::StatusOr<ExperimentConfig> loadExperimentConfig(const std::string& path) {
+  std::string dir = fs::path(path).parent_path().string();
+  auto parsed = config::parseFile<ExperimentConfig>(
+      path,
+      [&](config::ConfigMap& root, ExperimentConfig* out) { parseExperiment(root, out, dir); });
+  if (!parsed.ok()) return parsed.status();
+  parsed->source = path;
+  if (parsed->output_dir.empty()) parsed->output_dir = "experiments/results/" + parsed->name;
+  return parsed;
+}
+
+}  // namespace kvf::experiments

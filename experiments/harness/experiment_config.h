@@ -1,0 +1,54 @@
+// The experiment file of `kvf-experiment run` (and later `sim`): which trace slice to replay,
+// how to replay it, the cluster to start for every arm, the arms (router policies) and the
+// number of repetitions. Parsed once into a plain struct; see docs/experiments.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "absl/status/statusor.h"
+#include "experiments/replay/replayer.h"
+
+namespace kvf::experiments {
+
+struct TraceSlice {
+  std::string path;  // resolved against the experiment file's folder
+  std::string format = "auto";
+  double start_s = 0;                     // window start (trace time, from the first request)
+  double duration_s = 0;                  // window length; 0 = to the end
+  int64_t limit = 0;                      // at most this many requests of the window (0 = all)
+  double conversation_rate = 1.0 / 60.0;  // agentic directories: conversations per second
+  uint64_t seed = 1;
+};
+
+struct ClusterConfig {
+  int engines = 8;
+  std::string engine_config;       // resolved; a kvf-engine YAML used for every engine
+  double engine_time_scale = 1.0;  // written into each engine's config copy
+  double startup_timeout_s = 60;
+};
+
+struct ArmConfig {
+  std::string name;
+  YAML::Node policy;  // written verbatim as the router's `policy:` section
+};
+
+struct ExperimentConfig {
+  std::string name;
+  std::string source;      // the experiment file
+  std::string output_dir;  // default experiments/results/<name>
+  TraceSlice trace;
+  ReplayOptions replay;
+  uint64_t salt = 0;
+  ClusterConfig cluster;
+  YAML::Node router;            // extra router settings (index, health, upstream), written verbatim
+  std::vector<ArmConfig> arms;  // the first is the baseline
+  int repetitions = 1;
+};
+
+absl::StatusOr<ExperimentConfig> loadExperimentConfig(const std::string& path);
+
+}  // namespace kvf::experiments

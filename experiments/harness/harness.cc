@@ -1,0 +1,298 @@
+#include "experiments/harness/harness.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include "common/http_client.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/strings.h"
+#include "experiments/harness/process.h"
+#include "experiments/replay/replayer.h"
+#include "experiments/report/prom_text.h"
+#include "experiments/report/report.h"
+#include "trace/reader.h"
+#include "trace/token_synth.h"
+#include "trace/writer.h"
+
+namespace kvf::experiments {
+
+namespace fs = std::filesystem;
+
+absl::StatusOr<std::string> httpGet(uint16_t port, const std::string& path,
+                                    std::chrono::milliseconds timeout) {
+  asio::io_context ioc;
+  http::ClientOptions options;
+  options.connect_timeout = timeout;
+  options.read_timeout = timeout;
+  auto client = http::HttpClient::create(ioc.get_executor(), "127.0.0.1", port, options);
+  http::ClientRequest request;
+  request.target = path;
+  auto future = asio::co_spawn(
+      ioc,
+      [&]() -> asio::awaitable<absl::StatusOr<http::Response>> {
+        co_return co_await client->request(request);
+      },
+      asio::use_future);
+  ioc.run();
+  auto response = future.get();
+  if (!response.ok()) return response.status();
+  if (response->status != 200) {
+    return absl::UnavailableError(
+        strCat("GET ", path, " on port ", port, " answered ", response->status));
+  }
+  return response->body;
+}
+
+absl::Status checkCold(const std::string& metrics_text, const std::string& who) {
+  auto samples = parsePromText(metrics_text);
+  if (!samples.ok()) return annotate(samples.status(), who);
+  auto queries = sumOf(*samples, "vllm:prefix_cache_queries_total");
+  auto hits = sumOf(*samples, "vllm:prefix_cache_hits_total");
+  if (!queries || !hits) {
+    return absl::FailedPreconditionError(
+        strCat(who, " exports no prefix-cache counters; cannot verify it starts cold"));
+  }
+  if (*queries != 0 || *hits != 0) {
+    return absl::FailedPreconditionError(
+        strCat(who, " is not cold: prefix_cache_queries=", *queries, " hits=", *hits,
+               "; refusing to run this arm on a warm cache"));
+  }
+  return absl::OkStatus();
+}
+
+Harness::Harness(ExperimentConfig config, std::string bin_dir)
+    : config_(std::move(config)), bin_dir_(std::move(bin_dir)) {}
+
+absl::Status Harness::prepareTrace() {
+  trace::ReaderOptions reader;
+  KVF_ASSIGN_OR_RETURN(reader.format, trace::parseFormatName(config_.trace.format));
+  reader.arrivals.rate_per_s = config_.trace.conversation_rate;
+  reader.arrivals.seed = config_.trace.seed;
+  KVF_ASSIGN_OR_RETURN(std::vector<trace::Request> all, trace::readAll(config_.trace.path, reader));
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i].id.empty()) all[i].id = strCat("r", i);
+  }
+  std::stable_sort(all.begin(), all.end(),
+                   [](const auto& a, const auto& b) { return a.arrival < b.arrival; });
+  requests_.clear();
+  if (!all.empty()) {
+    Nanos from = all.front().arrival + secondsToNanos(config_.trace.start_s);
+    Nanos to =
+        config_.trace.duration_s > 0 ? from + secondsToNanos(config_.trace.duration_s) : INT64_MAX;
+    for (auto& r : all) {
+      if (r.arrival < from || r.arrival >= to) continue;
+      if (config_.trace.limit > 0 &&
+          static_cast<int64_t>(requests_.size()) >= config_.trace.limit) {
+        break;
+      }
+      requests_.push_back(std::move(r));
+    }
+  }
+  if (requests_.empty()) return absl::InvalidArgumentError("the trace slice has no requests");
+  fs::create_directories(config_.output_dir);
+  KVF_ASSIGN_OR_RETURN(auto writer,
+                       trace::SessionWriter::create(config_.output_dir + "/trace.jsonl"));
+  for (const auto& r : requests_) KVF_RETURN_IF_ERROR(writer->write(r));
+  return writer->close();
+}
+
+namespace {
+
+struct EnginePorts {
+  uint16_t http = 0, events = 0, replay = 0;
+};
+
+std::string tail(const std::string& path, size_t bytes = 2000) {
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return text.size() > bytes ? text.substr(text.size() - bytes) : text;
+}
+
+// Copies the engine config with the time scale set and the profile path made absolute.
+absl::Status writeEngineConfig(const ClusterConfig& cluster, const std::string& out_path) {
+  YAML::Node node;
+  try {
+    node = YAML::LoadFile(cluster.engine_config);
+    if (node["profile"]) {
+      fs::path profile(node["profile"].as<std::string>());
+      if (profile.is_relative()) {
+        node["profile"] =
+            (fs::path(cluster.engine_config).parent_path() / profile).lexically_normal().string();
+      }
+    }
+    node["time_scale"] = cluster.engine_time_scale;
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(strCat(cluster.engine_config, ": ", e.what()));
+  }
+  std::ofstream out(out_path);
+  out << node << "\n";
+  return out ? absl::OkStatus() : absl::InternalError(strCat("cannot write ", out_path));
+}
+
+absl::Status writeRouterConfig(const ExperimentConfig& config, const ArmConfig& arm, uint16_t port,
+                               const std::vector<EnginePorts>& engines,
+                               const std::string& rep_dir) {
+  YAML::Node root = config.router.IsMap() ? YAML::Clone(config.router) : YAML::Node();
+  root["listen"]["host"] = "127.0.0.1";
+  root["listen"]["port"] = port;
+  for (size_t i = 0; i < engines.size(); ++i) {
+    YAML::Node instance;
+    instance["id"] = std::to_string(i);
+    instance["url"] = strCat("http://127.0.0.1:", engines[i].http);
+    instance["kv_events"]["endpoint"] = strCat("tcp://127.0.0.1:", engines[i].events);
+    instance["kv_events"]["replay_endpoint"] = strCat("tcp://127.0.0.1:", engines[i].replay);
+    root["instances"].push_back(instance);
+  }
+  root["policy"] = arm.policy;
+  root["decision_log"] = rep_dir + "/decisions.jsonl";
+  std::ofstream out(rep_dir + "/router.yaml");
+  out << root << "\n";
+  return out ? absl::OkStatus() : absl::InternalError("cannot write router.yaml");
+}
+
+// Polls GET /health until 200 or the deadline; fails early if the process exited.
+absl::Status waitHealthy(ChildProcess& process, uint16_t port, double timeout_s,
+                         const std::string& log_path) {
+  auto deadline = std::chrono::steady_clock::now() +
+                  std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (!process.running()) {
+      return absl::UnavailableError(
+          strCat(process.name(), " exited during start-up; log tail:\n", tail(log_path)));
+    }
+    if (httpGet(port, "/health", std::chrono::milliseconds(500)).ok()) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(strCat(process.name(), " on port ", port,
+                                            " not healthy within ", timeout_s, " s; log tail:\n",
+                                            tail(log_path)));
+}
+
+absl::Status writeFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  return out ? absl::OkStatus() : absl::InternalError(strCat("cannot write ", path));
+}
+
+}  // namespace
+
+absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::string& rep_dir) {
+  fs::remove_all(rep_dir);  // a repetition that did not finish starts again from scratch
+  fs::create_directories(rep_dir + "/logs");
+  std::vector<EnginePorts> ports(static_cast<size_t>(config_.cluster.engines));
+  for (auto& p : ports) {
+    KVF_ASSIGN_OR_RETURN(p.http, pickFreePort());
+    KVF_ASSIGN_OR_RETURN(p.events, pickFreePort());
+    KVF_ASSIGN_OR_RETURN(p.replay, pickFreePort());
+  }
+  KVF_ASSIGN_OR_RETURN(uint16_t router_port, pickFreePort());
+  KVF_RETURN_IF_ERROR(writeEngineConfig(config_.cluster, rep_dir + "/engine.yaml"));
+
+  std::vector<std::unique_ptr<ChildProcess>> engines;
+  for (size_t i = 0; i < ports.size(); ++i) {
+    std::vector<std::string> argv = {bin_dir_ + "/kvf-engine",
+                                     "--config",
+                                     rep_dir + "/engine.yaml",
+                                     "--port",
+                                     std::to_string(ports[i].http),
+                                     "--instance_id",
+                                     std::to_string(i),
+                                     "--kv_events_endpoint",
+                                     strCat("tcp://127.0.0.1:", ports[i].events),
+                                     "--kv_replay_endpoint",
+                                     strCat("tcp://127.0.0.1:", ports[i].replay)};
+    KVF_ASSIGN_OR_RETURN(auto child,
+                         ChildProcess::spawn(argv, strCat(rep_dir, "/logs/engine_", i, ".log")));
+    engines.push_back(std::move(child));
+  }
+  for (size_t i = 0; i < engines.size(); ++i) {
+    KVF_RETURN_IF_ERROR(waitHealthy(*engines[i], ports[i].http, config_.cluster.startup_timeout_s,
+                                    strCat(rep_dir, "/logs/engine_", i, ".log")));
+    KVF_ASSIGN_OR_RETURN(std::string before,
+                         httpGet(ports[i].http, "/metrics", std::chrono::seconds(5)));
+    KVF_RETURN_IF_ERROR(writeFile(strCat(rep_dir, "/engine_", i, ".before.prom"), before));
+    KVF_RETURN_IF_ERROR(checkCold(before, strCat("engine ", i)));
+  }
+  KVF_RETURN_IF_ERROR(writeRouterConfig(config_, arm, router_port, ports, rep_dir));
+  KVF_ASSIGN_OR_RETURN(auto router, ChildProcess::spawn({bin_dir_ + "/kvf-router", "--config",
+                                                         rep_dir + "/router.yaml"},
+                                                        rep_dir + "/logs/router.log"));
+  KVF_RETURN_IF_ERROR(waitHealthy(*router, router_port, config_.cluster.startup_timeout_s,
+                                  rep_dir + "/logs/router.log"));
+
+  log::info("replaying", "arm", arm.name, "rep", rep, "requests", requests_.size());
+  KVF_ASSIGN_OR_RETURN(auto log, ResultLog::open(rep_dir + "/results.jsonl", false));
+  trace::TokenSynthOptions synth_options;
+  synth_options.salt = config_.salt;
+  KVF_ASSIGN_OR_RETURN(trace::TokenSynthesizer synth,
+                       trace::TokenSynthesizer::create(synth_options));
+  std::unordered_map<std::string, uint64_t> index;
+  for (size_t i = 0; i < requests_.size(); ++i) index.emplace(requests_[i].id, i);
+  PromptBuilder prompt = [&](const trace::Request& r) { return synth.prompt(r, index.at(r.id)); };
+  asio::io_context ioc;
+  http::ClientOptions client_options;
+  client_options.max_idle_connections = 4096;
+  client_options.read_timeout = config_.replay.timeout;
+  auto client =
+      http::HttpClient::create(ioc.get_executor(), "127.0.0.1", router_port, client_options);
+  Replayer replayer(client, config_.replay, prompt, log.get());
+  auto done = asio::co_spawn(ioc, replayer.run(requests_), asio::use_future);
+  ioc.run();
+  KVF_RETURN_IF_ERROR(done.get());
+
+  for (size_t i = 0; i < ports.size(); ++i) {
+    KVF_ASSIGN_OR_RETURN(std::string after,
+                         httpGet(ports[i].http, "/metrics", std::chrono::seconds(5)));
+    KVF_RETURN_IF_ERROR(writeFile(strCat(rep_dir, "/engine_", i, ".metrics"), after));
+  }
+  if (auto m = httpGet(router_port, "/metrics", std::chrono::seconds(5)); m.ok()) {
+    KVF_RETURN_IF_ERROR(writeFile(rep_dir + "/router.prom", *m));
+  }
+  router->stop();
+  for (auto& e : engines) e->stop();
+  return writeFile(rep_dir + "/DONE", "");
+}
+
+absl::Status Harness::run() {
+  KVF_RETURN_IF_ERROR(prepareTrace());
+  const std::string& dir = config_.output_dir;
+  {
+    std::string names;
+    for (const auto& arm : config_.arms) names += arm.name + "\n";
+    KVF_RETURN_IF_ERROR(writeFile(dir + "/arms.txt", names));
+    std::error_code ec;
+    fs::copy_file(config_.source, dir + "/experiment.yaml", fs::copy_options::overwrite_existing,
+                  ec);
+  }
+  int total = static_cast<int>(config_.arms.size()) * config_.repetitions, done = 0;
+  for (const auto& arm : config_.arms) {
+    for (int rep = 0; rep < config_.repetitions; ++rep) {
+      std::string rep_dir = strCat(dir, "/arms/", arm.name, "/rep", rep);
+      ++done;
+      if (fs::exists(rep_dir + "/DONE")) {
+        log::info("already done, skipping", "arm", arm.name, "rep", rep);
+        continue;
+      }
+      log::info("starting", "arm", arm.name, "rep", rep, "run", strCat(done, "/", total));
+      absl::Status s = runRepetition(arm, rep, rep_dir);
+      // Another process can take a picked port before our child binds it; try new ports once.
+      if (!s.ok() && std::string(s.message()).find("Address already in use") != std::string::npos) {
+        log::warn("port taken during start-up; retrying with new ports", "arm", arm.name);
+        s = runRepetition(arm, rep, rep_dir);
+      }
+      if (!s.ok()) return annotate(s, strCat("arm ", arm.name, " rep ", rep));
+    }
+  }
+  auto report = writeReport(dir, true);
+  return report.ok() ? absl::OkStatus() : report.status();
+}
+
+}  // namespace kvf::experiments

@@ -1,0 +1,189 @@
+#include "experiments/replay/result_log.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <boost/json.hpp>
+
+#include "common/json.h"
+#include "common/strings.h"
+
+namespace kvf::experiments {
+
+namespace bj = boost::json;
+
+std::string_view requestClass(int64_t new_tokens) {
+  if (new_tokens < 5000) return "WARM";
+  if (new_tokens <= 20000) return "MEDIUM";
+  return "HEAVY";
+}
+
+int64_t RequestResult::newTokens() const {
+  int64_t prompt = outcome.prompt_tokens >= 0 ? outcome.prompt_tokens : input_length;
+  int64_t cached = std::max<int64_t>(outcome.cached_tokens, 0);
+  return std::max<int64_t>(prompt - cached, 0);
+}
+
+namespace {
+
+double percentileOf(std::vector<double> v, double p) {
+  if (v.empty()) return -1;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5)];
+}
+
+}  // namespace
+
+std::string RequestResult::toJsonLine() const {
+  const CompletionOutcome& o = outcome;
+  bj::object line;
+  line["request_id"] = request_id;
+  line["session_id"] = session_id;
+  line["turn"] = turn;
+  line["arrival_s"] = arrival_s;
+  line["sent_s"] = sent_s;
+  line["input_length"] = input_length;
+  line["output_length"] = output_length;
+  line["class"] = std::string(requestClass(newTokens()));
+  line["ok"] = o.ok;
+  line["error"] = o.error;
+  line["http_status"] = o.http_status;
+  line["ttft_s"] = o.ttft_s;
+  line["tpot_s"] = o.tpot_s;
+  line["e2e_s"] = o.e2e_s;
+  line["itl_p50_s"] = percentileOf(o.itl_s, 0.5);
+  line["itl_p99_s"] = percentileOf(o.itl_s, 0.99);
+  line["itl_max_s"] = o.itl_s.empty() ? -1.0 : *std::max_element(o.itl_s.begin(), o.itl_s.end());
+  line["output_tokens"] = o.output_tokens;
+  line["prompt_tokens"] = o.prompt_tokens;
+  line["cached_tokens"] = o.cached_tokens;
+  line["instance"] = o.instance;
+  line["decision"] = o.decision;
+  line["reason"] = o.reason;
+  line["predicted_cached_tokens"] = o.predicted_cached_tokens;
+  return bj::serialize(line);
+}
+
+absl::StatusOr<RequestResult> RequestResult::fromJsonLine(std::string_view text) {
+  auto parsed = json::parseObject(text);
+  if (!parsed.ok()) return parsed.status();
+  const bj::object& o = *parsed;
+  RequestResult r;
+  auto str = [&](std::string_view key) -> std::string {
+    auto v = json::getString(o, key);
+    return v.ok() ? std::string(*v) : std::string();
+  };
+  auto num = [&](std::string_view key, double fallback) {
+    return json::getNumberOr(o, key, fallback).value_or(fallback);
+  };
+  auto integer = [&](std::string_view key, int64_t fallback) {
+    return json::getIntOr(o, key, fallback).value_or(fallback);
+  };
+  r.request_id = str("request_id");
+  if (r.request_id.empty()) return absl::InvalidArgumentError("result line has no request_id");
+  r.session_id = str("session_id");
+  r.turn = static_cast<int32_t>(integer("turn", 0));
+  r.arrival_s = num("arrival_s", 0);
+  r.sent_s = num("sent_s", 0);
+  r.input_length = integer("input_length", 0);
+  r.output_length = integer("output_length", 0);
+  CompletionOutcome& out = r.outcome;
+  out.ok = json::getBoolOr(o, "ok", false).value_or(false);
+  out.error = str("error");
+  out.http_status = static_cast<int>(integer("http_status", 0));
+  out.ttft_s = num("ttft_s", -1);
+  out.tpot_s = num("tpot_s", -1);
+  out.e2e_s = num("e2e_s", -1);
+  out.output_tokens = integer("output_tokens", 0);
+  out.prompt_tokens = integer("prompt_tokens", -1);
+  out.cached_tokens = integer("cached_tokens", -1);
+  out.instance = str("instance");
+  out.decision = str("decision");
+  out.reason = str("reason");
+  out.predicted_cached_tokens = integer("predicted_cached_tokens", -1);
+  return r;
+}
+
+namespace {
+
+// Reads complete lines; returns the byte length of the complete part (a torn tail is excluded).
+absl::StatusOr<int64_t> readComplete(const std::string& path, std::vector<RequestResult>* out) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(strCat("cannot open ", path));
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  std::string text = buffer.str();
+  size_t end = text.rfind('\n');
+  int64_t complete = end == std::string::npos ? 0 : static_cast<int64_t>(end + 1);
+  size_t start = 0;
+  int64_t line_no = 0;
+  while (start < static_cast<size_t>(complete)) {
+    size_t nl = text.find('\n', start);
+    ++line_no;
+    std::string_view line(text.data() + start, nl - start);
+    start = nl + 1;
+    if (line.empty()) continue;
+    auto r = RequestResult::fromJsonLine(line);
+    if (!r.ok()) {
+      return absl::InvalidArgumentError(
+          strCat(path, ":", line_no, ": ", std::string(r.status().message())));
+    }
+    out->push_back(std::move(*r));
+  }
+  return complete;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ResultLog>> ResultLog::open(const std::string& path, bool resume) {
+  std::vector<RequestResult> existing;
+  if (std::filesystem::exists(path)) {
+    if (!resume) {
+      return absl::AlreadyExistsError(
+          strCat(path, " exists; pass --resume to continue it or choose another output"));
+    }
+    auto complete = readComplete(path, &existing);
+    if (!complete.ok()) return complete.status();
+    std::error_code ec;
+    std::filesystem::resize_file(path, static_cast<uintmax_t>(*complete), ec);
+    if (ec) return absl::InternalError(strCat("cannot trim ", path, ": ", ec.message()));
+  }
+  std::FILE* file = std::fopen(path.c_str(), "ab");
+  if (!file) return absl::InternalError(strCat("cannot open ", path, ": ", std::strerror(errno)));
+  auto log = std::unique_ptr<ResultLog>(new ResultLog(file));
+  for (auto& r : existing) {
+    log->done_.insert(r.request_id);
+    log->results_.push_back(std::move(r));
+  }
+  return log;
+}
+
+ResultLog::~ResultLog() {
+  if (file_) std::fclose(file_);
+}
+
+absl::Status ResultLog::append(const RequestResult& result) {
+  std::string line = result.toJsonLine();
+  line.push_back('\n');
+  if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fflush(file_) != 0) {
+    return absl::InternalError(strCat("writing results: ", std::strerror(errno)));
+  }
+  done_.insert(result.request_id);
+  results_.push_back(result);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<RequestResult>> loadResults(const std::string& path) {
+  std::vector<RequestResult> out;
+  auto complete = readComplete(path, &out);
+  if (!complete.ok()) return complete.status();
+  return out;
+}
+
+}  // namespace kvf::experiments

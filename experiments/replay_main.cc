@@ -1,0 +1,152 @@
+// kvf-replay: replays a trace against an OpenAI-compatible endpoint (the router or one engine)
+// and writes one JSON line per finished request, then a summary table.
+#include <cstdio>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include "absl/flags/flag.h"
+#include "common/cli.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "common/strings.h"
+#include "experiments/replay/replayer.h"
+#include "experiments/replay/summary.h"
+#include "trace/reader.h"
+#include "trace/token_synth.h"
+
+ABSL_FLAG(std::string, trace, "", "Trace file or directory (required).");
+ABSL_FLAG(std::string, format, "auto", "Trace format: auto, mooncake, session, bailian, agentic.");
+ABSL_FLAG(bool, skip_bad_lines, false, "Skip malformed trace records instead of stopping.");
+ABSL_FLAG(std::string, url, "http://127.0.0.1:9000", "Endpoint base URL (router or engine).");
+ABSL_FLAG(std::string, output, "", "Results JSONL file (required; never overwritten).");
+ABSL_FLAG(bool, resume, false, "Continue an existing results file, skipping finished requests.");
+ABSL_FLAG(std::string, dispatch, "timestamp",
+          "timestamp: send each request at its trace time (open loop). session: send a "
+          "session's next turn when the previous finished plus its think time, or at its trace "
+          "time if later.");
+ABSL_FLAG(double, time_scale, 1.0, "Trace time compression (2 = twice as fast; 1 = real time).");
+ABSL_FLAG(int64_t, limit, 0, "Replay only the first N requests by arrival (0 = all).");
+ABSL_FLAG(double, warmup_s, 0.0,
+          "Leave requests arriving before this trace time out of the summary.");
+ABSL_FLAG(int64_t, max_in_flight, 0, "Cap on concurrent requests (0 = never capped).");
+ABSL_FLAG(double, timeout_s, 600.0, "Per-request timeout in seconds.");
+ABSL_FLAG(std::string, model, "",
+          "Model name sent in requests (default: the first at /v1/models).");
+ABSL_FLAG(int32_t, vocab_min, 1000, "Smallest synthesised token id.");
+ABSL_FLAG(int32_t, vocab_max, 32000, "Synthesised token ids are below this.");
+ABSL_FLAG(uint64_t, salt, 0, "Token synthesis salt (same salt = same prompts).");
+ABSL_FLAG(double, conversation_rate, 1.0 / 60.0,
+          "Agentic traces: Poisson arrival rate of conversations per second.");
+ABSL_FLAG(uint64_t, seed, 1, "Agentic traces: seed of the conversation arrival process.");
+ABSL_FLAG(bool, progress, true, "Show a live progress line on stderr.");
+
+namespace {
+
+using namespace kvf;
+
+absl::StatusOr<std::pair<std::string, uint16_t>> parseUrl(const std::string& url) {
+  std::string rest = url;
+  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
+  while (!rest.empty() && rest.back() == '/') rest.pop_back();
+  size_t colon = rest.rfind(':');
+  if (colon == std::string::npos || rest.find('/') != std::string::npos) {
+    return absl::InvalidArgumentError(strCat("--url must be http://host:port, got ", url));
+  }
+  int port = 0;
+  try {
+    port = std::stoi(rest.substr(colon + 1));
+  } catch (...) {
+    port = 0;
+  }
+  if (port <= 0 || port > 65535) return absl::InvalidArgumentError(strCat("bad port in ", url));
+  return std::make_pair(rest.substr(0, colon), static_cast<uint16_t>(port));
+}
+
+absl::Status run() {
+  std::string trace_path = absl::GetFlag(FLAGS_trace);
+  std::string output = absl::GetFlag(FLAGS_output);
+  if (trace_path.empty()) return absl::InvalidArgumentError("--trace is required");
+  if (output.empty()) return absl::InvalidArgumentError("--output is required");
+  experiments::ReplayOptions options;
+  std::string dispatch = absl::GetFlag(FLAGS_dispatch);
+  if (dispatch == "session") {
+    options.dispatch = experiments::DispatchMode::kSession;
+  } else if (dispatch != "timestamp") {
+    return absl::InvalidArgumentError("--dispatch must be timestamp or session");
+  }
+  options.time_scale = absl::GetFlag(FLAGS_time_scale);
+  if (!(options.time_scale > 0)) return absl::InvalidArgumentError("--time_scale must be > 0");
+  options.limit = absl::GetFlag(FLAGS_limit);
+  options.warmup_s = absl::GetFlag(FLAGS_warmup_s);
+  options.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
+  options.timeout =
+      std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_s) * 1000));
+  options.model = absl::GetFlag(FLAGS_model);
+  options.progress = absl::GetFlag(FLAGS_progress);
+  KVF_ASSIGN_OR_RETURN(auto endpoint, parseUrl(absl::GetFlag(FLAGS_url)));
+
+  trace::ReaderOptions reader;
+  KVF_ASSIGN_OR_RETURN(reader.format, trace::parseFormatName(absl::GetFlag(FLAGS_format)));
+  reader.on_error =
+      absl::GetFlag(FLAGS_skip_bad_lines) ? trace::OnError::kSkip : trace::OnError::kStop;
+  reader.arrivals.rate_per_s = absl::GetFlag(FLAGS_conversation_rate);
+  reader.arrivals.seed = absl::GetFlag(FLAGS_seed);
+  KVF_ASSIGN_OR_RETURN(std::vector<trace::Request> requests, trace::readAll(trace_path, reader));
+  // Request ids must be stable across a resume: traces without ids get their index.
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (requests[i].id.empty()) requests[i].id = strCat("r", i);
+  }
+  std::unordered_map<std::string, uint64_t> index;
+  for (size_t i = 0; i < requests.size(); ++i) index.emplace(requests[i].id, i);
+
+  trace::TokenSynthOptions synth_options;
+  synth_options.vocab_min = absl::GetFlag(FLAGS_vocab_min);
+  synth_options.vocab_max = absl::GetFlag(FLAGS_vocab_max);
+  synth_options.salt = absl::GetFlag(FLAGS_salt);
+  KVF_ASSIGN_OR_RETURN(trace::TokenSynthesizer synth,
+                       trace::TokenSynthesizer::create(synth_options));
+  experiments::PromptBuilder prompt = [&](const trace::Request& r) {
+    return synth.prompt(r, index.at(r.id));
+  };
+
+  KVF_ASSIGN_OR_RETURN(auto log, experiments::ResultLog::open(output, absl::GetFlag(FLAGS_resume)));
+  log::info("replay starting", "trace", trace_path, "requests", requests.size(), "done",
+            log->done().size(), "dispatch", dispatch, "time_scale", options.time_scale);
+
+  asio::io_context ioc;
+  http::ClientOptions client_options;
+  client_options.max_idle_connections = 4096;
+  client_options.read_timeout = options.timeout;
+  auto client =
+      http::HttpClient::create(ioc.get_executor(), endpoint.first, endpoint.second, client_options);
+  experiments::Replayer replayer(client, options, prompt, log.get());
+  auto done = asio::co_spawn(ioc, replayer.run(std::move(requests)), asio::use_future);
+  ioc.run();
+  absl::Status status = done.get();
+  std::printf(
+      "%s",
+      experiments::formatSummary(experiments::summarize(log->results(), options.warmup_s)).c_str());
+  std::printf("results: %s\n", output.c_str());
+  return status;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  kvf::cli::parseFlags(
+      argc, argv,
+      "Replays a trace against an OpenAI-compatible endpoint and measures TTFT, TPOT and E2E.\n"
+      "  kvf-replay --trace T.jsonl --url http://127.0.0.1:9000 --output results.jsonl");
+  kvf::log::init("kvf-replay");
+  absl::Status status = run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "kvf-replay: %s\n", std::string(status.message()).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,37 @@
+// Our own chained 64-bit block hash over token ids (xxh3 with a kvfabric seed), independent of
+// any engine's hash function: h_i = xxh3(h_{i-1} || tokens of block i). Only full blocks are
+// hashed. Pure functions; safe from any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace kvf::policy {
+
+using BlockHash = uint64_t;
+using TokenId = uint32_t;
+
+// Parent of the first block of every prompt.
+inline constexpr BlockHash kRootBlockHash = 0x6b76666162726963ULL;  // "kvfabric"
+inline constexpr size_t kDefaultBlockSize = 16;
+
+// Hash of one block given its parent's hash; `tokens` must hold exactly one block.
+BlockHash hashBlock(BlockHash parent, std::span<const TokenId> tokens);
+
+// Chained hashes of every full block of `tokens` (a trailing partial block is not hashed),
+// appended to `out`. `block_size` must be > 0.
+void hashTokenBlocks(std::span<const TokenId> tokens, size_t block_size,
+                     std::vector<BlockHash>* out, BlockHash parent = kRootBlockHash);
+std::vector<BlockHash> hashTokenBlocks(std::span<const TokenId> tokens, size_t block_size);
+
+// Approximate index for prompts the router cannot tokenize: chained hashes over full blocks of
+// `bytes_per_block` bytes of text. Separate domain from token hashes (different root).
+std::vector<BlockHash> hashTextBlocks(std::string_view text, size_t bytes_per_block);
+
+// A 64-bit key for an engine's block hash sent as bytes (newer vLLM sends 32-byte digests).
+uint64_t engineHashFromBytes(std::string_view bytes);
+
+}  // namespace kvf::policy

@@ -1,0 +1,188 @@
+#include "policy/cache_index.h"
+
+#include <algorithm>
+#include <bit>
+
+namespace kvf::policy {
+namespace {
+
+InstanceMask bit(int instance) { return InstanceMask{1} << instance; }
+
+bool validInstance(int instance) { return instance >= 0 && instance < kMaxInstances; }
+
+}  // namespace
+
+CacheIndex::CacheIndex(CacheIndexConfig config) : config_(config), instances_(kMaxInstances) {}
+
+bool CacheIndex::storeBlocks(int instance, const StoredBlocks& event) {
+  if (!validInstance(instance) || event.engine_hashes.empty()) return false;
+  InstanceState& state = instances_[instance];
+  // Our chain only maps when the engine's blocks are the same size as ours and carry exactly
+  // their tokens; otherwise the engine hash cannot be translated and the event is dropped.
+  if (event.block_size != config_.block_size ||
+      event.token_ids.size() != event.engine_hashes.size() * config_.block_size) {
+    ++stats_.stored_events_rejected;
+    return false;
+  }
+  BlockHash parent = kRootBlockHash;
+  if (event.has_parent) {
+    auto it = state.engine_to_ours.find(event.engine_parent);
+    if (it == state.engine_to_ours.end()) {
+      ++stats_.stored_events_rejected;
+      return false;
+    }
+    parent = it->second;
+  }
+  std::span<const TokenId> tokens(event.token_ids);
+  for (size_t i = 0; i < event.engine_hashes.size(); ++i) {
+    parent = hashBlock(parent, tokens.subspan(i * config_.block_size, config_.block_size));
+    auto [it, inserted] = state.engine_to_ours.try_emplace(event.engine_hashes[i], parent);
+    if (inserted && state.engine_to_ours.size() > config_.max_blocks_per_instance) {
+      state.engine_to_ours.erase(it);
+      ++stats_.stored_events_rejected;
+      return false;
+    }
+    if (!inserted && it->second != parent) {
+      // The engine reused a hash for other content (its hash differs from ours in what it
+      // covers); the newest mapping wins and the old block loses this instance.
+      clearBits(it->second, bit(instance), 0);
+      it->second = parent;
+    }
+    Entry& entry = entries_[parent];
+    if ((entry.exact & bit(instance)) == 0) ++stats_.exact_entries;
+    entry.exact |= bit(instance);
+    if (entry.soft & bit(instance)) {
+      ++stats_.soft_confirmed;
+      dropSoft(SoftKey{parent, instance});
+    }
+  }
+  return true;
+}
+
+void CacheIndex::removeBlocks(int instance, std::span<const uint64_t> engine_hashes) {
+  if (!validInstance(instance)) return;
+  InstanceState& state = instances_[instance];
+  for (uint64_t engine_hash : engine_hashes) {
+    auto it = state.engine_to_ours.find(engine_hash);
+    if (it == state.engine_to_ours.end()) {
+      ++stats_.removed_unknown;
+      continue;
+    }
+    clearBits(it->second, bit(instance), 0);
+    state.engine_to_ours.erase(it);
+  }
+}
+
+void CacheIndex::clearInstance(int instance) {
+  if (!validInstance(instance)) return;
+  InstanceState& state = instances_[instance];
+  for (const auto& [engine_hash, ours] : state.engine_to_ours) clearBits(ours, bit(instance), 0);
+  state.engine_to_ours = {};
+  std::vector<SoftKey> soft;
+  for (const auto& [key, expiry] : soft_expiry_) {
+    if (key.instance == instance) soft.push_back(key);
+  }
+  for (const SoftKey& key : soft) dropSoft(key);
+}
+
+void CacheIndex::addSoft(int instance, std::span<const BlockHash> hashes, Nanos now,
+                         bool approximate) {
+  if (!validInstance(instance)) return;
+  Nanos expiry = now + (approximate ? config_.approximate_ttl : config_.predicted_ttl);
+  auto& queue = approximate ? approximate_queue_ : predicted_queue_;
+  for (BlockHash hash : hashes) {
+    Entry& entry = entries_[hash];
+    if (entry.exact & bit(instance)) continue;  // already confirmed
+    if (soft_expiry_.size() >= config_.max_soft_entries &&
+        !soft_expiry_.contains(SoftKey{hash, instance})) {
+      if (entry.exact == 0 && entry.soft == 0) entries_.erase(hash);
+      break;
+    }
+    SoftKey key{hash, instance};
+    auto [it, inserted] = soft_expiry_.try_emplace(key, expiry);
+    if (inserted) {
+      ++stats_.soft_entries;
+    } else {
+      it->second = expiry;
+    }
+    entry.soft |= bit(instance);
+    queue.push_back(SoftRecord{expiry, key});
+  }
+}
+
+void CacheIndex::expire(Nanos now) {
+  for (auto* queue : {&predicted_queue_, &approximate_queue_}) {
+    while (!queue->empty() && queue->front().expiry <= now) {
+      SoftRecord record = queue->front();
+      queue->pop_front();
+      auto it = soft_expiry_.find(record.key);
+      // A refreshed entry has a later expiry and a later record; this one is stale.
+      if (it == soft_expiry_.end() || it->second != record.expiry) continue;
+      ++stats_.soft_expired;
+      dropSoft(record.key);
+    }
+  }
+}
+
+void CacheIndex::dropSoft(const SoftKey& key) {
+  if (soft_expiry_.erase(key) == 0) return;
+  --stats_.soft_entries;
+  clearBits(key.hash, 0, bit(key.instance));
+}
+
+void CacheIndex::clearBits(BlockHash hash, InstanceMask exact_bits, InstanceMask soft_bits) {
+  auto it = entries_.find(hash);
+  if (it == entries_.end()) return;
+  stats_.exact_entries -= std::popcount(it->second.exact & exact_bits);
+  it->second.exact &= ~exact_bits;
+  it->second.soft &= ~soft_bits;
+  if (it->second.exact == 0 && it->second.soft == 0) entries_.erase(it);
+}
+
+void CacheIndex::matchLengths(std::span<const BlockHash> hashes, std::span<uint32_t> out) const {
+  std::fill(out.begin(), out.end(), 0u);
+  size_t n = std::min<size_t>(out.size(), kMaxInstances);
+  InstanceMask alive = n == kMaxInstances ? ~InstanceMask{0} : (bit(static_cast<int>(n)) - 1);
+  constexpr size_t kPrefetch = 8;
+  for (size_t i = 0; i < std::min(kPrefetch, hashes.size()); ++i) entries_.prefetch(hashes[i]);
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    if (i + kPrefetch < hashes.size()) entries_.prefetch(hashes[i + kPrefetch]);
+    auto it = entries_.find(hashes[i]);
+    InstanceMask held = it == entries_.end() ? 0 : (it->second.exact | it->second.soft);
+    InstanceMask ended = alive & ~held;
+    while (ended) {
+      int instance = std::countr_zero(ended);
+      out[instance] = static_cast<uint32_t>(i);
+      ended &= ended - 1;
+    }
+    alive &= held;
+    if (alive == 0) return;
+  }
+  while (alive) {
+    int instance = std::countr_zero(alive);
+    out[instance] = static_cast<uint32_t>(hashes.size());
+    alive &= alive - 1;
+  }
+}
+
+InstanceMask CacheIndex::holders(BlockHash hash) const {
+  auto it = entries_.find(hash);
+  return it == entries_.end() ? 0 : (it->second.exact | it->second.soft);
+}
+
+InstanceMask CacheIndex::exactHolders(BlockHash hash) const {
+  auto it = entries_.find(hash);
+  return it == entries_.end() ? 0 : it->second.exact;
+}
+
+size_t CacheIndex::instanceBlocks(int instance) const {
+  return validInstance(instance) ? instances_[instance].engine_to_ours.size() : 0;
+}
+
+CacheIndexStats CacheIndex::stats() const {
+  CacheIndexStats s = stats_;
+  s.blocks = entries_.size();
+  return s;
+}
+
+}  // namespace kvf::policy

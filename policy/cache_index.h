@@ -1,0 +1,115 @@
+// The cache index: which instances hold which blocks, keyed by our chained BlockHash, with an
+// instance bitmask per block (up to kMaxInstances instances). Fed by exact KV events (engine
+// hash -> our hash through BlockStored token ids, so BlockRemoved resolves), by short-TTL
+// predicted entries written at routing time until an event confirms them, and by approximate
+// entries (what was routed, with expiry) for instances without events. Pure and deterministic:
+// time comes in as arguments. Single-threaded: the owner serialises every call.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <span>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "common/clock.h"
+#include "policy/block_hash.h"
+
+namespace kvf::policy {
+
+inline constexpr int kMaxInstances = 64;
+using InstanceMask = uint64_t;
+
+struct CacheIndexConfig {
+  size_t block_size = kDefaultBlockSize;
+  Nanos predicted_ttl = 30 * kNanosPerSecond;     // routed, awaiting the engine's event
+  Nanos approximate_ttl = 300 * kNanosPerSecond;  // routed to an instance without events
+  size_t max_blocks_per_instance = 8u << 20;      // exact entries; further stores are dropped
+  size_t max_soft_entries = 16u << 20;            // predicted + approximate (hash, instance)
+};
+
+// One decoded BlockStored event, engine hashes already reduced to 64 bits.
+struct StoredBlocks {
+  std::vector<uint64_t> engine_hashes;
+  bool has_parent = false;
+  uint64_t engine_parent = 0;
+  std::vector<TokenId> token_ids;  // all tokens of the blocks, concatenated
+  size_t block_size = 0;
+};
+
+struct CacheIndexStats {
+  uint64_t blocks = 0;                  // distinct block hashes with any holder
+  uint64_t exact_entries = 0;           // (block, instance) pairs from events
+  uint64_t soft_entries = 0;            // predicted + approximate pairs
+  uint64_t stored_events_rejected = 0;  // unknown parent, size mismatch, over capacity
+  uint64_t removed_unknown = 0;         // BlockRemoved for a hash never stored
+  uint64_t soft_expired = 0;
+  uint64_t soft_confirmed = 0;  // predicted entries confirmed by a BlockStored
+};
+
+class CacheIndex {
+ public:
+  explicit CacheIndex(CacheIndexConfig config = {});
+
+  const CacheIndexConfig& config() const { return config_; }
+
+  // Exact events for `instance`. storeBlocks returns false (and counts it) when the event
+  // cannot be mapped to our hashes: parent never seen, block size or token count mismatch.
+  bool storeBlocks(int instance, const StoredBlocks& event);
+  void removeBlocks(int instance, std::span<const uint64_t> engine_hashes);
+  // AllBlocksCleared, restart or removal of an instance: drops every entry it holds.
+  void clearInstance(int instance);
+
+  // Routing-time entries for `instance` covering `hashes`, expiring at now + ttl (predicted
+  // when `approximate` is false, else approximate). Refreshes existing soft entries.
+  void addSoft(int instance, std::span<const BlockHash> hashes, Nanos now, bool approximate);
+  // Drops soft entries whose time has come. Call before matching.
+  void expire(Nanos now);
+
+  // For each instance i < out.size(): the number of leading blocks of `hashes` it holds
+  // (exact or soft). Cost: one lookup per block until no instance continues the run.
+  void matchLengths(std::span<const BlockHash> hashes, std::span<uint32_t> out) const;
+  // Holders of one block (exact | soft).
+  InstanceMask holders(BlockHash hash) const;
+  InstanceMask exactHolders(BlockHash hash) const;
+
+  size_t instanceBlocks(int instance) const;
+  CacheIndexStats stats() const;
+
+ private:
+  struct Entry {
+    InstanceMask exact = 0;
+    InstanceMask soft = 0;
+  };
+  struct SoftKey {
+    BlockHash hash;
+    int instance;
+    bool operator==(const SoftKey&) const = default;
+    template <class H>
+    friend H AbslHashValue(H h, const SoftKey& k) {
+      return H::combine(std::move(h), k.hash, k.instance);
+    }
+  };
+  struct SoftRecord {
+    Nanos expiry;
+    SoftKey key;
+  };
+  struct InstanceState {
+    absl::flat_hash_map<uint64_t, BlockHash> engine_to_ours;
+  };
+
+  void clearBits(BlockHash hash, InstanceMask exact_bits, InstanceMask soft_bits);
+  void dropSoft(const SoftKey& key);
+
+  CacheIndexConfig config_;
+  absl::flat_hash_map<BlockHash, Entry> entries_;
+  std::vector<InstanceState> instances_;
+  absl::flat_hash_map<SoftKey, Nanos> soft_expiry_;
+  // Two queues, each ordered by expiry because each has one TTL.
+  std::deque<SoftRecord> predicted_queue_;
+  std::deque<SoftRecord> approximate_queue_;
+  CacheIndexStats stats_;
+  std::vector<TokenId> scratch_;
+};
+
+}  // namespace kvf::policy

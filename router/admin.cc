@@ -1,0 +1,177 @@
+// Routes: the OpenAI endpoints, /health, /metrics, and the bearer-token admin API
+// (list / add / drain / undrain / remove instances, recent decisions).
+#include <boost/json.hpp>
+
+#include "common/config.h"
+#include "common/http_client.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/metrics.h"
+#include "common/strings.h"
+#include "router/router.h"
+#include "router/router_internal.h"
+
+namespace kvf::router {
+namespace {
+
+namespace bj = boost::json;
+
+// Constant-time comparison so the token cannot be probed byte by byte through timing.
+bool tokenMatches(std::string_view given, std::string_view expected) {
+  if (given.size() != expected.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < given.size(); ++i) {
+    diff |= static_cast<unsigned char>(given[i] ^ expected[i]);
+  }
+  return diff == 0;
+}
+
+}  // namespace
+
+void Router::registerRoutes() {
+  server_->route("POST", "/v1/completions",
+                 [this](const http::Request& r, http::ResponseWriter& w) {
+                   return handleCompletion(ApiKind::kCompletions, r, w);
+                 });
+  server_->route("POST", "/v1/chat/completions",
+                 [this](const http::Request& r, http::ResponseWriter& w) {
+                   return handleCompletion(ApiKind::kChat, r, w);
+                 });
+  server_->route("GET", "/v1/models",
+                 [this](const http::Request&, http::ResponseWriter& w) { return handleModels(w); });
+  server_->route("GET", "/health",
+                 [this](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
+                   int healthy = 0;
+                   for (const auto& i : slots_) healthy += i && admitted(*i) ? 1 : 0;
+                   std::string body = strCat("{\"status\":\"", healthy > 0 ? "ok" : "unavailable",
+                                             "\",\"healthy_instances\":", healthy, "}");
+                   co_await w.sendJson(healthy > 0 ? 200 : 503, std::move(body));
+                 });
+  server_->route("GET", "/metrics",
+                 [this](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
+                   std::string body = registry_.exposition();
+                   co_await w.send(200, metrics::kExpositionContentType, std::move(body));
+                 });
+  for (const char* method : {"GET", "POST", "DELETE"}) {
+    server_->routePrefix(
+        method, "/admin/",
+        [this](const http::Request& r, http::ResponseWriter& w) { return handleAdmin(r, w); });
+  }
+}
+
+asio::awaitable<void> Router::handleModels(http::ResponseWriter& writer) {
+  // Every instance serves the same model(s); ask the first admitted one.
+  for (const auto& instance : slots_) {
+    if (!instance || !admitted(*instance)) continue;
+    http::ClientRequest request;
+    request.method = "GET";
+    request.target = "/v1/models";
+    std::shared_ptr<Instance> keep = instance;
+    auto response = co_await keep->client->request(std::move(request));
+    if (response.ok() && response->status == 200) {
+      co_await writer.sendJson(200, std::move(response->body));
+      co_return;
+    }
+  }
+  co_await writer.sendError(503, "no healthy instance available");
+}
+
+std::string Router::instancesJson() const {
+  bj::array list;
+  for (const auto& i : slots_) {
+    if (!i) continue;
+    bj::object o;
+    o["id"] = i->config.id;
+    o["url"] = i->config.url;
+    o["slot"] = i->slot;
+    o["admitted"] = admitted(*i);
+    o["health_check_ok"] = i->check_healthy;
+    o["draining"] = i->draining;
+    o["circuit_open"] = clock_.now() < i->circuit_open_until;
+    o["running"] = i->running;
+    o["waiting"] = i->waiting;
+    o["pending_prefill_tokens"] = i->pending_prefill_tokens;
+    o["kv_usage"] = i->kv_usage;
+    o["kv_events"] = i->config.kv_events.endpoint;
+    o["index_blocks"] = index_.instanceBlocks(i->slot);
+    list.push_back(std::move(o));
+  }
+  bj::object out;
+  out["instances"] = std::move(list);
+  return bj::serialize(out);
+}
+
+asio::awaitable<void> Router::handleAdmin(const http::Request& request,
+                                          http::ResponseWriter& writer) {
+  if (config_.admin_token.empty()) {
+    co_await writer.sendError(404, "admin API disabled (no admin.token configured)");
+    co_return;
+  }
+  std::string_view auth = request.header("authorization");
+  constexpr std::string_view kBearer = "Bearer ";
+  if (!auth.starts_with(kBearer) ||
+      !tokenMatches(auth.substr(kBearer.size()), config_.admin_token)) {
+    http::Headers challenge;
+    challenge.emplace_back("www-authenticate", "Bearer");
+    std::string body =
+        json::errorBody("missing or wrong bearer token", "authentication_error", 401);
+    co_await writer.sendJson(401, std::move(body), challenge);
+    co_return;
+  }
+  std::string_view path = request.path;
+  if (request.method == "GET" && path == "/admin/instances") {
+    co_await writer.sendJson(200, instancesJson());
+    co_return;
+  }
+  if (request.method == "GET" && path == "/admin/decisions") {
+    std::string body = "{\"decisions\":[" + strJoin(log_->recent(), ",") + "]}";
+    co_await writer.sendJson(200, std::move(body));
+    co_return;
+  }
+  if (request.method == "POST" && path == "/admin/instances") {
+    auto node = config::parseYaml(request.body, "request body");  // JSON is YAML
+    absl::Status status = node.status();
+    InstanceConfig instance;
+    if (status.ok()) {
+      config::ConfigErrors errors("request body");
+      config::ConfigMap map(*node, "", &errors);
+      parseInstanceConfig(map, &instance);
+      status = errors.status();
+    }
+    if (status.ok()) status = addInstance(instance).status();
+    if (!status.ok()) {
+      co_await writer.sendStatus(status);
+      co_return;
+    }
+    co_await writer.sendJson(201, instancesJson());
+    co_return;
+  }
+  constexpr std::string_view kPrefix = "/admin/instances/";
+  if (path.starts_with(kPrefix)) {
+    std::string_view rest = path.substr(kPrefix.size());
+    std::string_view id = rest.substr(0, rest.find('/'));
+    std::string_view action = rest.size() > id.size() ? rest.substr(id.size() + 1) : "";
+    std::shared_ptr<Instance> instance = findInstance(id);
+    if (!instance) {
+      std::string message = strCat("unknown instance \"", id, "\"");
+      co_await writer.sendError(404, message);
+      co_return;
+    }
+    if (request.method == "DELETE" && action.empty()) {
+      removeInstance(instance);
+      co_await writer.sendJson(200, instancesJson());
+      co_return;
+    }
+    if (request.method == "POST" && (action == "drain" || action == "undrain")) {
+      instance->draining = action == "drain";
+      log::info("instance drain changed", "instance", instance->config.id, "draining",
+                instance->draining);
+      co_await writer.sendJson(200, instancesJson());
+      co_return;
+    }
+  }
+  std::string message = strCat("no admin route for ", request.method, " ", path);
+  co_await writer.sendError(404, message);
+}
+
+}  // namespace kvf::router

@@ -1,0 +1,141 @@
+#include "router/config.h"
+
+#include <charconv>
+#include <set>
+
+#include "common/strings.h"
+
+namespace kvf::router {
+
+absl::Status parseInstanceUrl(std::string_view url, std::string* host, uint16_t* port) {
+  constexpr std::string_view kScheme = "http://";
+  if (url.substr(0, kScheme.size()) != kScheme) {
+    return absl::InvalidArgumentError(strCat("url \"", url, "\" must start with http://"));
+  }
+  std::string_view rest = url.substr(kScheme.size());
+  while (!rest.empty() && rest.back() == '/') rest.remove_suffix(1);
+  size_t colon = rest.rfind(':');
+  if (colon == std::string_view::npos || colon == 0 || rest.find('/') != std::string_view::npos) {
+    return absl::InvalidArgumentError(strCat("url \"", url, "\" must be http://host:port"));
+  }
+  unsigned value = 0;
+  std::string_view port_text = rest.substr(colon + 1);
+  auto [ptr, ec] = std::from_chars(port_text.data(), port_text.data() + port_text.size(), value);
+  if (ec != std::errc() || ptr != port_text.data() + port_text.size() || value == 0 ||
+      value > 65535) {
+    return absl::InvalidArgumentError(strCat("url \"", url, "\" has an invalid port"));
+  }
+  *host = std::string(rest.substr(0, colon));
+  *port = static_cast<uint16_t>(value);
+  return absl::OkStatus();
+}
+
+void parseInstanceConfig(config::ConfigMap& map, InstanceConfig* out) {
+  map.require("id");
+  map.require("url");
+  map.get("id", &out->id);
+  map.get("url", &out->url);
+  if (!out->url.empty()) {
+    absl::Status s = parseInstanceUrl(out->url, &out->host, &out->port);
+    if (!s.ok()) map.fail("url", std::string(s.message()));
+  }
+  if (auto ev = map.map("kv_events")) {
+    ev->get("endpoint", &out->kv_events.endpoint);
+    ev->get("replay_endpoint", &out->kv_events.replay_endpoint);
+    ev->get("topic", &out->kv_events.topic);
+    if (out->kv_events.endpoint.empty() && !out->kv_events.replay_endpoint.empty()) {
+      ev->fail("replay_endpoint", "needs kv_events.endpoint");
+    }
+    ev->rejectUnknownKeys();
+  }
+  map.rejectUnknownKeys();
+}
+
+namespace {
+
+void getSeconds(config::ConfigMap& map, std::string_view key, Nanos* out, double min, double max) {
+  double seconds = nanosToSeconds(*out);
+  map.get(key, &seconds, min, max);
+  *out = secondsToNanos(seconds);
+}
+
+void parseIndex(config::ConfigMap& map, policy::CacheIndexConfig* out) {
+  uint64_t block_size = out->block_size;
+  map.get("block_size", &block_size, 1, 4096);
+  out->block_size = block_size;
+  getSeconds(map, "predicted_ttl_s", &out->predicted_ttl, 0.001, 86400);
+  getSeconds(map, "approximate_ttl_s", &out->approximate_ttl, 0.001, 7 * 86400);
+  uint64_t max_blocks = out->max_blocks_per_instance;
+  map.get("max_blocks_per_instance", &max_blocks, 1, uint64_t{1} << 32);
+  out->max_blocks_per_instance = max_blocks;
+  uint64_t max_soft = out->max_soft_entries;
+  map.get("max_soft_entries", &max_soft, 1, uint64_t{1} << 32);
+  out->max_soft_entries = max_soft;
+  map.rejectUnknownKeys();
+}
+
+void parseHealth(config::ConfigMap& map, HealthConfig* out) {
+  getSeconds(map, "interval_s", &out->interval, 0.01, 3600);
+  getSeconds(map, "timeout_s", &out->timeout, 0.01, 600);
+  map.get("unhealthy_threshold", &out->unhealthy_threshold, 1, 1000);
+  map.get("healthy_threshold", &out->healthy_threshold, 1, 1000);
+  map.get("scrape_metrics", &out->scrape_metrics);
+  map.rejectUnknownKeys();
+}
+
+void parseRoot(config::ConfigMap& root, RouterConfig* out) {
+  if (auto listen = root.map("listen")) {
+    listen->get("host", &out->host);
+    uint32_t port = out->port;
+    listen->get("port", &port, 0, 65535);
+    out->port = static_cast<uint16_t>(port);
+    uint64_t max_body = out->max_body_bytes;
+    listen->get("max_body_bytes", &max_body, 1024, uint64_t{1} << 32);
+    out->max_body_bytes = max_body;
+    listen->rejectUnknownKeys();
+  }
+  root.require("instances");
+  std::set<std::string> ids;
+  for (auto& item : root.mapList("instances")) {
+    InstanceConfig instance;
+    parseInstanceConfig(item, &instance);
+    if (!instance.id.empty() && !ids.insert(instance.id).second) {
+      item.fail("id", strCat("duplicate instance id \"", instance.id, "\""));
+    }
+    out->instances.push_back(std::move(instance));
+  }
+  if (out->instances.size() > static_cast<size_t>(policy::kMaxInstances)) {
+    root.fail("instances", strCat("at most ", policy::kMaxInstances, " instances"));
+  }
+  if (auto p = root.map("policy")) {
+    policy::parsePolicyConfig(*p, &out->policy);
+    p->rejectUnknownKeys();
+  }
+  if (auto i = root.map("index")) parseIndex(*i, &out->index);
+  if (auto h = root.map("health")) parseHealth(*h, &out->health);
+  if (auto u = root.map("upstream")) {
+    u->get("max_attempts", &out->max_attempts, 1, 10);
+    u->get("circuit_failure_threshold", &out->circuit_failure_threshold, 1, 1000);
+    getSeconds(*u, "circuit_open_s", &out->circuit_open, 0.01, 3600);
+    getSeconds(*u, "connect_timeout_s", &out->connect_timeout, 0.01, 600);
+    getSeconds(*u, "read_timeout_s", &out->read_timeout, 0.1, 86400);
+    u->rejectUnknownKeys();
+  }
+  root.get("decision_log", &out->decision_log);
+  if (auto a = root.map("admin")) {
+    a->get("token", &out->admin_token);
+    a->rejectUnknownKeys();
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<RouterConfig> loadRouterConfig(const std::string& path) {
+  return config::parseFile<RouterConfig>(path, parseRoot);
+}
+
+absl::StatusOr<RouterConfig> parseRouterConfig(std::string_view yaml, std::string_view source) {
+  return config::parseText<RouterConfig>(yaml, source, parseRoot);
+}
+
+}  // namespace kvf::router

@@ -1,0 +1,66 @@
+// kvf-router configuration: one YAML file parsed once into RouterConfig (defaults in the
+// struct), validated with every problem reported by field path. Read-only after parsing.
+// See docs/router.md for the reference.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "common/config.h"
+#include "policy/cache_index.h"
+#include "policy/policy.h"
+
+namespace kvf::router {
+
+struct KvEventsConfig {
+  std::string endpoint;         // ZMQ PUB endpoint, e.g. tcp://127.0.0.1:5557; empty: no events
+  std::string replay_endpoint;  // ZMQ ROUTER endpoint for gap recovery; empty: none
+  std::string topic = "kv-events";
+};
+
+struct InstanceConfig {
+  std::string id;
+  std::string url;   // http://host:port
+  std::string host;  // parsed from url
+  uint16_t port = 0;
+  KvEventsConfig kv_events;
+};
+
+struct HealthConfig {
+  Nanos interval = 1 * kNanosPerSecond;
+  Nanos timeout = 1 * kNanosPerSecond;
+  int unhealthy_threshold = 2;  // consecutive failed checks -> ejected
+  int healthy_threshold = 1;    // consecutive passed checks -> re-admitted
+  bool scrape_metrics = true;   // read waiting / KV usage from the engine's /metrics
+};
+
+struct RouterConfig {
+  std::string host = "127.0.0.1";
+  uint16_t port = 8000;
+  size_t max_body_bytes = 32u << 20;
+  std::vector<InstanceConfig> instances;
+  policy::PolicyConfig policy;
+  policy::CacheIndexConfig index;
+  HealthConfig health;
+  int max_attempts = 3;               // connection attempts per request (first + retries)
+  int circuit_failure_threshold = 5;  // consecutive request failures -> circuit open
+  Nanos circuit_open = 10 * kNanosPerSecond;
+  Nanos connect_timeout = 2 * kNanosPerSecond;
+  Nanos read_timeout = 600 * kNanosPerSecond;  // longest gap between upstream bytes
+  std::string decision_log;                    // JSONL path; empty: no log
+  std::string admin_token;                     // bearer token; empty: admin API disabled
+  size_t max_kv_event_bytes = 64u << 20;       // one batch payload
+};
+
+// Parses "http://host:port" (no path); InvalidArgument otherwise.
+absl::Status parseInstanceUrl(std::string_view url, std::string* host, uint16_t* port);
+
+void parseInstanceConfig(config::ConfigMap& map, InstanceConfig* out);
+absl::StatusOr<RouterConfig> loadRouterConfig(const std::string& path);
+absl::StatusOr<RouterConfig> parseRouterConfig(std::string_view yaml, std::string_view source);
+
+}  // namespace kvf::router

@@ -1,0 +1,76 @@
+#include "router/decision_log.h"
+
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+
+#include <boost/json.hpp>
+
+#include "common/strings.h"
+
+namespace kvf::router {
+
+std::string decisionToJson(const DecisionRecord& r) {
+  namespace bj = boost::json;
+  bj::object o;
+  o["ts"] = r.ts;
+  o["request_id"] = r.request_id;
+  o["session"] = r.session;
+  o["policy"] = r.policy;
+  o["instance"] = r.instance;
+  o["mode"] = r.mode;
+  o["reason"] = r.reason;
+  o["class"] = r.request_class;
+  o["attempt"] = r.attempt;
+  o["prompt_tokens"] = r.prompt_tokens;
+  o["predicted_cached_tokens"] = r.predicted_cached_tokens;
+  if (r.actual_cached_tokens) {
+    o["actual_cached_tokens"] = *r.actual_cached_tokens;
+  } else {
+    o["actual_cached_tokens"] = nullptr;
+  }
+  o["status"] = r.status;
+  o["duration_s"] = r.duration_s;
+  bj::object scores;
+  for (const auto& [id, score] : r.scores) {
+    if (std::isnan(score)) {
+      scores[id] = nullptr;
+    } else {
+      scores[id] = score;
+    }
+  }
+  o["scores"] = std::move(scores);
+  return bj::serialize(o);
+}
+
+absl::StatusOr<std::unique_ptr<DecisionLog>> DecisionLog::open(const std::string& path,
+                                                               size_t keep_recent) {
+  std::FILE* file = nullptr;
+  if (!path.empty()) {
+    file = std::fopen(path.c_str(), "a");
+    if (file == nullptr) {
+      return absl::InvalidArgumentError(
+          strCat("decision_log: cannot open \"", path, "\": ", std::strerror(errno)));
+    }
+  }
+  return std::unique_ptr<DecisionLog>(new DecisionLog(file, keep_recent));
+}
+
+DecisionLog::~DecisionLog() {
+  if (file_ != nullptr) std::fclose(file_);
+}
+
+void DecisionLog::write(const DecisionRecord& record) {
+  std::string line = decisionToJson(record);
+  if (file_ != nullptr) {
+    line.push_back('\n');
+    std::fwrite(line.data(), 1, line.size(), file_);
+    std::fflush(file_);
+    line.pop_back();
+  }
+  ++written_;
+  recent_.push_back(std::move(line));
+  while (recent_.size() > keep_recent_) recent_.pop_front();
+}
+
+}  // namespace kvf::router

@@ -1,0 +1,58 @@
+// The decision log: one JSON line per routed request (see docs/router.md for the fields), for
+// the A/B harness and offline analysis, plus the most recent records in memory for the admin
+// API. Owned by the router; used from the router's single thread.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kvf::router {
+
+struct DecisionRecord {
+  double ts = 0;  // wall-clock seconds since the epoch, when the decision was taken
+  std::string request_id;
+  std::string session;
+  std::string policy;
+  std::string instance;  // empty when no instance was available
+  std::string mode;
+  std::string reason;
+  std::string request_class;
+  int attempt = 1;
+  int64_t prompt_tokens = 0;
+  int64_t predicted_cached_tokens = 0;
+  std::optional<int64_t> actual_cached_tokens;  // from the engine's usage, when reported
+  int status = 0;                               // HTTP status returned to the client
+  double duration_s = 0;
+  std::vector<std::pair<std::string, double>> scores;  // instance id -> score (NaN: unhealthy)
+};
+
+std::string decisionToJson(const DecisionRecord& record);
+
+class DecisionLog {
+ public:
+  // `path` empty: records are only kept in memory.
+  static absl::StatusOr<std::unique_ptr<DecisionLog>> open(const std::string& path,
+                                                           size_t keep_recent = 256);
+  ~DecisionLog();
+
+  // Appends one line and flushes it, so a crash loses at most the line being written.
+  void write(const DecisionRecord& record);
+  const std::deque<std::string>& recent() const { return recent_; }
+  uint64_t written() const { return written_; }
+
+ private:
+  DecisionLog(std::FILE* file, size_t keep_recent) : file_(file), keep_recent_(keep_recent) {}
+
+  std::FILE* file_;
+  size_t keep_recent_;
+  std::deque<std::string> recent_;
+  uint64_t written_ = 0;
+};
+
+}  // namespace kvf::router

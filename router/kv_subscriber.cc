@@ -1,0 +1,171 @@
+#include "router/kv_subscriber.h"
+
+#include <optional>
+#include <vector>
+
+#include <zmq.hpp>
+
+#include "common/log.h"
+
+namespace kvf::router {
+namespace {
+
+// Receives one multipart message (non-blocking after the poll said it is there).
+std::vector<zmq::message_t> recvParts(zmq::socket_t& socket) {
+  std::vector<zmq::message_t> parts;
+  for (;;) {
+    zmq::message_t msg;
+    if (!socket.recv(msg, zmq::recv_flags::dontwait)) break;
+    bool more = msg.more();
+    parts.push_back(std::move(msg));
+    if (!more || parts.size() > 16) break;
+  }
+  return parts;
+}
+
+std::string_view view(const zmq::message_t& m) {
+  return std::string_view(static_cast<const char*>(m.data()), m.size());
+}
+
+// The per-instance sequencing state machine, kept apart from the socket plumbing.
+class Sequencer {
+ public:
+  Sequencer(KvSubscriberStats* stats, const KvSubscriberOptions& options,
+            const KvSubscriber::Sink& sink)
+      : stats_(stats), options_(options), sink_(sink) {}
+
+  bool started() const { return last_.has_value(); }
+  std::optional<uint64_t> last() const { return last_; }
+
+  // Applies a batch if it is the next one (or the first). Returns false if it is ahead
+  // (a gap) and was not applied.
+  bool offer(uint64_t seq, std::string_view payload, bool allow_gap) {
+    if (last_ && seq <= *last_) {
+      // Sequence went back: the engine restarted and its cache started empty.
+      ++stats_->restarts;
+      reset("restart");
+      last_.reset();
+    }
+    if (last_ && seq != *last_ + 1 && !allow_gap) return false;
+    deliver(seq, payload);
+    return true;
+  }
+
+  void reset(std::string reason) {
+    KvUpdate update;
+    update.kind = KvUpdate::Kind::kReset;
+    update.reason = std::move(reason);
+    sink_(std::move(update));
+  }
+
+ private:
+  void deliver(uint64_t seq, std::string_view payload) {
+    last_ = seq;
+    auto batch = decodeKvEventBatch(payload, options_.limits);
+    if (!batch.ok()) {
+      ++stats_->decode_errors;
+      log_.warn("undecodable KV event batch", "seq", seq, "error",
+                std::string(batch.status().message()));
+      return;
+    }
+    ++stats_->batches;
+    KvUpdate update;
+    update.seq = seq;
+    update.batch = std::move(*batch);
+    sink_(std::move(update));
+  }
+
+  KvSubscriberStats* stats_;
+  const KvSubscriberOptions& options_;
+  const KvSubscriber::Sink& sink_;
+  std::optional<uint64_t> last_;
+  log::RateLimitedLog log_;
+};
+
+// Asks the replay socket for every buffered batch from `from` and feeds them in order.
+// Returns true if the sequence is contiguous up to `until` afterwards.
+bool replay(zmq::context_t& context, const std::string& endpoint, uint64_t from, uint64_t until,
+            Sequencer& seq, KvSubscriberStats& stats, const KvSubscriberOptions& options,
+            const std::atomic<bool>& stop) {
+  zmq::socket_t dealer(context, zmq::socket_type::dealer);
+  dealer.set(zmq::sockopt::linger, 0);
+  dealer.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options.max_payload_bytes));
+  dealer.connect(endpoint);
+  std::string start = encodeSeq(from);
+  dealer.send(zmq::message_t(), zmq::send_flags::sndmore);
+  dealer.send(zmq::buffer(start), zmq::send_flags::none);
+  auto deadline = std::chrono::steady_clock::now() + options.replay_timeout;
+  while (!stop.load() && std::chrono::steady_clock::now() < deadline) {
+    zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
+    zmq::poll(&item, 1, std::chrono::milliseconds(50));
+    if (!(item.revents & ZMQ_POLLIN)) continue;
+    auto parts = recvParts(dealer);
+    if (parts.size() != 3) continue;
+    auto s = decodeSeq(view(parts[1]));
+    if (!s) continue;
+    if (*s == kReplayEndSeq) break;
+    // Batches at or after `until` also arrive on the SUB socket; they are taken from there.
+    if (*s >= until || (seq.last() && *s <= *seq.last())) continue;
+    if (!seq.offer(*s, view(parts[2]), false)) continue;  // the buffer no longer reaches back
+    ++stats.replayed;
+  }
+  return seq.last() && *seq.last() + 1 >= until;
+}
+
+}  // namespace
+
+KvSubscriber::KvSubscriber(std::shared_ptr<zmq::context_t> context, KvEventsConfig config,
+                           Sink sink, KvSubscriberOptions options)
+    : context_(std::move(context)),
+      config_(std::move(config)),
+      sink_(std::move(sink)),
+      options_(options),
+      thread_([this] { run(); }) {}
+
+KvSubscriber::~KvSubscriber() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void KvSubscriber::run() {
+  try {
+    zmq::socket_t sub(*context_, zmq::socket_type::sub);
+    sub.set(zmq::sockopt::linger, 0);
+    sub.set(zmq::sockopt::maxmsgsize, static_cast<int64_t>(options_.max_payload_bytes));
+    sub.set(zmq::sockopt::rcvhwm, 100000);
+    sub.set(zmq::sockopt::subscribe, config_.topic);
+    sub.connect(config_.endpoint);
+    Sequencer seq(&stats_, options_, sink_);
+    while (!stop_.load()) {
+      zmq::pollitem_t item{sub.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(100));
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      auto parts = recvParts(sub);
+      std::optional<uint64_t> s = parts.size() == 3 ? decodeSeq(view(parts[1])) : std::nullopt;
+      if (!s || view(parts[0]) != config_.topic) {
+        ++stats_.decode_errors;
+        continue;
+      }
+      // The first batch after (re)connecting may be mid-stream: earlier history, if the engine
+      // still buffers it, comes from the replay socket.
+      bool behind = seq.last() ? *s > *seq.last() + 1 : *s > 0;
+      if (behind && seq.last() && *s > *seq.last()) ++stats_.gaps;
+      if (behind && !config_.replay_endpoint.empty()) {
+        uint64_t from = seq.last() ? *seq.last() + 1 : 0;
+        if (!replay(*context_, config_.replay_endpoint, from, *s, seq, stats_, options_, stop_) &&
+            seq.last()) {
+          ++stats_.unrecovered_gaps;
+          seq.reset("unrecovered_gap");
+        }
+      } else if (behind && seq.last()) {
+        ++stats_.unrecovered_gaps;
+        seq.reset("unrecovered_gap");
+      }
+      seq.offer(*s, view(parts[2]), true);
+    }
+  } catch (const zmq::error_t& e) {
+    log::error("KV event subscriber stopped", "endpoint", config_.endpoint, "error", e.what());
+  }
+}
+
+}  // namespace kvf::router

@@ -1,0 +1,303 @@
+// Request path: parse, decide, forward with bounded retries, pass the response through, and
+// close the loop (load accounting, predicted vs actual cached tokens, decision log).
+#include <chrono>
+#include <cmath>
+
+#include "common/http_client.h"
+#include "common/json.h"
+#include "common/log.h"
+#include "common/sse.h"
+#include "common/strings.h"
+#include "router/router.h"
+#include "router/router_internal.h"
+
+namespace kvf::router {
+namespace {
+
+double wallSeconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// usage.prompt_tokens_details.cached_tokens from a response body or stream chunk, if present.
+std::optional<int64_t> cachedTokensFromUsage(std::string_view json_text) {
+  if (json_text.find("\"usage\"") == std::string_view::npos) return std::nullopt;
+  auto obj = json::parseObject(json_text);
+  if (!obj.ok()) return std::nullopt;
+  const auto* usage = obj->if_contains("usage");
+  if (usage == nullptr || !usage->is_object()) return std::nullopt;
+  const auto* details = usage->as_object().if_contains("prompt_tokens_details");
+  if (details == nullptr || !details->is_object()) return int64_t{0};
+  auto cached = json::getIntOr(details->as_object(), "cached_tokens", 0);
+  if (!cached.ok()) return std::nullopt;
+  return *cached;
+}
+
+log::RateLimitedLog upstream_log;
+
+}  // namespace
+
+asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request& request,
+                                               http::ResponseWriter& writer) {
+  RequestContext ctx;
+  ctx.start = clock_.now();
+  ctx.kind = kind;
+  ctx.id = strCat("kvf-", next_request_++);
+  auto parsed = parseRequest(kind, request);
+  if (!parsed.ok()) {
+    metrics_->requests_client_error->inc();
+    co_await writer.sendStatus(parsed.status());
+    co_return;
+  }
+  ctx.parsed = std::move(*parsed);
+  ctx.hashes = requestHashes(ctx.parsed, config_.index.block_size);
+  ctx.excluded.assign(slots_.size(), false);
+  for (ctx.attempt = 1; ctx.attempt <= config_.max_attempts; ++ctx.attempt) {
+    if (!decide(ctx)) {
+      metrics_->requests_unavailable->inc();
+      ctx.status = 503;
+      co_await writer.sendError(503, "no healthy instance available");
+      finishRequest(ctx);
+      co_return;
+    }
+    ForwardResult result = co_await forward(ctx, request, writer);
+    if (result == ForwardResult::kDone) {
+      finishRequest(ctx);
+      co_return;
+    }
+    ctx.excluded[ctx.instance->slot] = true;
+    finishRequest(ctx);  // logs the failed attempt and releases its load
+    if (ctx.attempt < config_.max_attempts) metrics_->retries->inc();
+  }
+  metrics_->requests_upstream_error->inc();
+  ctx.status = 502;
+  std::string message = strCat("upstream unavailable after ", config_.max_attempts, " attempts");
+  co_await writer.sendError(502, message);
+}
+
+bool Router::decide(RequestContext& ctx) {
+  Nanos now = clock_.now();
+  index_.expire(now);
+  std::vector<uint32_t> matched(slots_.size());
+  index_.matchLengths(ctx.hashes, matched);
+  // The policy sees a dense list of live instances; map its answer back to slots.
+  std::vector<policy::InstanceSnapshot> snaps;
+  std::vector<Instance*> live;
+  int64_t bs = static_cast<int64_t>(config_.index.block_size);
+  int64_t per_block = ctx.parsed.has_token_ids ? bs : bs * kBytesPerTokenEstimate;
+  for (auto& instance : slots_) {
+    if (!instance) continue;
+    policy::InstanceSnapshot s;
+    s.healthy = admitted(*instance) && !ctx.excluded[instance->slot];
+    s.running = instance->running;
+    s.waiting = instance->waiting;
+    s.pending_prefill_tokens = instance->pending_prefill_tokens;
+    s.ongoing_tokens = instance->ongoing_tokens;
+    s.kv_usage = instance->kv_usage;
+    int64_t blocks = matched[instance->slot];
+    s.matched_tokens = ctx.parsed.has_token_ids ? blocks * per_block
+                                                : std::min(ctx.parsed.prompt_tokens, blocks * bs);
+    snaps.push_back(s);
+    live.push_back(instance.get());
+  }
+  policy::RouteRequest route;
+  route.session = ctx.parsed.session;
+  route.prompt_tokens = ctx.parsed.prompt_tokens;
+  ctx.decision = policy_->decide(route, snaps, now);
+  metrics_->decide_seconds->observe(nanosToSeconds(clock_.now() - now));
+  ctx.scores.clear();
+  for (size_t i = 0; i < live.size(); ++i) {
+    ctx.scores.emplace_back(live[i]->config.id, ctx.decision.scores[i]);
+  }
+  registry_
+      .counter("kvfabric_router_decisions_total", "Routing decisions by policy, mode and reason",
+               {{"policy", std::string(policy::policyKindName(policy_->kind()))},
+                {"mode", std::string(policy::modeName(ctx.decision.mode))},
+                {"reason", std::string(ctx.decision.reason)}})
+      .inc();
+  if (ctx.decision.instance < 0) {
+    ctx.instance = nullptr;
+    return false;
+  }
+  Instance* chosen = live[ctx.decision.instance];
+  ctx.instance = slots_[chosen->slot];
+  ctx.uncached_tokens = ctx.parsed.prompt_tokens - ctx.decision.predicted_cached_tokens;
+  chosen->running += 1;
+  chosen->pending_prefill_tokens += ctx.uncached_tokens;
+  chosen->ongoing_tokens += ctx.parsed.prompt_tokens + ctx.parsed.max_tokens;
+  ctx.prefill_pending = true;
+  ctx.load_held = true;
+  ctx.actual_cached_tokens.reset();
+  ctx.status = 0;
+  chosen->decisions->inc();
+  chosen->prompt_tokens->inc(static_cast<double>(ctx.parsed.prompt_tokens));
+  chosen->predicted_cached_tokens->inc(static_cast<double>(ctx.decision.predicted_cached_tokens));
+  return true;
+}
+
+asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
+                                                       const http::Request& request,
+                                                       http::ResponseWriter& writer) {
+  std::shared_ptr<Instance> instance = ctx.instance;
+  http::ClientRequest upstream_request;
+  upstream_request.method = "POST";
+  upstream_request.target = request.target;
+  upstream_request.body = request.body;
+  upstream_request.headers.emplace_back("x-request-id", ctx.id);
+  if (auto auth = request.header("authorization"); !auth.empty()) {
+    upstream_request.headers.emplace_back("authorization", std::string(auth));
+  }
+  auto opened = co_await instance->client->open(std::move(upstream_request));
+  if (!opened.ok()) {
+    ctx.status = 0;  // the attempt failed before response headers
+    recordUpstreamFailure(*instance, "connect");
+    upstream_log.warn("upstream failed before response headers", "instance", instance->config.id,
+                      "attempt", ctx.attempt, "error", std::string(opened.status().message()));
+    co_return ForwardResult::kRetry;
+  }
+  std::unique_ptr<http::ResponseStream> upstream = std::move(*opened);
+  recordUpstreamSuccess(*instance);
+  // The engine accepted the request: predict that it will hold the prompt's blocks.
+  bool approximate = !instance->hasEvents() || !ctx.parsed.has_token_ids;
+  index_.addSoft(instance->slot, ctx.hashes, clock_.now(), approximate);
+
+  http::Headers headers = {
+      {"x-kvf-instance", instance->config.id},
+      {"x-kvf-decision", std::string(policy::modeName(ctx.decision.mode))},
+      {"x-kvf-reason", std::string(ctx.decision.reason)},
+      {"x-kvf-predicted-cached-tokens", std::to_string(ctx.decision.predicted_cached_tokens)},
+      {"x-kvf-request-id", ctx.id}};
+  std::string content_type(upstream->header("content-type"));
+  if (content_type.empty()) content_type = "application/json";
+  ctx.status = upstream->status();
+  if (ctx.status == 200 && content_type.starts_with("text/event-stream")) {
+    co_await forwardStream(ctx, *upstream, writer, headers);
+    co_return ForwardResult::kDone;
+  }
+  auto body = co_await upstream->readAll(64u << 20);
+  if (!body.ok()) {
+    recordUpstreamFailure(*instance, "read");
+    metrics_->requests_upstream_error->inc();
+    ctx.status = 502;
+    std::string message =
+        strCat("upstream ", instance->config.id, " failed: ", std::string(body.status().message()));
+    co_await writer.sendError(502, message);
+    co_return ForwardResult::kDone;
+  }
+  ctx.actual_cached_tokens = cachedTokensFromUsage(*body);
+  if (ctx.status < 400) {
+    metrics_->requests_ok->inc();
+  } else {
+    metrics_->requests_upstream_error->inc();
+  }
+  co_await writer.send(ctx.status, content_type, std::move(*body), headers);
+  co_return ForwardResult::kDone;
+}
+
+asio::awaitable<void> Router::forwardStream(RequestContext& ctx, http::ResponseStream& upstream,
+                                            http::ResponseWriter& writer,
+                                            const http::Headers& headers) {
+  if (!(co_await writer.beginStream(ctx.status, "text/event-stream", headers)).ok()) {
+    upstream.cancel();
+    co_return;
+  }
+  sse::Parser parser;
+  bool parser_ok = true;
+  for (;;) {
+    auto piece = co_await upstream.next();
+    if (!piece.ok()) {
+      // Headers are out: the client cannot be retried elsewhere, so it gets an SSE error event
+      // and a clean end instead of a hang or a silently truncated stream.
+      recordUpstreamFailure(*ctx.instance, "stream");
+      metrics_->stream_aborts->inc();
+      metrics_->requests_upstream_error->inc();
+      ctx.status = 502;
+      std::string error =
+          json::errorBody(strCat("upstream ", ctx.instance->config.id,
+                                 " failed mid-stream: ", std::string(piece.status().message())),
+                          "upstream_error", 502);
+      co_await writer.writeEvent(error);
+      co_await writer.writeEvent("[DONE]");
+      co_await writer.endStream();
+      co_return;
+    }
+    if (!piece->has_value()) break;
+    if (ctx.prefill_pending) {  // first bytes: the prefill is done
+      ctx.instance->pending_prefill_tokens -= ctx.uncached_tokens;
+      ctx.prefill_pending = false;
+    }
+    if (parser_ok) {
+      parser_ok = parser
+                      .feed(**piece,
+                            [&](sse::Event&& e) {
+                              if (auto c = cachedTokensFromUsage(e.data)) {
+                                ctx.actual_cached_tokens = c;
+                              }
+                            })
+                      .ok();
+    }
+    if (!(co_await writer.writeChunk(**piece)).ok()) {
+      upstream.cancel();  // the client left: stop the engine's work too
+      co_return;
+    }
+  }
+  metrics_->requests_ok->inc();
+  co_await writer.endStream();
+}
+
+void Router::finishRequest(RequestContext& ctx) {
+  Instance* instance = ctx.instance.get();
+  if (instance != nullptr && ctx.load_held) {
+    if (ctx.prefill_pending) instance->pending_prefill_tokens -= ctx.uncached_tokens;
+    instance->running -= 1;
+    instance->ongoing_tokens -= ctx.parsed.prompt_tokens + ctx.parsed.max_tokens;
+    ctx.prefill_pending = false;
+    ctx.load_held = false;
+  }
+  int64_t predicted = ctx.decision.predicted_cached_tokens;
+  if (instance != nullptr && ctx.actual_cached_tokens) {
+    int64_t actual = *ctx.actual_cached_tokens;
+    instance->actual_cached_tokens->inc(static_cast<double>(actual));
+    metrics_->prediction_error_tokens->observe(static_cast<double>(std::llabs(predicted - actual)));
+    if (actual < predicted) metrics_->silent_misses->inc();
+    if (actual > predicted) metrics_->unpredicted_hits->inc();
+  }
+  Nanos now = clock_.now();
+  metrics_->request_seconds->observe(nanosToSeconds(now - ctx.start));
+  DecisionRecord record;
+  record.ts = wallSeconds() - nanosToSeconds(now - ctx.start);
+  record.request_id = ctx.id;
+  record.session = ctx.parsed.session;
+  record.policy = std::string(policy::policyKindName(policy_->kind()));
+  record.instance = instance != nullptr ? instance->config.id : "";
+  record.mode = std::string(policy::modeName(ctx.decision.mode));
+  record.reason = std::string(ctx.decision.reason);
+  record.request_class = std::string(policy::requestClassName(ctx.decision.request_class));
+  record.attempt = ctx.attempt;
+  record.prompt_tokens = ctx.parsed.prompt_tokens;
+  record.predicted_cached_tokens = predicted;
+  record.actual_cached_tokens = ctx.actual_cached_tokens;
+  record.status = ctx.status;
+  record.duration_s = nanosToSeconds(now - ctx.start);
+  record.scores = ctx.scores;
+  log_->write(record);
+}
+
+void Router::recordUpstreamFailure(Instance& instance, std::string_view kind) {
+  registry_
+      .counter("kvfabric_router_upstream_errors_total", "Upstream failures by instance and kind",
+               {{"instance", instance.config.id}, {"kind", std::string(kind)}})
+      .inc();
+  if (++instance.request_failures >= config_.circuit_failure_threshold &&
+      clock_.now() >= instance.circuit_open_until) {
+    instance.circuit_open_until = clock_.now() + config_.circuit_open;
+    // Half-open afterwards: one more failure reopens it.
+    instance.request_failures = config_.circuit_failure_threshold - 1;
+    instance.circuit_opens->inc();
+    log::warn("circuit opened", "instance", instance.config.id, "open_s",
+              nanosToSeconds(config_.circuit_open));
+  }
+}
+
+void Router::recordUpstreamSuccess(Instance& instance) { instance.request_failures = 0; }
+
+}  // namespace kvf::router

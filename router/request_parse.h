@@ -1,0 +1,38 @@
+// Reads what routing needs from an OpenAI-style request body (/v1/completions or
+// /v1/chat/completions) and validates the fields the router relies on, naming the field in
+// every error. The body itself is forwarded unchanged. Pure; safe from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/http.h"
+#include "policy/block_hash.h"
+
+namespace kvf::router {
+
+enum class ApiKind { kCompletions, kChat };
+
+struct ParsedRequest {
+  std::string model;
+  bool stream = false;
+  std::string session;  // X-Session-Id header, else body "user"
+  // Token-id prompts (exact hashing) or text (approximate byte-block hashing).
+  bool has_token_ids = false;
+  std::vector<policy::TokenId> token_ids;
+  std::string text;
+  int64_t prompt_tokens = 0;  // exact for token ids, estimated (bytes / 4) for text
+  int64_t max_tokens = 16;
+};
+
+inline constexpr int64_t kBytesPerTokenEstimate = 4;
+
+absl::StatusOr<ParsedRequest> parseRequest(ApiKind kind, const http::Request& request);
+
+// The block hashes to match for a parsed request (token or text domain).
+std::vector<policy::BlockHash> requestHashes(const ParsedRequest& request, size_t block_size);
+
+}  // namespace kvf::router

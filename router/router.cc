@@ -1,0 +1,212 @@
+#include "router/router.h"
+
+#include <zmq.hpp>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
+#include <boost/asio/post.hpp>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/strings.h"
+#include "router/router_internal.h"
+
+namespace kvf::router {
+
+Router::Router(asio::io_context& ioc, RouterConfig config, const Clock& clock)
+    : ioc_(ioc),
+      config_(std::move(config)),
+      clock_(clock),
+      index_(config_.index),
+      policy_(policy::createPolicy(config_.policy)),
+      slots_(policy::kMaxInstances) {}
+
+Router::~Router() { stop(); }
+
+absl::StatusOr<std::shared_ptr<Router>> Router::create(asio::io_context& ioc, RouterConfig config,
+                                                       const Clock& clock) {
+  std::shared_ptr<Router> router(new Router(ioc, std::move(config), clock));
+  KVF_RETURN_IF_ERROR(router->init());
+  return router;
+}
+
+absl::Status Router::init() {
+  KVF_ASSIGN_OR_RETURN(log_, DecisionLog::open(config_.decision_log));
+  http::ServerOptions options;
+  options.host = config_.host;
+  options.port = config_.port;
+  options.max_body_bytes = config_.max_body_bytes;
+  // Long prompts stream out slowly under load; a single write may wait for the client.
+  options.write_timeout = std::chrono::milliseconds(120'000);
+  KVF_ASSIGN_OR_RETURN(server_, http::HttpServer::create(ioc_, options));
+  zmq_ = std::make_shared<zmq::context_t>(1);
+
+  auto& r = registry_;
+  auto requests = [&](std::string_view outcome) {
+    return &r.counter("kvfabric_router_requests_total", "Requests by outcome",
+                      {{"outcome", std::string(outcome)}});
+  };
+  metrics_ = std::make_unique<Metrics>(Metrics{
+      requests("ok"), requests("client_error"), requests("upstream_error"), requests("unavailable"),
+      &r.counter("kvfabric_router_retries_total", "Attempts retried on another instance"),
+      &r.counter("kvfabric_router_stream_aborts_total",
+                 "Streams ended with an SSE error event after an upstream failure"),
+      &r.counter("kvfabric_router_cache_silent_misses_total",
+                 "Requests whose engine-reported cached tokens were below the prediction"),
+      &r.counter("kvfabric_router_cache_unpredicted_hits_total",
+                 "Requests whose engine-reported cached tokens exceeded the prediction"),
+      &r.histogram("kvfabric_router_cache_prediction_error_tokens",
+                   "|predicted - actual| cached tokens per request",
+                   metrics::exponentialBuckets(16, 2, 14)),
+      &r.histogram("kvfabric_router_decide_seconds", "Hash + match + policy time per request",
+                   metrics::exponentialBuckets(1e-6, 2, 18)),
+      &r.histogram("kvfabric_router_request_seconds", "Request time through the router",
+                   metrics::latencyBuckets()),
+      &r.histogram("kvfabric_router_kv_event_lag_seconds",
+                   "Wall time from an engine's batch timestamp to its application",
+                   metrics::exponentialBuckets(1e-4, 2, 18)),
+      &r.counter("kvfabric_router_kv_events_ignored_total",
+                 "KV events for media other than GPU, or unmappable to our hashes")});
+  r.callback("kvfabric_router_index_blocks", "Distinct block hashes in the cache index",
+             metrics::MetricType::kGauge, {},
+             [this] { return static_cast<double>(index_.stats().blocks); });
+  r.callback("kvfabric_router_index_soft_entries", "Predicted + approximate index entries",
+             metrics::MetricType::kGauge, {},
+             [this] { return static_cast<double>(index_.stats().soft_entries); });
+  r.callback("kvfabric_router_index_rejected_stores_total",
+             "BlockStored events that could not be mapped to our hashes",
+             metrics::MetricType::kCounter, {},
+             [this] { return static_cast<double>(index_.stats().stored_events_rejected); });
+
+  for (const InstanceConfig& instance : config_.instances) {
+    KVF_RETURN_IF_ERROR(addInstance(instance).status());
+  }
+  registerRoutes();
+  server_->start();
+  log::info("router listening", "host", config_.host, "port", server_->port(), "policy",
+            policy::policyKindName(config_.policy.kind), "instances", config_.instances.size());
+  return absl::OkStatus();
+}
+
+uint16_t Router::port() const { return server_->port(); }
+
+void Router::stop() {
+  if (stopped_) return;
+  stopped_ = true;
+  if (server_) server_->stop();
+  for (auto& instance : slots_) {
+    if (!instance) continue;
+    instance->removed = true;
+    instance->subscriber.reset();
+  }
+}
+
+std::shared_ptr<Instance> Router::findInstance(std::string_view id) const {
+  for (const auto& instance : slots_) {
+    if (instance && instance->config.id == id) return instance;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::shared_ptr<Instance>> Router::addInstance(const InstanceConfig& config) {
+  if (findInstance(config.id)) {
+    return absl::AlreadyExistsError(strCat("instance \"", config.id, "\" already exists"));
+  }
+  auto free_slot = std::find(slots_.begin(), slots_.end(), nullptr);
+  if (free_slot == slots_.end()) {
+    return absl::ResourceExhaustedError(strCat("at most ", policy::kMaxInstances, " instances"));
+  }
+  auto instance = std::make_shared<Instance>();
+  instance->config = config;
+  instance->slot = static_cast<int>(free_slot - slots_.begin());
+  instance->generation = next_generation_++;
+  http::ClientOptions options;
+  options.connect_timeout = std::chrono::milliseconds(config_.connect_timeout / kNanosPerMilli);
+  options.read_timeout = std::chrono::milliseconds(config_.read_timeout / kNanosPerMilli);
+  options.max_idle_connections = 256;
+  instance->client =
+      http::HttpClient::create(ioc_.get_executor(), config.host, config.port, options);
+  // A reused slot starts empty in the index.
+  index_.clearInstance(instance->slot);
+  *free_slot = instance;
+  registerInstanceMetrics(instance);
+  if (instance->hasEvents()) {
+    std::weak_ptr<Router> weak = weak_from_this();
+    int slot = instance->slot;
+    uint64_t generation = instance->generation;
+    KvSubscriberOptions sub_options;
+    sub_options.max_payload_bytes = config_.max_kv_event_bytes;
+    instance->subscriber = std::make_unique<KvSubscriber>(
+        zmq_, config.kv_events,
+        [weak, slot, generation, &ioc = ioc_](KvUpdate&& update) {
+          asio::post(ioc, [weak, slot, generation, u = std::move(update)]() mutable {
+            if (auto self = weak.lock()) self->applyKvUpdate(slot, generation, u);
+          });
+        },
+        sub_options);
+  }
+  asio::co_spawn(ioc_, healthLoop(instance), asio::detached);
+  log::info("instance added", "id", config.id, "url", config.url, "slot", instance->slot,
+            "kv_events", config.kv_events.endpoint.empty() ? "none" : config.kv_events.endpoint);
+  return instance;
+}
+
+void Router::removeInstance(const std::shared_ptr<Instance>& instance) {
+  instance->removed = true;
+  instance->subscriber.reset();
+  index_.clearInstance(instance->slot);
+  slots_[instance->slot] = nullptr;
+  log::info("instance removed", "id", instance->config.id);
+}
+
+void Router::registerInstanceMetrics(const std::shared_ptr<Instance>& instance) {
+  metrics::Labels labels = {{"instance", instance->config.id}};
+  auto& r = registry_;
+  instance->decisions = &r.counter("kvfabric_router_instance_requests_total",
+                                   "Requests routed to the instance", labels);
+  instance->prompt_tokens = &r.counter("kvfabric_router_instance_prompt_tokens_total",
+                                       "Prompt tokens routed to the instance", labels);
+  instance->predicted_cached_tokens =
+      &r.counter("kvfabric_router_instance_predicted_cached_tokens_total",
+                 "Cached tokens the index predicted on the instance", labels);
+  instance->actual_cached_tokens =
+      &r.counter("kvfabric_router_instance_actual_cached_tokens_total",
+                 "Cached tokens the engine reported (requests that reported usage)", labels);
+  instance->ejections =
+      &r.counter("kvfabric_router_instance_ejections_total", "Health-check ejections", labels);
+  instance->circuit_opens = &r.counter("kvfabric_router_instance_circuit_opens_total",
+                                       "Circuit breaker openings", labels);
+  instance->kv_batches =
+      &r.counter("kvfabric_router_instance_kv_batches_total", "KV event batches applied", labels);
+  instance->kv_resets = &r.counter("kvfabric_router_instance_kv_resets_total",
+                                   "Index resets (restart, AllBlocksCleared, lost events)", labels);
+  std::weak_ptr<Instance> weak = instance;
+  auto gauge = [&](std::string_view name, std::string_view help, auto read) {
+    r.callback(name, help, metrics::MetricType::kGauge, labels, [weak, read] {
+      auto i = weak.lock();
+      return i && !i->removed ? read(*i) : 0.0;
+    });
+  };
+  gauge("kvfabric_router_instance_running", "Requests in flight (router-accounted)",
+        [](const Instance& i) { return static_cast<double>(i.running); });
+  gauge("kvfabric_router_instance_pending_prefill_tokens",
+        "Uncached tokens routed and not yet past first token",
+        [](const Instance& i) { return static_cast<double>(i.pending_prefill_tokens); });
+  gauge("kvfabric_router_instance_healthy",
+        "1 when admitted (healthy, not drained, circuit closed)",
+        [this](const Instance& i) { return admitted(i) ? 1.0 : 0.0; });
+  gauge("kvfabric_router_instance_index_blocks", "Blocks the instance holds per its KV events",
+        [this](const Instance& i) { return static_cast<double>(index_.instanceBlocks(i.slot)); });
+  gauge("kvfabric_router_instance_predicted_hit_ratio",
+        "Predicted cached tokens / prompt tokens routed to the instance", [](const Instance& i) {
+          double p = i.prompt_tokens->value();
+          return p > 0 ? i.predicted_cached_tokens->value() / p : 0.0;
+        });
+}
+
+bool Router::admitted(const Instance& instance) const {
+  return !instance.removed && instance.check_healthy && !instance.draining &&
+         clock_.now() >= instance.circuit_open_until;
+}
+
+}  // namespace kvf::router

@@ -1,0 +1,107 @@
+// The router: an OpenAI-compatible proxy in front of engine instances. It parses each request,
+// matches its block hashes against the cache index, asks the policy for an instance, forwards
+// the request (streaming passed through chunk by chunk), retries connection failures on the
+// next-best instance, and keeps per-instance load, health, circuit state and KV-event
+// subscribers. Threading: every piece of routing state lives on the one io_context thread that
+// runs the router; KV-event subscriber threads post their updates to it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "common/http_server.h"
+#include "common/metrics.h"
+#include "policy/cache_index.h"
+#include "policy/policy.h"
+#include "router/config.h"
+#include "router/decision_log.h"
+#include "router/request_parse.h"
+
+namespace kvf::http {
+class ResponseStream;
+}  // namespace kvf::http
+
+namespace zmq {
+class context_t;
+}  // namespace zmq
+
+namespace kvf::router {
+
+struct Instance;
+struct KvUpdate;
+struct RequestContext;
+
+class Router : public std::enable_shared_from_this<Router> {
+ public:
+  // Binds the listener, opens the decision log, starts KV-event subscribers and health checks.
+  // `clock` must outlive the router. The io_context must be run by exactly one thread.
+  static absl::StatusOr<std::shared_ptr<Router>> create(asio::io_context& ioc, RouterConfig config,
+                                                        const Clock& clock);
+  ~Router();
+  Router(const Router&) = delete;
+  Router& operator=(const Router&) = delete;
+
+  uint16_t port() const;
+  // Stops accepting, health checks and subscribers. Call from the io thread or after it ended.
+  void stop();
+
+  metrics::Registry& registry() { return registry_; }
+  const policy::CacheIndex& index() const { return index_; }
+
+ private:
+  Router(asio::io_context& ioc, RouterConfig config, const Clock& clock);
+  absl::Status init();
+  void registerRoutes();
+  absl::StatusOr<std::shared_ptr<Instance>> addInstance(const InstanceConfig& config);
+  void removeInstance(const std::shared_ptr<Instance>& instance);
+  std::shared_ptr<Instance> findInstance(std::string_view id) const;
+
+  // Routing and forwarding (proxy.cc).
+  asio::awaitable<void> handleCompletion(ApiKind kind, const http::Request& request,
+                                         http::ResponseWriter& writer);
+  bool decide(RequestContext& ctx);
+  enum class ForwardResult { kDone, kRetry };
+  asio::awaitable<ForwardResult> forward(RequestContext& ctx, const http::Request& request,
+                                         http::ResponseWriter& writer);
+  asio::awaitable<void> forwardStream(RequestContext& ctx, http::ResponseStream& upstream,
+                                      http::ResponseWriter& writer, const http::Headers& headers);
+  void finishRequest(RequestContext& ctx);
+  void recordUpstreamFailure(Instance& instance, std::string_view kind);
+  void recordUpstreamSuccess(Instance& instance);
+  bool admitted(const Instance& instance) const;
+
+  // Health checks and KV events (health.cc).
+  asio::awaitable<void> healthLoop(std::shared_ptr<Instance> instance);
+  void applyKvUpdate(int slot, uint64_t generation, KvUpdate& update);
+
+  // Admin API and plain endpoints (admin.cc).
+  asio::awaitable<void> handleAdmin(const http::Request& request, http::ResponseWriter& writer);
+  asio::awaitable<void> handleModels(http::ResponseWriter& writer);
+  std::string instancesJson() const;
+
+  void registerInstanceMetrics(const std::shared_ptr<Instance>& instance);
+
+  asio::io_context& ioc_;
+  RouterConfig config_;
+  const Clock& clock_;
+  metrics::Registry registry_;
+  std::unique_ptr<http::HttpServer> server_;
+  std::unique_ptr<DecisionLog> log_;
+  std::shared_ptr<zmq::context_t> zmq_;
+  policy::CacheIndex index_;
+  std::unique_ptr<policy::Policy> policy_;
+  std::vector<std::shared_ptr<Instance>> slots_;  // index = cache-index instance number
+  uint64_t next_generation_ = 1;
+  uint64_t next_request_ = 1;
+  bool stopped_ = false;
+
+  struct Metrics;
+  std::unique_ptr<Metrics> metrics_;
+};
+
+}  // namespace kvf::router

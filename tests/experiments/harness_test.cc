@@ -1,0 +1,125 @@
+#include "experiments/harness/harness.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "experiments/harness/process.h"
+
+namespace kvf::experiments {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path tempDir(const std::string& name) {
+  fs::path dir = fs::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+TEST(ColdCheck, RefusesAWarmEngine) {
+  EXPECT_TRUE(checkCold("vllm:prefix_cache_queries_total{engine=\"0\"} 0\n"
+                        "vllm:prefix_cache_hits_total{engine=\"0\"} 0\n",
+                        "engine 0")
+                  .ok());
+  absl::Status warm = checkCold(
+      "vllm:prefix_cache_queries_total 4096\n"
+      "vllm:prefix_cache_hits_total 2048\n",
+      "engine 3");
+  EXPECT_EQ(warm.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(std::string(warm.message()).find("engine 3 is not cold"), std::string::npos);
+  // An engine that cannot show it is cold is refused too.
+  EXPECT_FALSE(checkCold("vllm:num_requests_running 0\n", "engine 1").ok());
+}
+
+TEST(ExperimentConfig, ParsesAndReportsFieldPaths) {
+  fs::path dir = tempDir("kvf_exp_cfg");
+  std::ofstream(dir / "trace.jsonl") << "";
+  std::ofstream(dir / "exp.yaml") << R"(name: ab
+trace: {path: trace.jsonl, start_s: 10, duration_s: 60, limit: 5}
+replay: {dispatch: session, time_scale: 2}
+cluster: {engines: 4, engine_config: engine.yaml}
+arms:
+  - {name: rr, policy: {kind: round_robin}}
+  - {name: lm, policy: {kind: lmetric}}
+repetitions: 2
+)";
+  // A relative experiment path still gives absolute trace and engine paths.
+  fs::path cwd = fs::current_path();
+  fs::current_path(dir.parent_path());
+  auto c = loadExperimentConfig((dir.filename() / "exp.yaml").string());
+  fs::current_path(cwd);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->trace.path, (dir / "trace.jsonl").string());
+  EXPECT_EQ(c->cluster.engine_config, (dir / "engine.yaml").string());
+  EXPECT_EQ(c->replay.dispatch, DispatchMode::kSession);
+  EXPECT_EQ(c->arms.size(), 2u);
+  EXPECT_EQ(c->arms[1].policy["kind"].as<std::string>(), "lmetric");
+  EXPECT_EQ(c->output_dir, "experiments/results/ab");
+
+  std::ofstream(dir / "bad.yaml") << R"(name: ab
+trace: {path: t.jsonl, windw: 3}
+cluster: {engines: 100, engine_config: e.yaml}
+router: {instances: []}
+arms:
+  - {name: rr, policy: {kind: round_robin}}
+  - {name: rr, policy: {kind: lmetric}}
+)";
+  auto bad = loadExperimentConfig((dir / "bad.yaml").string());
+  ASSERT_FALSE(bad.ok());
+  std::string m(bad.status().message());
+  EXPECT_NE(m.find("trace.windw: unknown key"), std::string::npos) << m;
+  EXPECT_NE(m.find("cluster.engines: value 100 is out of range"), std::string::npos) << m;
+  EXPECT_NE(m.find("'instances' is set by the harness"), std::string::npos) << m;
+  EXPECT_NE(m.find("arms[1].name: duplicate arm 'rr'"), std::string::npos) << m;
+}
+
+TEST(Harness, TraceSliceKeepsTheWindowAndLimit) {
+  fs::path dir = tempDir("kvf_exp_slice");
+  {
+    std::ofstream t(dir / "trace.jsonl");
+    for (int i = 0; i < 20; ++i) {
+      t << "{\"timestamp\": " << i * 1000 << ", \"input_length\": 600, \"output_length\": 5, "
+        << "\"hash_ids\": [" << i << ", " << 100 + i << "]}\n";
+    }
+  }
+  ExperimentConfig config;
+  config.name = "slice";
+  config.output_dir = (dir / "out").string();
+  config.trace.path = (dir / "trace.jsonl").string();
+  config.trace.start_s = 5;
+  config.trace.duration_s = 10;  // requests at 5..14 s
+  config.trace.limit = 4;
+  Harness harness(config, "/nonexistent");
+  ASSERT_TRUE(harness.prepareTrace().ok());
+  ASSERT_EQ(harness.requests().size(), 4u);
+  EXPECT_EQ(harness.requests()[0].arrival, secondsToNanos(5));
+  EXPECT_EQ(harness.requests()[0].id, "r5");
+  EXPECT_TRUE(fs::exists(dir / "out" / "trace.jsonl"));
+}
+
+TEST(ChildProcess, StopsAndReportsExitStatus) {
+  fs::path dir = tempDir("kvf_exp_proc");
+  auto sleeper = ChildProcess::spawn({"/bin/sleep", "30"}, (dir / "log").string());
+  ASSERT_TRUE(sleeper.ok()) << sleeper.status();
+  EXPECT_TRUE((*sleeper)->running());
+  auto start = std::chrono::steady_clock::now();
+  int status = (*sleeper)->stop(std::chrono::seconds(2));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
+  EXPECT_EQ(status, -SIGTERM);
+  EXPECT_FALSE((*sleeper)->running());
+  auto quick = ChildProcess::spawn({"/bin/sh", "-c", "echo hello; exit 3"}, (dir / "log").string());
+  ASSERT_TRUE(quick.ok());
+  while ((*quick)->running()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ((*quick)->stop(), 3);
+  std::ifstream log(dir / "log");
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "hello\n");
+  EXPECT_EQ(ChildProcess::spawn({"/nonexistent/bin"}, (dir / "log").string()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kvf::experiments

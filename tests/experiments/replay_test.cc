@@ -1,0 +1,296 @@
+// The replayer against a scripted in-process endpoint whose timings are known: first token
+// after kFirstTokenMs, then one token every kTokenGapMs. Checks every measured metric against
+// the script, the crash-safe result log (torn line, resume without loss or duplication), and
+// both dispatch modes.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+
+#include <fmt/format.h>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/json.hpp>
+
+#include "common/http_server.h"
+#include "common/json.h"
+#include "experiments/replay/replayer.h"
+#include "experiments/replay/summary.h"
+#include "tests/testing/io_thread.h"
+
+namespace kvf::experiments {
+namespace {
+
+using namespace std::chrono_literals;
+namespace bj = boost::json;
+
+constexpr int kFirstTokenMs = 300;
+constexpr int kTokenGapMs = 50;
+constexpr int64_t kCached = 32;
+
+class ScriptedEndpoint {
+ public:
+  explicit ScriptedEndpoint(asio::io_context& ioc) {
+    server_ = std::move(*http::HttpServer::create(ioc, {}));
+    server_->route(
+        "POST", "/v1/completions",
+        [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
+          co_await serve(r, w);
+        });
+    server_->route("GET", "/v1/models",
+                   [](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
+                     co_await w.sendJson(200, R"({"object":"list","data":[{"id":"scripted"}]})");
+                   });
+    server_->start();
+  }
+  uint16_t port() const { return server_->port(); }
+  std::map<std::string, int> calls() {
+    std::lock_guard lock(mu_);
+    return calls_;
+  }
+  std::vector<std::pair<std::string, Nanos>> arrivals() {
+    std::lock_guard lock(mu_);
+    return arrivals_;
+  }
+  bj::object lastBody() {
+    std::lock_guard lock(mu_);
+    return last_body_;
+  }
+
+ private:
+  asio::awaitable<void> serve(const http::Request& r, http::ResponseWriter& w) {
+    auto body = json::parseObject(r.body);
+    if (!body.ok()) {
+      co_await w.sendStatus(body.status());
+      co_return;
+    }
+    int64_t max_tokens = (*body)["max_tokens"].as_int64();
+    int64_t prompt_tokens = static_cast<int64_t>((*body)["prompt"].as_array().size());
+    {
+      std::lock_guard lock(mu_);
+      calls_[std::string(r.header("x-request-id"))]++;
+      arrivals_.emplace_back(std::string(r.header("x-request-id")), SteadyClock().now());
+      last_body_ = *body;
+    }
+    http::Headers headers = {{"x-kvf-instance", std::string("e3")},
+                             {"x-kvf-decision", std::string("local")},
+                             {"x-kvf-predicted-cached-tokens", std::string("30")}};
+    co_await w.beginStream(200, "text/event-stream", headers);
+    asio::steady_timer timer(co_await asio::this_coro::executor);
+    for (int64_t i = 0; i < max_tokens; ++i) {
+      timer.expires_after(std::chrono::milliseconds(i == 0 ? kFirstTokenMs : kTokenGapMs));
+      co_await timer.async_wait(asio::use_awaitable);
+      std::string chunk = R"({"choices":[{"index":0,"text":" t"}]})";
+      if (!(co_await w.writeEvent(chunk)).ok()) co_return;
+    }
+    std::string usage =
+        fmt::format(R"({{"choices":[],"usage":{{"prompt_tokens":{},"completion_tokens":{},)"
+                    R"("prompt_tokens_details":{{"cached_tokens":{}}}}}}})",
+                    prompt_tokens, max_tokens, kCached);
+    co_await w.writeEvent(usage);
+    co_await w.writeEvent("[DONE]");
+    co_await w.endStream();
+  }
+
+  std::unique_ptr<http::HttpServer> server_;
+  std::mutex mu_;
+  std::map<std::string, int> calls_;
+  std::vector<std::pair<std::string, Nanos>> arrivals_;
+  bj::object last_body_;
+};
+
+trace::Request makeRequest(std::string id, double arrival_s, int64_t input, int64_t output,
+                           std::string session = "", double think_s = -1) {
+  trace::Request r;
+  r.id = std::move(id);
+  r.arrival = secondsToNanos(arrival_s);
+  r.input_length = input;
+  r.output_length = output;
+  r.block_size = 16;
+  r.session_id = std::move(session);
+  r.think_time = think_s < 0 ? -1 : secondsToNanos(think_s);
+  return r;
+}
+
+std::vector<int32_t> fakePrompt(const trace::Request& r) {
+  return std::vector<int32_t>(static_cast<size_t>(r.input_length), 7);
+}
+
+class ReplayTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    endpoint_ = std::make_unique<ScriptedEndpoint>(io_.context());
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           ("kvf_replay_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+
+  absl::Status replay(std::vector<trace::Request> requests, ReplayOptions options, ResultLog* log) {
+    auto client = http::HttpClient::create(io_.executor(), "127.0.0.1", endpoint_->port());
+    Replayer replayer(client, options, fakePrompt, log);
+    return io_.run(
+        [&]() -> asio::awaitable<absl::Status> { co_return co_await replayer.run(requests); }, 60s);
+  }
+
+  testing::IoThread io_;
+  std::unique_ptr<ScriptedEndpoint> endpoint_;
+  std::filesystem::path dir_;
+};
+
+TEST_F(ReplayTest, MeasuresEveryMetricAgainstTheScript) {
+  auto log = ResultLog::open((dir_ / "r.jsonl").string(), false);
+  ASSERT_TRUE(log.ok()) << log.status();
+  ReplayOptions options;
+  options.progress = false;
+  ASSERT_TRUE(replay({makeRequest("a", 0, 100, 5, "s1")}, options, log->get()).ok());
+  ASSERT_EQ((*log)->results().size(), 1u);
+  const RequestResult& r = (*log)->results()[0];
+  const CompletionOutcome& o = r.outcome;
+  ASSERT_TRUE(o.ok) << o.error;
+  // Timers never fire early, so the script gives hard lower bounds; the upper bounds allow for
+  // a loaded machine.
+  EXPECT_GE(o.ttft_s, kFirstTokenMs / 1000.0);
+  EXPECT_LT(o.ttft_s, kFirstTokenMs / 1000.0 + 0.25);
+  double expected_e2e = (kFirstTokenMs + 4 * kTokenGapMs) / 1000.0;
+  EXPECT_GE(o.e2e_s, expected_e2e);
+  EXPECT_LT(o.e2e_s, expected_e2e + 0.3);
+  EXPECT_NEAR(o.tpot_s, (o.e2e_s - o.ttft_s) / 4, 1e-9);
+  EXPECT_GE(o.tpot_s, kTokenGapMs / 1000.0 - 0.002);
+  ASSERT_EQ(o.itl_s.size(), 4u);
+  for (double gap : o.itl_s) EXPECT_GE(gap, kTokenGapMs / 1000.0 - 0.002);
+  EXPECT_EQ(o.output_tokens, 5);
+  EXPECT_EQ(o.prompt_tokens, 100);
+  EXPECT_EQ(o.cached_tokens, kCached);
+  EXPECT_EQ(o.instance, "e3");
+  EXPECT_EQ(o.decision, "local");
+  EXPECT_EQ(o.predicted_cached_tokens, 30);
+  EXPECT_EQ(r.newTokens(), 100 - kCached);
+
+  // The request body carries the token ids, the exact output length and the session.
+  bj::object body = endpoint_->lastBody();
+  EXPECT_EQ(body["prompt"].as_array().size(), 100u);
+  EXPECT_EQ(body["max_tokens"].as_int64(), 5);
+  EXPECT_EQ(body["min_tokens"].as_int64(), 5);
+  EXPECT_TRUE(body["ignore_eos"].as_bool());
+  EXPECT_TRUE(body["stream"].as_bool());
+  EXPECT_EQ(body["user"].as_string(), "s1");
+  EXPECT_EQ(body["model"].as_string(), "scripted");  // discovered at /v1/models
+
+  // The line on disk round-trips.
+  auto loaded = loadResults((dir_ / "r.jsonl").string());
+  ASSERT_TRUE(loaded.ok());
+  ASSERT_EQ(loaded->size(), 1u);
+  EXPECT_DOUBLE_EQ((*loaded)[0].outcome.ttft_s, o.ttft_s);
+  EXPECT_EQ((*loaded)[0].outcome.cached_tokens, kCached);
+}
+
+TEST_F(ReplayTest, TimestampDispatchFollowsTraceTimesWithoutCap) {
+  auto log = ResultLog::open((dir_ / "r.jsonl").string(), false);
+  ASSERT_TRUE(log.ok());
+  ReplayOptions options;
+  options.progress = false;
+  options.time_scale = 2.0;  // trace seconds 0, 0.4, 0.8 -> 0, 0.2, 0.4 s
+  ASSERT_TRUE(replay({makeRequest("a", 10.0, 10, 3), makeRequest("b", 10.4, 10, 3),
+                      makeRequest("c", 10.8, 10, 3)},
+                     options, log->get())
+                  .ok());
+  auto arrivals = endpoint_->arrivals();
+  ASSERT_EQ(arrivals.size(), 3u);
+  double gap_ab = nanosToSeconds(arrivals[1].second - arrivals[0].second);
+  double gap_ac = nanosToSeconds(arrivals[2].second - arrivals[0].second);
+  EXPECT_GE(gap_ab, 0.19);
+  EXPECT_LT(gap_ab, 0.35);
+  EXPECT_GE(gap_ac, 0.39);
+  EXPECT_LT(gap_ac, 0.55);
+  // No cap: "b" was sent while "a" (which takes > 300 ms) was still running.
+  EXPECT_EQ((*log)->results().size(), 3u);
+}
+
+TEST_F(ReplayTest, SessionDispatchWaitsForPreviousTurnPlusThinkTime) {
+  auto log = ResultLog::open((dir_ / "r.jsonl").string(), false);
+  ASSERT_TRUE(log.ok());
+  ReplayOptions options;
+  options.progress = false;
+  options.dispatch = DispatchMode::kSession;
+  // Turn 2's trace time (0.1 s) is before turn 1 can finish (~0.4 s): it must wait for turn 1
+  // plus its think time of 0.2 s.
+  ASSERT_TRUE(replay({makeRequest("t1", 0, 10, 3, "s"), makeRequest("t2", 0.1, 10, 3, "s", 0.2)},
+                     options, log->get())
+                  .ok());
+  const auto& results = (*log)->results();
+  ASSERT_EQ(results.size(), 2u);
+  const RequestResult& t1 = results[0].request_id == "t1" ? results[0] : results[1];
+  const RequestResult& t2 = results[0].request_id == "t1" ? results[1] : results[0];
+  EXPECT_GE(t2.sent_s, t1.sent_s + t1.outcome.e2e_s + 0.2 - 0.005);
+}
+
+TEST_F(ReplayTest, ResumeAfterCrashNeitherLosesNorDuplicates) {
+  std::string path = (dir_ / "r.jsonl").string();
+  // A run that crashed after finishing "a" and while writing "b".
+  {
+    RequestResult done;
+    done.request_id = "a";
+    done.outcome.ok = true;
+    done.outcome.ttft_s = 0.5;
+    std::ofstream out(path);
+    out << done.toJsonLine() << "\n"
+        << R"({"request_id":"b","ok":tr)";
+  }
+  EXPECT_EQ(ResultLog::open(path, false).status().code(), absl::StatusCode::kAlreadyExists);
+  auto log = ResultLog::open(path, true);
+  ASSERT_TRUE(log.ok()) << log.status();
+  EXPECT_EQ((*log)->done().size(), 1u);
+  ReplayOptions options;
+  options.progress = false;
+  ASSERT_TRUE(replay({makeRequest("a", 0, 10, 2), makeRequest("b", 0.05, 10, 2),
+                      makeRequest("c", 0.1, 10, 2)},
+                     options, log->get())
+                  .ok());
+  auto calls = endpoint_->calls();
+  EXPECT_EQ(calls.count("a"), 0u);
+  EXPECT_EQ(calls["b"], 1);
+  EXPECT_EQ(calls["c"], 1);
+  log->reset();
+  auto loaded = loadResults(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 3u);
+  std::map<std::string, int> seen;
+  for (const auto& r : *loaded) seen[r.request_id]++;
+  EXPECT_EQ(seen, (std::map<std::string, int>{{"a", 1}, {"b", 1}, {"c", 1}}));
+}
+
+TEST(Summary, PercentilesAndClasses) {
+  std::vector<RequestResult> results;
+  for (int i = 1; i <= 100; ++i) {
+    RequestResult r;
+    r.request_id = std::to_string(i);
+    r.input_length = i <= 50 ? 1000 : 30000;
+    r.outcome.ok = i != 100;
+    r.outcome.prompt_tokens = r.input_length;
+    r.outcome.cached_tokens = 0;
+    r.outcome.ttft_s = i;
+    r.outcome.e2e_s = 2.0 * i;
+    r.outcome.tpot_s = 0.01;
+    results.push_back(r);
+  }
+  ReplaySummary s = summarize(results);
+  EXPECT_EQ(s.requests, 100u);
+  EXPECT_EQ(s.errors, 1u);
+  EXPECT_EQ(s.ttft.count, 99u);
+  EXPECT_DOUBLE_EQ(s.ttft.p50, 50);
+  EXPECT_DOUBLE_EQ(s.ttft.p90, 90);
+  EXPECT_DOUBLE_EQ(s.ttft.p99, 99);
+  EXPECT_DOUBLE_EQ(s.ttft.mean, 50);
+  EXPECT_EQ(s.by_class["WARM"].requests, 50u);
+  EXPECT_EQ(s.by_class["HEAVY"].requests, 50u);
+  EXPECT_EQ(s.by_class["HEAVY"].errors, 1u);
+  EXPECT_NE(formatSummary(s).find("TTFT"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvf::experiments

@@ -1,0 +1,236 @@
+#include "tests/fakes/fake_engine.h"
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/json.hpp>
+
+#include "common/json.h"
+
+// GCC 12 reports a false -Wmismatched-new-delete on Asio's coroutine frame deallocation for
+// the completion handler below (the frame is allocated and freed by Asio's own operators).
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+
+namespace kvf::fakes {
+namespace {
+
+namespace bj = boost::json;
+
+// The engine's own block hash (deliberately unlike the router's): FNV-1a over the parent and
+// the block's tokens, so the router must map it through token ids.
+uint64_t engineHash(uint64_t parent, const uint32_t* tokens, size_t n) {
+  uint64_t h = 1469598103934665603ULL ^ parent;
+  for (size_t i = 0; i < n; ++i) {
+    h ^= tokens[i];
+    h *= 1099511628211ULL;
+  }
+  return h | 1;  // never 0
+}
+
+// Text is "tokenized" one token per byte; chat turns are role-tagged and concatenated.
+std::vector<uint32_t> promptTokens(bool chat, const bj::object& body) {
+  std::vector<uint32_t> tokens;
+  auto addText = [&](std::string_view s) {
+    for (unsigned char c : s) tokens.push_back(c);
+  };
+  if (chat) {
+    if (const auto* m = body.if_contains("messages"); m && m->is_array()) {
+      for (const auto& msg : m->as_array()) {
+        if (!msg.is_object()) continue;
+        if (const auto* c = msg.as_object().if_contains("content"); c && c->is_string()) {
+          addText(c->as_string());
+        }
+      }
+    }
+    return tokens;
+  }
+  const auto* p = body.if_contains("prompt");
+  if (p && p->is_string()) addText(p->as_string());
+  if (p && p->is_array()) {
+    for (const auto& t : p->as_array()) {
+      if (t.is_int64()) tokens.push_back(static_cast<uint32_t>(t.as_int64()));
+    }
+  }
+  return tokens;
+}
+
+}  // namespace
+
+FakeEngine::FakeEngine(asio::io_context& ioc, FakeEngineOptions options)
+    : options_(std::move(options)) {
+  http::ServerOptions server_options;
+  server_options.port = options_.port;
+  auto server = http::HttpServer::create(ioc, server_options);
+  if (!server.ok()) throw std::runtime_error(std::string(server.status().message()));
+  server_ = std::move(*server);
+  if (options_.publish_kv_events) publisher_ = std::make_unique<FakeKvPublisher>();
+  server_->route(
+      "POST", "/v1/completions",
+      [this](const http::Request& r, http::ResponseWriter& w) { return completion(false, r, w); });
+  server_->route(
+      "POST", "/v1/chat/completions",
+      [this](const http::Request& r, http::ResponseWriter& w) { return completion(true, r, w); });
+  server_->route("GET", "/health",
+                 [this](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
+                   int status = healthy.load() ? 200 : 503;
+                   co_await w.send(status, "text/plain", "");
+                 });
+  server_->route(
+      "GET", "/v1/models",
+      [this](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
+        std::string body =
+            R"({"object":"list","data":[{"id":"fake-model","object":"model","owned_by":")" +
+            options_.id + R"("}]})";
+        co_await w.sendJson(200, std::move(body));
+      });
+  server_->route("GET", "/metrics",
+                 [this](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
+                   std::string body =
+                       "# TYPE vllm:num_requests_waiting gauge\n"
+                       "vllm:num_requests_waiting{model_name=\"fake-model\"} 3\n"
+                       "vllm:kv_cache_usage_perc{model_name=\"fake-model\"} 0.25\n"
+                       "vllm:num_requests_running{model_name=\"fake-model\"} " +
+                       std::to_string(running.load()) + "\n";
+                   co_await w.send(200, "text/plain; version=0.0.4", std::move(body));
+                 });
+  server_->start();
+}
+
+FakeEngine::~FakeEngine() { stop(); }
+
+void FakeEngine::stop() {
+  if (server_) server_->stop();
+}
+
+int64_t FakeEngine::cacheLookupAndInsert(const std::vector<uint32_t>& tokens) {
+  size_t bs = options_.block_size;
+  size_t blocks = tokens.size() / bs;
+  int64_t cached = 0;
+  bool prefix = true;
+  uint64_t parent = 0;
+  FakeKvEvent stored;
+  stored.block_size = options_.block_size;
+  std::vector<uint64_t> evicted;
+  for (size_t b = 0; b < blocks; ++b) {
+    uint64_t h = engineHash(parent, tokens.data() + b * bs, bs);
+    if (prefix && cached_.contains(h)) {
+      cached += static_cast<int64_t>(bs);
+    } else {
+      prefix = false;
+      if (cached_.insert(h).second) {
+        if (stored.hashes.empty() && b > 0) stored.parent = parent;
+        stored.hashes.push_back(h);
+        stored.token_ids.insert(stored.token_ids.end(), tokens.begin() + b * bs,
+                                tokens.begin() + (b + 1) * bs);
+        fifo_.push_back(h);
+      }
+    }
+    parent = h;
+  }
+  while (fifo_.size() > options_.capacity_blocks) {
+    evicted.push_back(fifo_.front());
+    cached_.erase(fifo_.front());
+    fifo_.pop_front();
+  }
+  if (publisher_ && (!stored.hashes.empty() || !evicted.empty())) {
+    std::vector<FakeKvEvent> events;
+    if (!stored.hashes.empty()) events.push_back(stored);
+    if (!evicted.empty()) {
+      FakeKvEvent removed;
+      removed.kind = FakeKvEvent::Kind::kRemoved;
+      removed.hashes = evicted;
+      events.push_back(removed);
+    }
+    publisher_->publish(events);
+  }
+  return cached;
+}
+
+void FakeEngine::clearCache() {
+  cached_.clear();
+  fifo_.clear();
+  if (publisher_) {
+    FakeKvEvent cleared;
+    cleared.kind = FakeKvEvent::Kind::kCleared;
+    publisher_->publish({cleared});
+  }
+}
+
+asio::awaitable<void> FakeEngine::completion(bool chat, const http::Request& r,
+                                             http::ResponseWriter& w) {
+  ++requests;
+  auto body = json::parseObject(r.body);
+  if (!body.ok()) {
+    co_await w.sendStatus(body.status());
+    co_return;
+  }
+  std::vector<uint32_t> tokens = promptTokens(chat, *body);
+  int64_t cached = cacheLookupAndInsert(tokens);
+  bool stream = false;
+  if (const auto* s = body->if_contains("stream"); s && s->is_bool()) stream = s->as_bool();
+  int64_t max_tokens = 16;
+  if (const auto* m = body->if_contains("max_tokens"); m && m->is_int64())
+    max_tokens = m->as_int64();
+  int n = static_cast<int>(std::min<int64_t>(options_.output_tokens, max_tokens));
+  bj::object usage;
+  usage["prompt_tokens"] = tokens.size();
+  usage["completion_tokens"] = n;
+  usage["total_tokens"] = tokens.size() + static_cast<size_t>(n);
+  usage["prompt_tokens_details"] = bj::object{{"cached_tokens", cached}};
+  std::string object = chat ? "chat.completion" : "text_completion";
+  std::string served_by = options_.id;
+  if (!stream) {
+    bj::object out{{"id", "cmpl-fake"}, {"object", object}, {"model", "fake-model"}};
+    bj::object choice{{"index", 0}, {"finish_reason", "length"}};
+    if (chat) {
+      choice["message"] = bj::object{{"role", "assistant"}, {"content", "ok from " + served_by}};
+    } else {
+      choice["text"] = "ok from " + served_by;
+    }
+    out["choices"] = bj::array{choice};
+    out["usage"] = usage;
+    std::string text = bj::serialize(out);
+    co_await w.sendJson(200, std::move(text));
+    co_return;
+  }
+  ++running;
+  auto s = co_await w.beginStream(200, "text/event-stream");
+  asio::steady_timer timer(co_await asio::this_coro::executor);
+  bool cut = false;
+  for (int i = 0; i < n && s.ok(); ++i) {
+    if (cut_stream_after_chunks.load() >= 0 && i >= cut_stream_after_chunks.load()) {
+      cut = true;  // no terminating chunk: the connection closes mid-stream
+      break;
+    }
+    timer.expires_after(options_.token_delay);
+    co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    bj::object chunk{{"id", "cmpl-fake"}, {"object", object + ".chunk"}, {"model", "fake-model"}};
+    bj::object choice{{"index", 0}};
+    if (chat) {
+      choice["delta"] = bj::object{{"content", "t" + std::to_string(i)}};
+    } else {
+      choice["text"] = "t" + std::to_string(i);
+    }
+    chunk["choices"] = bj::array{choice};
+    std::string text = bj::serialize(chunk);
+    s = co_await w.writeEvent(text);
+  }
+  bool include_usage = false;
+  if (const auto* so = body->if_contains("stream_options"); so && so->is_object()) {
+    if (const auto* iu = so->as_object().if_contains("include_usage"); iu && iu->is_bool()) {
+      include_usage = iu->as_bool();
+    }
+  }
+  if (cut) s = absl::AbortedError("cut");
+  if (s.ok() && include_usage) {
+    bj::object last{{"id", "cmpl-fake"}, {"object", object + ".chunk"}, {"choices", bj::array{}}};
+    last["usage"] = usage;
+    std::string text = bj::serialize(last);
+    s = co_await w.writeEvent(text);
+  }
+  if (s.ok()) s = co_await w.writeEvent("[DONE]");
+  if (s.ok()) co_await w.endStream();
+  --running;
+}
+
+}  // namespace kvf::fakes

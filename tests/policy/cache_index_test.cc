@@ -1,0 +1,150 @@
+#include "policy/cache_index.h"
+
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+namespace kvf::policy {
+namespace {
+
+constexpr size_t kBs = 16;
+
+std::vector<TokenId> tokens(size_t blocks, TokenId start = 0) {
+  std::vector<TokenId> v(blocks * kBs);
+  std::iota(v.begin(), v.end(), start);
+  return v;
+}
+
+// A BlockStored event as an engine with its own hash function would send it: engine hashes
+// are arbitrary numbers, token ids carry the content.
+StoredBlocks stored(std::vector<uint64_t> engine_hashes, std::optional<uint64_t> parent,
+                    std::vector<TokenId> toks) {
+  StoredBlocks e;
+  e.engine_hashes = std::move(engine_hashes);
+  e.has_parent = parent.has_value();
+  e.engine_parent = parent.value_or(0);
+  e.token_ids = std::move(toks);
+  e.block_size = kBs;
+  return e;
+}
+
+std::vector<uint32_t> match(const CacheIndex& index, const std::vector<BlockHash>& h, int n = 4) {
+  std::vector<uint32_t> out(n);
+  index.matchLengths(h, out);
+  return out;
+}
+
+TEST(CacheIndexTest, ExactEventsMapEngineHashesThroughTokens) {
+  CacheIndex index;
+  auto t = tokens(4);
+  auto ours = hashTokenBlocks(t, kBs);
+  // Two events: blocks 0-1 without parent, then 2-3 chained on engine hash 1002.
+  ASSERT_TRUE(
+      index.storeBlocks(1, stored({1001, 1002}, std::nullopt, {t.begin(), t.begin() + 32})));
+  ASSERT_TRUE(index.storeBlocks(1, stored({1003, 1004}, 1002, {t.begin() + 32, t.end()})));
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 4, 0, 0}));
+  EXPECT_EQ(index.instanceBlocks(1), 4u);
+
+  // Removing the engine's hash of block 2 cuts the leading run at 2 on that instance.
+  std::vector<uint64_t> removed = {1003};
+  index.removeBlocks(1, removed);
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 2, 0, 0}));
+  EXPECT_EQ(index.exactHolders(ours[3]), InstanceMask{1} << 1);  // block 3 still held
+  EXPECT_EQ(index.stats().exact_entries, 3u);
+}
+
+TEST(CacheIndexTest, LongestLeadingRunPerInstance) {
+  CacheIndex index;
+  auto t = tokens(6);
+  auto ours = hashTokenBlocks(t, kBs);
+  ASSERT_TRUE(index.storeBlocks(0, stored({1, 2, 3, 4, 5, 6}, std::nullopt, t)));
+  ASSERT_TRUE(index.storeBlocks(2, stored({7, 8}, std::nullopt, {t.begin(), t.begin() + 32})));
+  std::vector<uint32_t> out(3);
+  index.matchLengths(ours, out);
+  EXPECT_EQ(out, (std::vector<uint32_t>{6, 0, 2}));
+  // A prompt diverging after block 1 matches only two blocks anywhere.
+  auto other = t;
+  other[2 * kBs] = 777777;
+  EXPECT_EQ(match(index, hashTokenBlocks(other, kBs), 3), (std::vector<uint32_t>{2, 0, 2}));
+}
+
+TEST(CacheIndexTest, UnknownParentAndSizeMismatchAreRejected) {
+  CacheIndex index;
+  auto t = tokens(2);
+  EXPECT_FALSE(index.storeBlocks(0, stored({5}, 999, {t.begin(), t.begin() + 16})));
+  auto bad = stored({5, 6}, std::nullopt, t);
+  bad.block_size = 32;
+  EXPECT_FALSE(index.storeBlocks(0, bad));
+  EXPECT_FALSE(index.storeBlocks(0, stored({5, 6}, std::nullopt, {t.begin(), t.begin() + 20})));
+  EXPECT_EQ(index.stats().stored_events_rejected, 3u);
+  EXPECT_EQ(index.stats().blocks, 0u);
+  std::vector<uint64_t> unknown = {42};
+  index.removeBlocks(0, unknown);
+  EXPECT_EQ(index.stats().removed_unknown, 1u);
+}
+
+TEST(CacheIndexTest, ClearInstanceDropsOnlyThatInstance) {
+  CacheIndex index;
+  auto t = tokens(3);
+  auto ours = hashTokenBlocks(t, kBs);
+  ASSERT_TRUE(index.storeBlocks(0, stored({1, 2, 3}, std::nullopt, t)));
+  ASSERT_TRUE(index.storeBlocks(3, stored({1, 2, 3}, std::nullopt, t)));
+  index.addSoft(0, ours, 0, false);  // already exact: no soft entries
+  EXPECT_EQ(index.stats().soft_entries, 0u);
+  index.clearInstance(0);
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 0, 0, 3}));
+  EXPECT_EQ(index.instanceBlocks(0), 0u);
+  // After a restart the engine's hashes start over: the same engine hash must map afresh.
+  ASSERT_TRUE(index.storeBlocks(0, stored({1}, std::nullopt, {t.begin(), t.begin() + 16})));
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{1, 0, 0, 3}));
+}
+
+TEST(CacheIndexTest, PredictedEntriesExpireUnlessConfirmed) {
+  CacheIndexConfig config;
+  config.predicted_ttl = 10 * kNanosPerSecond;
+  CacheIndex index(config);
+  auto t = tokens(4);
+  auto ours = hashTokenBlocks(t, kBs);
+  index.addSoft(2, ours, 0, false);
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 0, 4, 0}));
+  // The engine confirms the first two blocks; the others stay predicted.
+  ASSERT_TRUE(index.storeBlocks(2, stored({11, 12}, std::nullopt, {t.begin(), t.begin() + 32})));
+  EXPECT_EQ(index.stats().soft_confirmed, 2u);
+  index.expire(9 * kNanosPerSecond);
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 0, 4, 0}));
+  index.expire(10 * kNanosPerSecond);
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 0, 2, 0}));
+  EXPECT_EQ(index.stats().soft_entries, 0u);
+  EXPECT_EQ(index.stats().soft_expired, 2u);
+}
+
+TEST(CacheIndexTest, RefreshedSoftEntryOutlivesItsFirstRecord) {
+  CacheIndexConfig config;
+  config.approximate_ttl = 100;
+  CacheIndex index(config);
+  auto ours = hashTokenBlocks(tokens(2), kBs);
+  index.addSoft(1, ours, 0, true);
+  index.addSoft(1, ours, 60, true);  // routed again: expires at 160
+  index.expire(120);
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 2, 0, 0}));
+  index.expire(160);
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 0, 0, 0}));
+  EXPECT_EQ(index.stats().blocks, 0u);
+}
+
+TEST(CacheIndexTest, CapacityBoundsExactAndSoftEntries) {
+  CacheIndexConfig config;
+  config.max_blocks_per_instance = 2;
+  config.max_soft_entries = 3;
+  CacheIndex index(config);
+  auto t = tokens(4);
+  EXPECT_FALSE(index.storeBlocks(0, stored({1, 2, 3, 4}, std::nullopt, t)));
+  EXPECT_EQ(index.instanceBlocks(0), 2u);
+  auto ours = hashTokenBlocks(t, kBs);
+  index.addSoft(1, ours, 0, false);
+  EXPECT_EQ(index.stats().soft_entries, 3u);
+  EXPECT_EQ(match(index, ours)[1], 3u);
+}
+
+}  // namespace
+}  // namespace kvf::policy

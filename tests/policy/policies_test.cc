@@ -1,0 +1,255 @@
+// Policy scenarios from the milestone report (seed 003 §3.4, §3.9, §9): LMetric's implicit
+// soft affinity through the uncached term, Linear's session stickiness with its overload
+// redirect, and the hybrid's > 50% cache gate with deterministic ties and hysteresis.
+#include "policy/policy.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "common/config.h"
+
+namespace kvf::policy {
+namespace {
+
+PolicyConfig configFor(PolicyKind kind) {
+  PolicyConfig c;
+  c.kind = kind;
+  return c;
+}
+
+std::vector<InstanceSnapshot> idle(int n) { return std::vector<InstanceSnapshot>(n); }
+
+RouteRequest request(int64_t prompt, std::string_view session = {}) {
+  RouteRequest r;
+  r.prompt_tokens = prompt;
+  r.session = session;
+  return r;
+}
+
+TEST(ClassifyTest, Boundaries) {
+  ClassifyConfig c;
+  EXPECT_EQ(classify(0, c), RequestClass::kWarm);
+  EXPECT_EQ(classify(4999, c), RequestClass::kWarm);
+  EXPECT_EQ(classify(5000, c), RequestClass::kMedium);
+  EXPECT_EQ(classify(20000, c), RequestClass::kMedium);
+  EXPECT_EQ(classify(20001, c), RequestClass::kHeavy);
+}
+
+TEST(RoundRobinTest, CyclesOverHealthyInstances) {
+  auto p = createPolicy(configFor(PolicyKind::kRoundRobin));
+  auto inst = idle(3);
+  inst[1].healthy = false;
+  std::vector<int> picks;
+  for (int i = 0; i < 4; ++i) picks.push_back(p->decide(request(10), inst, 0).instance);
+  EXPECT_EQ(picks, (std::vector<int>{0, 2, 0, 2}));
+  for (auto& s : inst) s.healthy = false;
+  auto d = p->decide(request(10), inst, 0);
+  EXPECT_EQ(d.instance, -1);
+  EXPECT_EQ(d.reason, "no_healthy_instance");
+}
+
+TEST(LeastRequestTest, PicksFewestRequestsAndRotatesTies) {
+  auto p = createPolicy(configFor(PolicyKind::kLeastRequest));
+  auto inst = idle(3);
+  inst[0].running = 2;
+  inst[1].running = 1;
+  inst[2].running = 1;
+  inst[2].waiting = 1;
+  EXPECT_EQ(p->decide(request(10), inst, 0).instance, 1);
+  inst[2].waiting = 0;
+  int first = p->decide(request(10), inst, 0).instance;
+  int second = p->decide(request(10), inst, 0).instance;
+  EXPECT_NE(first, second);  // equal instances share the work
+  EXPECT_NE(first, 0);
+  EXPECT_NE(second, 0);
+}
+
+TEST(LMetricTest, ScoreIsPendingPlusUncachedTimesRunning) {
+  auto p = createPolicy(configFor(PolicyKind::kLMetric));
+  auto inst = idle(2);
+  inst[0].running = 2;
+  inst[0].pending_prefill_tokens = 1000;
+  inst[0].matched_tokens = 8000;  // 10000-token prompt: 2000 uncached
+  inst[1].running = 1;
+  inst[1].pending_prefill_tokens = 0;
+  auto d = p->decide(request(10000), inst, 0);
+  EXPECT_DOUBLE_EQ(d.scores[0], (1000 + 2000) * 2.0);
+  EXPECT_DOUBLE_EQ(d.scores[1], (0 + 10000) * 1.0);
+  EXPECT_EQ(d.instance, 0);
+  EXPECT_EQ(d.predicted_cached_tokens, 8000);
+  EXPECT_EQ(d.request_class, RequestClass::kWarm);  // 2000 new tokens
+  EXPECT_EQ(d.reason, "lmetric_score");
+}
+
+TEST(LMetricTest, ImplicitSoftAffinityWithoutSessionStickiness) {
+  // §3.4: the uncached term attracts the next turn to the instance holding the session's
+  // prefix when loads are equal...
+  auto p = createPolicy(configFor(PolicyKind::kLMetric));
+  auto inst = idle(4);
+  for (auto& s : inst) s.running = 1;
+  inst[3].matched_tokens = 30000;
+  EXPECT_EQ(p->decide(request(32000, "s1"), inst, 0).instance, 3);
+  // ...but there is no pin: once that instance is loaded enough, the request goes elsewhere.
+  inst[3].running = 20;
+  inst[3].pending_prefill_tokens = 50000;
+  EXPECT_NE(p->decide(request(32000, "s1"), inst, 0).instance, 3);
+}
+
+TEST(LMetricTest, IdleInstancesTieOnScoreAndPreferCache) {
+  auto p = createPolicy(configFor(PolicyKind::kLMetric));
+  auto inst = idle(3);
+  inst[2].matched_tokens = 100;
+  auto d = p->decide(request(1000), inst, 0);
+  EXPECT_EQ(d.scores[0], 0.0);  // running = 0
+  EXPECT_EQ(d.instance, 2);
+}
+
+TEST(LinearTest, StickyUntilPinnedLoadExceedsTwiceAverage) {
+  auto p = createPolicy(configFor(PolicyKind::kLinear));
+  auto inst = idle(4);
+  auto first = p->decide(request(1000, "s"), inst, 0);
+  EXPECT_EQ(first.reason, "linear_score");
+  int pinned = first.instance;
+  // Load elsewhere makes the pinned instance look cheapest to the score, but affinity alone
+  // must keep it: make the pinned instance costlier yet under 2x the average.
+  for (auto& s : inst) s.ongoing_tokens = 1000;
+  inst[pinned].ongoing_tokens = 1900;  // average 1225, 2x = 2450
+  auto again = p->decide(request(1000, "s"), inst, 1);
+  EXPECT_EQ(again.instance, pinned);
+  EXPECT_EQ(again.reason, "session_affinity");
+  inst[pinned].ongoing_tokens = 10000;  // average 3250, 2x = 6500: overloaded
+  auto moved = p->decide(request(1000, "s"), inst, 2);
+  EXPECT_NE(moved.instance, pinned);
+  EXPECT_EQ(moved.reason, "overload_redirect");
+  // The session is now pinned to its new instance.
+  EXPECT_EQ(p->decide(request(1000, "s"), inst, 3).instance, moved.instance);
+}
+
+TEST(LinearTest, ScoreIsOngoingMinusAlphaCacheHits) {
+  PolicyConfig c = configFor(PolicyKind::kLinear);
+  c.linear.alpha = 0.5;
+  auto p = createPolicy(c);
+  auto inst = idle(2);
+  inst[0].ongoing_tokens = 3000;
+  inst[0].matched_tokens = 4000;  // 3000 - 2000 = 1000
+  inst[1].ongoing_tokens = 1500;  // 1500
+  auto d = p->decide(request(5000), inst, 0);
+  EXPECT_DOUBLE_EQ(d.scores[0], 1000.0);
+  EXPECT_DOUBLE_EQ(d.scores[1], 1500.0);
+  EXPECT_EQ(d.instance, 0);
+}
+
+TEST(LinearTest, PinnedUnhealthyRedirectsAndSessionsExpire) {
+  PolicyConfig c = configFor(PolicyKind::kLinear);
+  c.session_ttl = 100;
+  auto p = createPolicy(c);
+  auto inst = idle(3);
+  int pinned = p->decide(request(10, "s"), inst, 0).instance;
+  inst[pinned].healthy = false;
+  auto d = p->decide(request(10, "s"), inst, 10);
+  EXPECT_NE(d.instance, pinned);
+  EXPECT_EQ(d.reason, "pinned_unhealthy");
+  auto later = p->decide(request(10, "s"), inst, 1000);  // pin expired
+  EXPECT_EQ(later.reason, "linear_score");
+}
+
+TEST(HybridTest, GateSendsToInstanceHoldingMoreThanHalf) {
+  auto p = createPolicy(configFor(PolicyKind::kHybrid));
+  auto inst = idle(4);
+  for (auto& s : inst) s.running = 1;
+  inst[1].running = 3;  // busier: plain LMetric would avoid it
+  inst[1].matched_tokens = 6000;
+  inst[2].matched_tokens = 4000;
+  auto d = p->decide(request(10000), inst, 0);
+  EXPECT_EQ(d.instance, 1);
+  EXPECT_EQ(d.reason, "cache_gate");
+  // Exactly half is not enough: falls back to the LMetric score.
+  inst[1].matched_tokens = 5000;
+  auto half = p->decide(request(10000), inst, 0);
+  EXPECT_EQ(half.reason, "lmetric_score");
+  EXPECT_EQ(half.instance, 2);  // (0 + 6000) x 1 is the lowest score
+}
+
+TEST(HybridTest, GateSkipsOverloadedHolder) {
+  auto p = createPolicy(configFor(PolicyKind::kHybrid));
+  auto inst = idle(4);
+  inst[0].running = 12;  // average 3: 12 > 2 x 3 and >= 4
+  inst[0].matched_tokens = 9000;
+  auto d = p->decide(request(10000), inst, 0);
+  EXPECT_NE(d.instance, 0);
+  EXPECT_EQ(d.reason, "gate_overloaded");
+}
+
+TEST(HybridTest, GateTieBreakIsDeterministic) {
+  auto inst = idle(3);
+  inst[0].matched_tokens = inst[2].matched_tokens = 8000;
+  inst[0].running = 2;
+  inst[2].running = 1;
+  for (int trial = 0; trial < 3; ++trial) {
+    auto p = createPolicy(configFor(PolicyKind::kHybrid));
+    EXPECT_EQ(p->decide(request(10000), inst, 0).instance, 2);  // lower LMetric score
+  }
+  inst[0].running = 1;
+  auto p = createPolicy(configFor(PolicyKind::kHybrid));
+  EXPECT_EQ(p->decide(request(10000), inst, 0).instance, 0);  // full tie: lower index
+}
+
+TEST(HybridTest, HysteresisKeepsSessionOnNearEqualScores) {
+  auto p = createPolicy(configFor(PolicyKind::kHybrid));
+  auto inst = idle(2);
+  inst[0].running = inst[1].running = 1;
+  int first = p->decide(request(1000, "s"), inst, 0).instance;
+  int other = 1 - first;
+  // The other instance becomes slightly cheaper (within 10%): the session stays.
+  inst[first].pending_prefill_tokens = 50;
+  auto d = p->decide(request(1000, "s"), inst, 1);
+  EXPECT_EQ(d.instance, first);
+  EXPECT_EQ(d.reason, "hysteresis");
+  // A clear difference moves it.
+  inst[first].pending_prefill_tokens = 500;
+  auto moved = p->decide(request(1000, "s"), inst, 2);
+  EXPECT_EQ(moved.instance, other);
+  EXPECT_EQ(moved.reason, "lmetric_score");
+  // Without a session, equal instances alternate (no flapping memory needed).
+  inst[0].pending_prefill_tokens = inst[1].pending_prefill_tokens = 0;
+  int a = p->decide(request(1000), inst, 3).instance;
+  int b = p->decide(request(1000), inst, 4).instance;
+  EXPECT_NE(a, b);
+}
+
+TEST(HybridTest, UnhealthyInstancesNeverChosenAndScoredNaN) {
+  auto p = createPolicy(configFor(PolicyKind::kHybrid));
+  auto inst = idle(2);
+  inst[0].healthy = false;
+  inst[0].matched_tokens = 10000;
+  auto d = p->decide(request(10000), inst, 0);
+  EXPECT_EQ(d.instance, 1);
+  EXPECT_TRUE(std::isnan(d.scores[0]));
+}
+
+TEST(PolicyConfigTest, ParsesAndRejectsBadValues) {
+  auto parse = [](std::string_view text) {
+    return config::parseText<PolicyConfig>(
+        text, "<test>", [](config::ConfigMap& m, PolicyConfig* out) { parsePolicyConfig(m, out); });
+  };
+  auto ok = parse(
+      "kind: linear\nlinear: {alpha: 0.25, overload_factor: 3}\n"
+      "classify: {warm_max_new_tokens: 4000}\nsession_ttl_s: 5\n");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->kind, PolicyKind::kLinear);
+  EXPECT_DOUBLE_EQ(ok->linear.alpha, 0.25);
+  EXPECT_DOUBLE_EQ(ok->linear.overload_factor, 3.0);
+  EXPECT_EQ(ok->classify.warm_max_new_tokens, 4000);
+  EXPECT_EQ(ok->session_ttl, 5 * kNanosPerSecond);
+
+  auto bad = parse("kind: magic\nhybrid: {gate_fraction: 2, bogus: 1}\n");
+  ASSERT_FALSE(bad.ok());
+  std::string message(bad.status().message());
+  EXPECT_NE(message.find("kind"), std::string::npos) << message;
+  EXPECT_NE(message.find("hybrid.gate_fraction"), std::string::npos) << message;
+  EXPECT_NE(message.find("bogus"), std::string::npos) << message;
+}
+
+}  // namespace
+}  // namespace kvf::policy

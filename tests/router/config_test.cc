@@ -1,0 +1,73 @@
+#include "router/config.h"
+
+#include <gtest/gtest.h>
+
+namespace kvf::router {
+namespace {
+
+TEST(RouterConfigTest, ParsesFullConfig) {
+  auto config = parseRouterConfig(R"(
+listen: {host: 0.0.0.0, port: 9000}
+instances:
+  - id: e0
+    url: http://127.0.0.1:8100
+    kv_events: {endpoint: "tcp://127.0.0.1:5557", replay_endpoint: "tcp://127.0.0.1:5558"}
+  - id: e1
+    url: http://127.0.0.1:8101/
+policy: {kind: lmetric}
+index: {block_size: 32, predicted_ttl_s: 5}
+health: {interval_s: 0.5, unhealthy_threshold: 3}
+upstream: {max_attempts: 2, circuit_failure_threshold: 4}
+decision_log: /tmp/decisions.jsonl
+admin: {token: secret}
+)",
+                                  "<test>");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->port, 9000);
+  ASSERT_EQ(config->instances.size(), 2u);
+  EXPECT_EQ(config->instances[0].host, "127.0.0.1");
+  EXPECT_EQ(config->instances[0].port, 8100);
+  EXPECT_EQ(config->instances[0].kv_events.topic, "kv-events");
+  EXPECT_EQ(config->instances[1].port, 8101);
+  EXPECT_TRUE(config->instances[1].kv_events.endpoint.empty());
+  EXPECT_EQ(config->policy.kind, policy::PolicyKind::kLMetric);
+  EXPECT_EQ(config->index.block_size, 32u);
+  EXPECT_EQ(config->index.predicted_ttl, 5 * kNanosPerSecond);
+  EXPECT_EQ(config->health.interval, kNanosPerSecond / 2);
+  EXPECT_EQ(config->health.unhealthy_threshold, 3);
+  EXPECT_EQ(config->max_attempts, 2);
+  EXPECT_EQ(config->admin_token, "secret");
+}
+
+TEST(RouterConfigTest, ReportsEveryProblemWithItsPath) {
+  auto config = parseRouterConfig(R"(
+instances:
+  - id: e0
+    url: ftp://x:1
+  - id: e0
+    url: http://127.0.0.1:99999
+    extra: 1
+  - url: http://127.0.0.1:80
+policy: {kind: nope}
+upstream: {max_attempts: 0}
+)",
+                                  "<test>");
+  ASSERT_FALSE(config.ok());
+  std::string m(config.status().message());
+  EXPECT_NE(m.find("instances[0].url"), std::string::npos) << m;
+  EXPECT_NE(m.find("duplicate instance id"), std::string::npos) << m;
+  EXPECT_NE(m.find("invalid port"), std::string::npos) << m;
+  EXPECT_NE(m.find("instances[1].extra"), std::string::npos) << m;
+  EXPECT_NE(m.find("instances[2].id"), std::string::npos) << m;
+  EXPECT_NE(m.find("policy.kind"), std::string::npos) << m;
+  EXPECT_NE(m.find("upstream.max_attempts"), std::string::npos) << m;
+}
+
+TEST(RouterConfigTest, RequiresInstances) {
+  auto config = parseRouterConfig("policy: {kind: hybrid}\n", "<test>");
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(std::string(config.status().message()).find("instances"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvf::router

@@ -1,0 +1,459 @@
+// The router in-process in front of fake engines on loopback: cache-aware placement from KV
+// events and predictions, streaming pass-through, headers and decision log, retries, mid-stream
+// failure, health ejection, admin API and bad input.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <functional>
+#include <numeric>
+#include <thread>
+
+#include <boost/json.hpp>
+
+#include "common/http_client.h"
+#include "common/json.h"
+#include "common/sse.h"
+#include "common/strings.h"
+#include "router/router.h"
+#include "tests/fakes/fake_engine.h"
+#include "tests/testing/io_thread.h"
+
+namespace kvf::router {
+namespace {
+
+using namespace std::chrono_literals;
+namespace bj = boost::json;
+
+http::ClientRequest post(std::string target, std::string body, http::Headers headers = {}) {
+  http::ClientRequest r;
+  r.method = "POST";
+  r.target = std::move(target);
+  r.body = std::move(body);
+  r.headers = std::move(headers);
+  return r;
+}
+
+http::ClientRequest get(std::string target, http::Headers headers = {}) {
+  http::ClientRequest r;
+  r.method = "GET";
+  r.target = std::move(target);
+  r.headers = std::move(headers);
+  return r;
+}
+
+std::string tokenPrompt(int first, int n, bool stream = false, std::string extra = "") {
+  std::vector<int> t(n);
+  std::iota(t.begin(), t.end(), first);
+  return "{\"model\":\"fake-model\",\"max_tokens\":4,\"stream\":" +
+         std::string(stream ? "true,\"stream_options\":{\"include_usage\":true}" : "false") +
+         extra + ",\"prompt\":[" + kvf::strJoin(t, ",") + "]}";
+}
+
+class ProxyTest : public ::testing::Test {
+ protected:
+  void start(int engines, std::string policy_yaml, bool events = true, std::string extra_yaml = "",
+             std::function<void(fakes::FakeEngineOptions&)> tweak = {}) {
+    for (int i = 0; i < engines; ++i) {
+      fakes::FakeEngineOptions o;
+      o.id = "e" + std::to_string(i);
+      o.publish_kv_events = events;
+      if (tweak) tweak(o);
+      engines_.push_back(std::make_unique<fakes::FakeEngine>(engine_io_.context(), o));
+    }
+    log_path_ = ::testing::TempDir() + "/router_decisions_" +
+                std::to_string(reinterpret_cast<uintptr_t>(this)) + ".jsonl";
+    std::remove(log_path_.c_str());
+    std::string yaml = extra_yaml.find("listen:") == std::string::npos ? "listen: {port: 0}\n" : "";
+    yaml += "instances:\n";
+    for (auto& e : engines_) {
+      yaml += "  - id: " + e->options().id + "\n    url: " + e->url() + "\n";
+      if (events) {
+        yaml += "    kv_events: {endpoint: \"" + e->publisher()->endpoint() +
+                "\", replay_endpoint: \"" + e->publisher()->replayEndpoint() + "\"}\n";
+      }
+    }
+    yaml += "policy: " + policy_yaml + "\ndecision_log: " + log_path_ +
+            "\nadmin: {token: s3cret}\n" + extra_yaml;
+    auto config = parseRouterConfig(yaml, "<test>");
+    ASSERT_TRUE(config.ok()) << config.status();
+    auto router = Router::create(router_io_.context(), *config, clock_);
+    ASSERT_TRUE(router.ok()) << router.status();
+    router_ = *router;
+    client_ = http::HttpClient::create(engine_io_.executor(), "127.0.0.1", router_->port());
+  }
+
+  void TearDown() override {
+    router_io_.stop();  // no handler runs once the router is gone
+    router_.reset();
+    engine_io_.stop();
+  }
+
+  absl::StatusOr<http::Response> call(http::ClientRequest request) {
+    return engine_io_.run([&]() -> asio::awaitable<absl::StatusOr<http::Response>> {
+      co_return co_await client_->request(request);
+    });
+  }
+
+  // Streams a request and returns its SSE events' data, in order.
+  absl::StatusOr<std::pair<http::Headers, std::vector<std::string>>> stream(
+      http::ClientRequest request) {
+    return engine_io_.run(
+        [&]()
+            -> asio::awaitable<absl::StatusOr<std::pair<http::Headers, std::vector<std::string>>>> {
+          auto s = co_await client_->open(request);
+          if (!s.ok()) co_return s.status();
+          std::vector<std::string> events;
+          sse::Parser parser;
+          for (;;) {
+            auto piece = co_await (*s)->next();
+            if (!piece.ok()) co_return piece.status();
+            if (!piece->has_value()) break;
+            auto st = parser.feed(**piece, [&](sse::Event&& e) { events.push_back(e.data); });
+            if (!st.ok()) co_return st;
+          }
+          co_return std::make_pair((*s)->headers(), events);
+        },
+        20s);
+  }
+
+  std::vector<bj::object> decisionLog() {
+    std::vector<bj::object> out;
+    std::ifstream in(log_path_);
+    std::string line;
+    while (std::getline(in, line)) {
+      auto obj = json::parseObject(line);
+      EXPECT_TRUE(obj.ok()) << line;
+      if (obj.ok()) out.push_back(*obj);
+    }
+    return out;
+  }
+
+  bj::object adminInstances() {
+    auto r = call(get("/admin/instances", {{"Authorization", "Bearer s3cret"}}));
+    EXPECT_TRUE(r.ok());
+    auto obj = json::parseObject(r.ok() ? r->body : "{}");
+    return obj.ok() ? *obj : bj::object{};
+  }
+
+  bj::object instanceState(const std::string& id) {
+    bj::object all = adminInstances();
+    if (!all.contains("instances")) return {};
+    for (auto& v : all["instances"].as_array()) {
+      if (v.as_object().at("id").as_string() == id) return v.as_object();
+    }
+    return {};
+  }
+
+  // ZMQ drops what is published before a subscription is in place (and a missed first batch
+  // is only noticed at the next one), so tests that count on events publish empty batches
+  // until each engine's subscriber has delivered one.
+  void waitSubscribed() {
+    for (auto& e : engines_) {
+      std::string series =
+          "kvfabric_router_instance_kv_batches_total{instance=\"" + e->options().id + "\"} ";
+      bool ok = eventually([&] {
+        e->publisher()->publish({});
+        auto m = call(get("/metrics"));
+        return m.ok() && m->body.find(series + "0\n") == std::string::npos &&
+               m->body.find(series) != std::string::npos;
+      });
+      ASSERT_TRUE(ok) << e->options().id;
+    }
+  }
+
+  template <class P>
+  bool eventually(P pred, std::chrono::milliseconds timeout = 10s) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (pred()) return true;
+      std::this_thread::sleep_for(10ms);
+    }
+    return false;
+  }
+
+  SteadyClock clock_;
+  testing::IoThread engine_io_;
+  testing::IoThread router_io_;
+  std::vector<std::unique_ptr<fakes::FakeEngine>> engines_;
+  std::shared_ptr<Router> router_;
+  std::shared_ptr<http::HttpClient> client_;
+  std::string log_path_;
+};
+
+TEST_F(ProxyTest, SessionFollowsItsCachedPrefixAndLogsPredictedVsActual) {
+  start(4, "{kind: hybrid}");
+  waitSubscribed();
+  auto first = call(post("/v1/completions", tokenPrompt(0, 4096), {{"X-Session-Id", "s1"}}));
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_EQ(first->status, 200) << first->body;
+  std::string home(first->header("x-kvf-instance"));
+  EXPECT_EQ(first->header("x-kvf-decision"), "local");
+  EXPECT_EQ(first->header("x-kvf-predicted-cached-tokens"), "0");
+  // Wait until the engine's BlockStored events reached the index (exact, not just predicted).
+  ASSERT_TRUE(eventually([&] { return instanceState(home)["index_blocks"].as_int64() == 256; }));
+  for (int turn = 0; turn < 3; ++turn) {
+    auto next = call(
+        post("/v1/completions", tokenPrompt(0, 4096 + 512 * (turn + 1)), {{"X-Session-Id", "s1"}}));
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_EQ(next->header("x-kvf-instance"), home);
+    EXPECT_EQ(next->header("x-kvf-reason"), "cache_gate");
+    EXPECT_EQ(next->header("x-kvf-predicted-cached-tokens"), std::to_string(4096 + 512 * turn));
+  }
+  // The line is written once the response is out, so it may trail the client a little.
+  ASSERT_TRUE(eventually([&] { return decisionLog().size() == 4; }));
+  auto log = decisionLog();
+  EXPECT_EQ(log[1]["session"].as_string(), "s1");
+  EXPECT_EQ(log[1]["policy"].as_string(), "hybrid");
+  EXPECT_EQ(log[1]["instance"].as_string(), home);
+  EXPECT_EQ(log[1]["predicted_cached_tokens"].as_int64(), 4096);
+  EXPECT_EQ(log[1]["actual_cached_tokens"].as_int64(), 4096);  // the engine agreed
+  EXPECT_EQ(log[0]["actual_cached_tokens"].as_int64(), 0);
+  EXPECT_EQ(log[1]["scores"].as_object().size(), 4u);
+  EXPECT_EQ(log[1]["status"].as_int64(), 200);
+  // A different prompt goes by load, not to the busy home (LMetric ties break on cache, then
+  // rotate) - and the metrics count every decision.
+  auto metrics = call(get("/metrics"));
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_NE(metrics->body.find("kvfabric_router_decisions_total{policy=\"hybrid\",mode=\"local\","
+                               "reason=\"cache_gate\"} 3"),
+            std::string::npos)
+      << metrics->body;
+  EXPECT_NE(metrics->body.find("kvfabric_router_cache_silent_misses_total 0"), std::string::npos);
+}
+
+TEST_F(ProxyTest, IndexFollowsEvictionsFromEvents) {
+  start(2, "{kind: hybrid}");
+  waitSubscribed();
+  auto first = call(post("/v1/completions", tokenPrompt(0, 1024)));
+  ASSERT_TRUE(first.ok());
+  std::string home(first->header("x-kvf-instance"));
+  ASSERT_TRUE(eventually([&] { return instanceState(home)["index_blocks"].as_int64() == 64; }));
+  engines_[home == "e0" ? 0 : 1]->clearCache();  // AllBlocksCleared
+  ASSERT_TRUE(eventually([&] { return instanceState(home)["index_blocks"].as_int64() == 0; }));
+  auto again = call(post("/v1/completions", tokenPrompt(0, 1024)));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->header("x-kvf-predicted-cached-tokens"), "0");
+}
+
+TEST_F(ProxyTest, StreamsChunkByChunkWithHeadersAndUsage) {
+  start(2, "{kind: lmetric}");
+  auto result = stream(post("/v1/completions", tokenPrompt(0, 256, true)));
+  ASSERT_TRUE(result.ok()) << result.status();
+  auto& [headers, events] = *result;
+  EXPECT_FALSE(http::findHeader(headers, "x-kvf-instance").empty());
+  EXPECT_EQ(http::findHeader(headers, "content-type"), "text/event-stream");
+  ASSERT_EQ(events.size(), 6u);  // 4 tokens, usage, [DONE]
+  EXPECT_NE(events[0].find("\"t0\""), std::string::npos);
+  EXPECT_NE(events[4].find("cached_tokens"), std::string::npos);
+  EXPECT_EQ(events[5], "[DONE]");
+  // Chat streams the same way.
+  std::string chat =
+      R"({"model":"fake-model","stream":true,"messages":[{"role":"user","content":"hello there"}]})";
+  auto chat_result = stream(post("/v1/chat/completions", chat));
+  ASSERT_TRUE(chat_result.ok()) << chat_result.status();
+  EXPECT_EQ(chat_result->second.back(), "[DONE]");
+  EXPECT_NE(chat_result->second[0].find("delta"), std::string::npos);
+  ASSERT_TRUE(eventually([&] { return decisionLog().size() == 2; }));
+  auto log = decisionLog();
+  EXPECT_EQ(log[0]["actual_cached_tokens"].as_int64(), 0);
+}
+
+TEST_F(ProxyTest, ConnectionFailureIsRetriedOnAnotherInstance) {
+  start(2, "{kind: round_robin}", false, "health: {interval_s: 60}\n");
+  engines_[0]->stop();  // refused connections; health checks are too slow to notice
+  for (int i = 0; i < 4; ++i) {
+    auto r = call(post("/v1/completions", tokenPrompt(i * 100, 64)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->status, 200) << r->body;
+    EXPECT_EQ(r->header("x-kvf-instance"), "e1");
+  }
+  auto metrics = call(get("/metrics"));
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_EQ(metrics->body.find("kvfabric_router_retries_total 0"), std::string::npos);
+  EXPECT_NE(metrics->body.find("kind=\"connect\""), std::string::npos);
+}
+
+TEST_F(ProxyTest, AllInstancesDownGivesBoundedJsonError) {
+  start(2, "{kind: round_robin}", false, "health: {interval_s: 60}\nupstream: {max_attempts: 2}\n");
+  engines_[0]->stop();
+  engines_[1]->stop();
+  auto r = call(post("/v1/completions", tokenPrompt(0, 64)));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 502);
+  EXPECT_NE(r->body.find("\"error\""), std::string::npos);
+}
+
+TEST_F(ProxyTest, MidStreamFailureEndsWithSseErrorEvent) {
+  start(1, "{kind: round_robin}", false);
+  engines_[0]->cut_stream_after_chunks = 2;
+  auto result = stream(post("/v1/completions", tokenPrompt(0, 64, true)));
+  ASSERT_TRUE(result.ok()) << result.status();  // the client's stream ends cleanly
+  auto& events = result->second;
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_NE(events[2].find("\"error\""), std::string::npos) << events[2];
+  EXPECT_NE(events[2].find("mid-stream"), std::string::npos);
+  EXPECT_EQ(events[3], "[DONE]");
+  engines_[0]->cut_stream_after_chunks = -1;
+  auto ok = call(post("/v1/completions", tokenPrompt(0, 64)));  // keeps serving
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->status, 200);
+}
+
+TEST_F(ProxyTest, UnhealthyInstanceIsEjectedAndReadmitted) {
+  start(2, "{kind: round_robin}", false,
+        "health: {interval_s: 0.05, unhealthy_threshold: 2, healthy_threshold: 1}\n");
+  engines_[1]->healthy = false;
+  ASSERT_TRUE(eventually([&] { return !instanceState("e1")["admitted"].as_bool(); }));
+  for (int i = 0; i < 3; ++i) {
+    auto r = call(post("/v1/completions", tokenPrompt(0, 32)));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->header("x-kvf-instance"), "e0");
+  }
+  EXPECT_EQ(instanceState("e0")["waiting"].as_int64(), 3);  // scraped from /metrics
+  engines_[1]->healthy = true;
+  ASSERT_TRUE(eventually([&] { return instanceState("e1")["admitted"].as_bool(); }));
+}
+
+TEST_F(ProxyTest, AdminApiNeedsTokenAndManagesInstances) {
+  start(2, "{kind: round_robin}", false);
+  auto no_token = call(get("/admin/instances"));
+  ASSERT_TRUE(no_token.ok());
+  EXPECT_EQ(no_token->status, 401);
+  auto wrong = call(get("/admin/instances", {{"Authorization", "Bearer nope"}}));
+  EXPECT_EQ(wrong->status, 401);
+  http::Headers auth = {{"Authorization", "Bearer s3cret"}};
+  auto drain = call(post("/admin/instances/e0/drain", "", auth));
+  ASSERT_TRUE(drain.ok());
+  EXPECT_EQ(drain->status, 200);
+  for (int i = 0; i < 3; ++i) {
+    auto r = call(post("/v1/completions", tokenPrompt(0, 32)));
+    EXPECT_EQ(r->header("x-kvf-instance"), "e1");
+  }
+  auto unknown = call(post("/admin/instances/e9/drain", "", auth));
+  EXPECT_EQ(unknown->status, 404);
+  EXPECT_NE(unknown->body.find("e9"), std::string::npos);
+  auto bad_add = call(post("/admin/instances", R"({"id": "e2", "url": "nope"})", auth));
+  EXPECT_EQ(bad_add->status, 400);
+  EXPECT_NE(bad_add->body.find("url"), std::string::npos);
+  auto add = call(
+      post("/admin/instances", R"({"id": "e2", "url": ")" + engines_[0]->url() + R"("})", auth));
+  EXPECT_EQ(add->status, 201) << add->body;
+  auto remove = call(http::ClientRequest{"DELETE", "/admin/instances/e1", auth, "",
+                                         "application/json", std::nullopt});
+  EXPECT_EQ(remove->status, 200);
+  auto r = call(post("/v1/completions", tokenPrompt(0, 32)));
+  EXPECT_EQ(r->header("x-kvf-instance"), "e2");
+  auto decisions = call(get("/admin/decisions", auth));
+  auto obj = json::parseObject(decisions->body);
+  ASSERT_TRUE(obj.ok());
+  EXPECT_EQ((*obj)["decisions"].as_array().size(), 4u);
+}
+
+TEST_F(ProxyTest, BadInputGets4xxJsonAndRouterKeepsServing) {
+  start(1, "{kind: hybrid}", false, "listen: {port: 0, max_body_bytes: 65536}\n");
+  struct Case {
+    std::string body;
+    std::string mentions;
+  };
+  std::vector<Case> cases = {{"{not json", "JSON"},
+                             {R"({"prompt":[1,2]})", "model"},
+                             {R"({"model":"m","prompt":{"a":1}})", "prompt"},
+                             {R"({"model":"m","prompt":[1],"max_tokens":"x"})", "max_tokens"},
+                             {R"([1,2,3])", "object"}};
+  for (const auto& c : cases) {
+    auto r = call(post("/v1/completions", c.body));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->status, 400) << c.body;
+    EXPECT_NE(r->body.find(c.mentions), std::string::npos) << r->body;
+    auto err = json::parseObject(r->body);
+    ASSERT_TRUE(err.ok());
+    EXPECT_TRUE(err->contains("error"));
+  }
+  auto big = call(post("/v1/completions", std::string(200000, ' ')));
+  ASSERT_TRUE(big.ok());
+  EXPECT_EQ(big->status, 413);
+  auto models = call(get("/v1/models"));
+  ASSERT_TRUE(models.ok());
+  EXPECT_NE(models->body.find("fake-model"), std::string::npos);
+  auto health = call(get("/health"));
+  EXPECT_EQ(health->status, 200);
+  auto ok = call(post("/v1/completions", tokenPrompt(0, 32)));
+  EXPECT_EQ(ok->status, 200);
+}
+
+TEST_F(ProxyTest, StreamIsPassedThroughAsProducedNotBuffered) {
+  start(1, "{kind: round_robin}", false, "", [](fakes::FakeEngineOptions& o) {
+    o.output_tokens = 3;
+    o.token_delay = 400ms;
+  });
+  http::ClientRequest request = post("/v1/completions", tokenPrompt(0, 64, true));
+  auto gaps = engine_io_.run(
+      [&]() -> asio::awaitable<absl::StatusOr<std::pair<double, double>>> {
+        auto begin = std::chrono::steady_clock::now();
+        auto s = co_await client_->open(request);
+        if (!s.ok()) co_return s.status();
+        double first = -1;
+        for (;;) {
+          auto piece = co_await (*s)->next();
+          if (!piece.ok()) co_return piece.status();
+          if (!piece->has_value()) break;
+          if (first < 0) {
+            first = std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+          }
+        }
+        double end =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+        co_return std::make_pair(first, end);
+      },
+      20s);
+  ASSERT_TRUE(gaps.ok()) << gaps.status();
+  // The engine spends ~1.2 s on three tokens; the first must reach the client long before the
+  // end (a buffering proxy would deliver everything at once).
+  EXPECT_GT(gaps->second - gaps->first, 0.6) << gaps->first << " " << gaps->second;
+}
+
+TEST_F(ProxyTest, ConsecutiveFailuresOpenTheCircuit) {
+  start(2, "{kind: round_robin}", false,
+        "health: {interval_s: 60}\nupstream: {circuit_failure_threshold: 2, circuit_open_s: 60}\n");
+  engines_[0]->stop();
+  for (int i = 0; i < 6; ++i) {
+    auto r = call(post("/v1/completions", tokenPrompt(i, 32)));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->status, 200);
+  }
+  EXPECT_TRUE(instanceState("e0")["circuit_open"].as_bool());
+  EXPECT_FALSE(instanceState("e0")["admitted"].as_bool());
+  auto metrics = call(get("/metrics"));
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_NE(metrics->body.find("kvfabric_router_instance_circuit_opens_total{instance=\"e0\"} 1"),
+            std::string::npos);
+  // With the circuit open, e0 is no longer tried: exactly two connect failures were seen.
+  EXPECT_NE(metrics->body.find(
+                "kvfabric_router_upstream_errors_total{instance=\"e0\",kind=\"connect\"} 2"),
+            std::string::npos)
+      << metrics->body;
+}
+
+TEST_F(ProxyTest, SilentMissIsCountedWhenTheEngineLostThePrediction) {
+  start(1, "{kind: hybrid}", false);  // no events: approximate index entries
+  auto first = call(post("/v1/completions", tokenPrompt(0, 1024)));
+  ASSERT_TRUE(first.ok());
+  engine_io_.run([&]() -> asio::awaitable<void> {
+    engines_[0]->clearCache();  // on the engine's thread; no event reaches the router
+    co_return;
+  });
+  auto again = call(post("/v1/completions", tokenPrompt(0, 1024)));
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->header("x-kvf-predicted-cached-tokens"), "1024");
+  ASSERT_TRUE(eventually([&] { return decisionLog().size() == 2; }));
+  auto log = decisionLog();
+  EXPECT_EQ(log[1]["actual_cached_tokens"].as_int64(), 0);
+  auto metrics = call(get("/metrics"));
+  ASSERT_TRUE(metrics.ok());
+  EXPECT_NE(metrics->body.find("kvfabric_router_cache_silent_misses_total 1"), std::string::npos);
+  EXPECT_NE(metrics->body.find("kvfabric_router_cache_prediction_error_tokens_count 2"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvf::router
