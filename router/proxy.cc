@@ -158,7 +158,8 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
   recordUpstreamSuccess(*instance);
   // The engine accepted the request: predict that it will hold the prompt's blocks.
   bool approximate = !instance->hasEvents() || !ctx.parsed.has_token_ids;
-  index_.addSoft(instance->slot, ctx.hashes, clock_.now(), approximate);
+  // A removed instance's slot may already belong to a new one.
+  if (!instance->removed) index_.addSoft(instance->slot, ctx.hashes, clock_.now(), approximate);
 
   http::Headers headers = {
       {"x-kvf-instance", instance->config.id},
