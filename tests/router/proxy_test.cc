@@ -381,6 +381,32 @@ TEST_F(ProxyTest, BadInputGets4xxJsonAndRouterKeepsServing) {
   EXPECT_EQ(ok->status, 200);
 }
 
+TEST_F(ProxyTest, ChatPromptsTokenizedThroughTheEngineHashExactly) {
+  start(3, "{kind: hybrid}", true, "tokenize: {enabled: true}\n");
+  waitSubscribed();
+  std::string history(1000, 'a');
+  auto turn = [&](const std::string& messages) {
+    std::string body = R"({"model":"fake-model","user":"chat-1","messages":[)" + messages + "]}";
+    return call(post("/v1/chat/completions", body));
+  };
+  auto first = turn(R"({"role":"user","content":")" + history + R"("})");
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(first->status, 200) << first->body;
+  std::string home(first->header("x-kvf-instance"));
+  // The engine's tokenizer (one token per byte here) gives the router exact token ids, so the
+  // prediction matches what the engine's prefix cache reports: 62 full blocks of 16.
+  auto second = turn(R"({"role":"user","content":")" + history +
+                     R"("},{"role":"assistant","content":"ok"},{"role":"user","content":"more"})");
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->header("x-kvf-instance"), home);
+  EXPECT_EQ(second->header("x-kvf-predicted-cached-tokens"), "992");
+  ASSERT_TRUE(eventually([&] { return decisionLog().size() == 2; }));
+  auto log = decisionLog();
+  EXPECT_EQ(log[1]["actual_cached_tokens"].as_int64(), 992);
+  EXPECT_EQ(log[1]["prompt_tokens"].as_int64(), 1006);
+  EXPECT_EQ(log[1]["session"].as_string(), "chat-1");
+}
+
 TEST_F(ProxyTest, StreamIsPassedThroughAsProducedNotBuffered) {
   start(1, "{kind: round_robin}", false, "", [](fakes::FakeEngineOptions& o) {
     o.output_tokens = 3;
