@@ -297,6 +297,10 @@ TEST_F(ProxyTest, MidStreamFailureEndsWithSseErrorEvent) {
   auto ok = call(post("/v1/completions", tokenPrompt(0, 64)));  // keeps serving
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->status, 200);
+  EXPECT_TRUE(eventually([&] {
+    auto state = instanceState("e0");
+    return state["running"].as_int64() == 0 && state["pending_prefill_tokens"].as_int64() == 0;
+  }));
 }
 
 TEST_F(ProxyTest, UnhealthyInstanceIsEjectedAndReadmitted) {
@@ -436,6 +440,28 @@ TEST_F(ProxyTest, StreamIsPassedThroughAsProducedNotBuffered) {
   // The engine spends ~1.2 s on three tokens; the first must reach the client long before the
   // end (a buffering proxy would deliver everything at once).
   EXPECT_GT(gaps->second - gaps->first, 0.6) << gaps->first << " " << gaps->second;
+}
+
+TEST_F(ProxyTest, ClientDisconnectCancelsUpstreamAndReleasesLoad) {
+  start(1, "{kind: round_robin}", false, "", [](fakes::FakeEngineOptions& o) {
+    o.output_tokens = 50;
+    o.token_delay = 100ms;
+  });
+  http::ClientRequest request = post("/v1/completions", tokenPrompt(0, 64, true));
+  auto first = engine_io_.run([&]() -> asio::awaitable<absl::Status> {
+    auto s = co_await client_->open(request);
+    if (!s.ok()) co_return s.status();
+    auto piece = co_await (*s)->next();  // one chunk, then hang up
+    (*s)->cancel();
+    co_return piece.status();
+  });
+  ASSERT_TRUE(first.ok()) << first;
+  // The router notices on its next write, cancels the engine's stream and releases the load.
+  EXPECT_TRUE(eventually([&] { return engines_[0]->running.load() == 0; }, 15s));
+  EXPECT_TRUE(eventually([&] {
+    auto state = instanceState("e0");
+    return state["running"].as_int64() == 0 && state["pending_prefill_tokens"].as_int64() == 0;
+  }));
 }
 
 TEST_F(ProxyTest, ConsecutiveFailuresOpenTheCircuit) {
