@@ -58,6 +58,7 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
   ctx.excluded.assign(slots_.size(), false);
   for (ctx.attempt = 1; ctx.attempt <= config_.max_attempts; ++ctx.attempt) {
     if (!decide(ctx)) {
+      if (ctx.attempt > 1) break;  // earlier attempts failed: that is the upstream's error
       metrics_->requests_unavailable->inc();
       ctx.status = 503;
       co_await writer.sendError(503, "no healthy instance available");

@@ -274,7 +274,7 @@ TEST_F(ProxyTest, ConnectionFailureIsRetriedOnAnotherInstance) {
 }
 
 TEST_F(ProxyTest, AllInstancesDownGivesBoundedJsonError) {
-  start(2, "{kind: round_robin}", false, "health: {interval_s: 60}\nupstream: {max_attempts: 2}\n");
+  start(2, "{kind: round_robin}", false, "health: {interval_s: 60}\nupstream: {max_attempts: 3}\n");
   engines_[0]->stop();
   engines_[1]->stop();
   auto r = call(post("/v1/completions", tokenPrompt(0, 64)));
