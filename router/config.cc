@@ -121,6 +121,11 @@ void parseRoot(config::ConfigMap& root, RouterConfig* out) {
     getSeconds(*u, "read_timeout_s", &out->read_timeout, 0.1, 86400);
     u->rejectUnknownKeys();
   }
+  if (auto t = root.map("tokenize")) {
+    t->get("enabled", &out->tokenize);
+    getSeconds(*t, "timeout_s", &out->tokenize_timeout, 0.001, 600);
+    t->rejectUnknownKeys();
+  }
   root.get("decision_log", &out->decision_log);
   if (auto a = root.map("admin")) {
     a->get("token", &out->admin_token);

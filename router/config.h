@@ -51,9 +51,13 @@ struct RouterConfig {
   Nanos circuit_open = 10 * kNanosPerSecond;
   Nanos connect_timeout = 2 * kNanosPerSecond;
   Nanos read_timeout = 600 * kNanosPerSecond;  // longest gap between upstream bytes
-  std::string decision_log;                    // JSONL path; empty: no log
-  std::string admin_token;                     // bearer token; empty: admin API disabled
-  size_t max_kv_event_bytes = 64u << 20;       // one batch payload
+  // String and chat prompts are tokenized through an admitted instance's POST /tokenize so
+  // they hash exactly; false (or a failed call) falls back to the approximate text index.
+  bool tokenize = false;
+  Nanos tokenize_timeout = 2 * kNanosPerSecond;
+  std::string decision_log;               // JSONL path; empty: no log
+  std::string admin_token;                // bearer token; empty: admin API disabled
+  size_t max_kv_event_bytes = 64u << 20;  // one batch payload
 };
 
 // Parses "http://host:port" (no path); InvalidArgument otherwise.

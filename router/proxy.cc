@@ -3,6 +3,8 @@
 #include <chrono>
 #include <cmath>
 
+#include <boost/json.hpp>
+
 #include "common/http_client.h"
 #include "common/json.h"
 #include "common/log.h"
@@ -49,10 +51,14 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
     co_return;
   }
   ctx.parsed = std::move(*parsed);
+  if (!ctx.parsed.has_token_ids && config_.tokenize && !(co_await tokenize(ctx, request))) {
+    metrics_->tokenize_fallbacks->inc();
+  }
   ctx.hashes = requestHashes(ctx.parsed, config_.index.block_size);
   ctx.excluded.assign(slots_.size(), false);
   for (ctx.attempt = 1; ctx.attempt <= config_.max_attempts; ++ctx.attempt) {
     if (!decide(ctx)) {
+      if (ctx.attempt > 1) break;  // earlier attempts failed: that is the upstream's error
       metrics_->requests_unavailable->inc();
       ctx.status = 503;
       co_await writer.sendError(503, "no healthy instance available");
@@ -72,6 +78,49 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
   ctx.status = 502;
   std::string message = strCat("upstream unavailable after ", config_.max_attempts, " attempts");
   co_await writer.sendError(502, message);
+}
+
+asio::awaitable<bool> Router::tokenize(RequestContext& ctx, const http::Request& request) {
+  std::shared_ptr<Instance> target;
+  for (const auto& instance : slots_) {
+    if (instance && admitted(*instance)) {
+      target = instance;
+      break;
+    }
+  }
+  if (!target) co_return false;
+  // vLLM's /tokenize takes the same model and prompt/messages (chat applies the template).
+  auto body = json::parseObject(request.body);
+  if (!body.ok()) co_return false;
+  boost::json::object tokenize_body;
+  tokenize_body["model"] = ctx.parsed.model;
+  std::string_view key = ctx.kind == ApiKind::kChat ? "messages" : "prompt";
+  if (const auto* v = body->if_contains(key)) tokenize_body[key] = *v;
+  http::ClientRequest call;
+  call.method = "POST";
+  call.target = "/tokenize";
+  call.body = boost::json::serialize(tokenize_body);
+  call.read_timeout = std::chrono::milliseconds(config_.tokenize_timeout / kNanosPerMilli);
+  auto response = co_await target->client->request(std::move(call));
+  if (!response.ok() || response->status != 200) {
+    upstream_log.warn("tokenize failed; using the approximate text index", "instance",
+                      target->config.id, "status", response.ok() ? response->status : 0);
+    co_return false;
+  }
+  auto result = json::parseObject(response->body);
+  if (!result.ok() || !result->contains("tokens") || !result->at("tokens").is_array()) {
+    co_return false;
+  }
+  std::vector<policy::TokenId> tokens;
+  tokens.reserve(result->at("tokens").as_array().size());
+  for (const auto& t : result->at("tokens").as_array()) {
+    if (!t.is_int64() || t.as_int64() < 0 || t.as_int64() > UINT32_MAX) co_return false;
+    tokens.push_back(static_cast<policy::TokenId>(t.as_int64()));
+  }
+  ctx.parsed.token_ids = std::move(tokens);
+  ctx.parsed.has_token_ids = true;
+  ctx.parsed.prompt_tokens = static_cast<int64_t>(ctx.parsed.token_ids.size());
+  co_return true;
 }
 
 bool Router::decide(RequestContext& ctx) {
@@ -158,7 +207,8 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
   recordUpstreamSuccess(*instance);
   // The engine accepted the request: predict that it will hold the prompt's blocks.
   bool approximate = !instance->hasEvents() || !ctx.parsed.has_token_ids;
-  index_.addSoft(instance->slot, ctx.hashes, clock_.now(), approximate);
+  // A removed instance's slot may already belong to a new one.
+  if (!instance->removed) index_.addSoft(instance->slot, ctx.hashes, clock_.now(), approximate);
 
   http::Headers headers = {
       {"x-kvf-instance", instance->config.id},

@@ -66,7 +66,9 @@ absl::Status Router::init() {
                    "Wall time from an engine's batch timestamp to its application",
                    metrics::exponentialBuckets(1e-4, 2, 18)),
       &r.counter("kvfabric_router_kv_events_ignored_total",
-                 "KV events for media other than GPU, or unmappable to our hashes")});
+                 "KV events for media other than GPU, or unmappable to our hashes"),
+      &r.counter("kvfabric_router_tokenize_fallbacks_total",
+                 "Text prompts indexed approximately because /tokenize failed")});
   r.callback("kvfabric_router_index_blocks", "Distinct block hashes in the cache index",
              metrics::MetricType::kGauge, {},
              [this] { return static_cast<double>(index_.stats().blocks); });

@@ -65,6 +65,8 @@ class Router : public std::enable_shared_from_this<Router> {
   asio::awaitable<void> handleCompletion(ApiKind kind, const http::Request& request,
                                          http::ResponseWriter& writer);
   bool decide(RequestContext& ctx);
+  // Replaces a text prompt by the engine's token ids (POST /tokenize); false when unavailable.
+  asio::awaitable<bool> tokenize(RequestContext& ctx, const http::Request& request);
   enum class ForwardResult { kDone, kRetry };
   asio::awaitable<ForwardResult> forward(RequestContext& ctx, const http::Request& request,
                                          http::ResponseWriter& writer);

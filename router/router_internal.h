@@ -49,6 +49,7 @@ struct Router::Metrics {
   metrics::Histogram* request_seconds;
   metrics::Histogram* kv_event_lag_seconds;
   metrics::Counter* kv_events_ignored;
+  metrics::Counter* tokenize_fallbacks;
 };
 
 }  // namespace kvf::router

@@ -70,6 +70,22 @@ FakeEngine::FakeEngine(asio::io_context& ioc, FakeEngineOptions options)
   server_->route(
       "POST", "/v1/chat/completions",
       [this](const http::Request& r, http::ResponseWriter& w) { return completion(true, r, w); });
+  server_->route("POST", "/tokenize",
+                 [](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
+                   auto body = json::parseObject(r.body);
+                   if (!body.ok()) {
+                     co_await w.sendStatus(body.status());
+                     co_return;
+                   }
+                   bool chat = body->contains("messages");
+                   std::vector<uint32_t> tokens = promptTokens(chat, *body);
+                   bj::object out{{"count", tokens.size()}, {"max_model_len", 131072}};
+                   bj::array list;
+                   for (uint32_t t : tokens) list.push_back(t);
+                   out["tokens"] = std::move(list);
+                   std::string text = bj::serialize(out);
+                   co_await w.sendJson(200, std::move(text));
+                 });
   server_->route("GET", "/health",
                  [this](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
                    int status = healthy.load() ? 200 : 503;

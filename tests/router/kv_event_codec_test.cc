@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <random>
+
 #include "policy/block_hash.h"
 #include "tests/fakes/fake_kv_publisher.h"
 
@@ -77,6 +79,27 @@ TEST(KvEventCodecTest, RejectsMalformedAndOversizedInput) {
   auto unknown = decodeKvEventBatch(bad);
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(std::string(unknown.status().message()).find("BlockFrozen"), std::string::npos);
+}
+
+TEST(KvEventCodecTest, RandomMutationsNeverCrash) {
+  // Byte flips of valid batches in both encodings: each decode either fails cleanly or yields
+  // events within the limits (run under ASan/UBSan in the sanitizer build).
+  std::mt19937 rng(7);
+  for (bool maps : {false, true}) {
+    fakes::EncodeOptions o;
+    o.map_events = maps;
+    o.bytes_hashes = maps;
+    std::string good = fakes::encodeBatch(sampleEvents(), o, 1.0);
+    for (int trial = 0; trial < 20000; ++trial) {
+      std::string bad = good;
+      int flips = 1 + static_cast<int>(rng() % 4);
+      for (int f = 0; f < flips; ++f) bad[rng() % bad.size()] = static_cast<char>(rng());
+      auto batch = decodeKvEventBatch(bad);
+      if (batch.ok()) {
+        EXPECT_LE(batch->events.size(), KvEventLimits{}.max_events);
+      }
+    }
+  }
 }
 
 TEST(KvEventCodecTest, SeqFrames) {

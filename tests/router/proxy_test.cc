@@ -274,7 +274,7 @@ TEST_F(ProxyTest, ConnectionFailureIsRetriedOnAnotherInstance) {
 }
 
 TEST_F(ProxyTest, AllInstancesDownGivesBoundedJsonError) {
-  start(2, "{kind: round_robin}", false, "health: {interval_s: 60}\nupstream: {max_attempts: 2}\n");
+  start(2, "{kind: round_robin}", false, "health: {interval_s: 60}\nupstream: {max_attempts: 3}\n");
   engines_[0]->stop();
   engines_[1]->stop();
   auto r = call(post("/v1/completions", tokenPrompt(0, 64)));
@@ -297,6 +297,10 @@ TEST_F(ProxyTest, MidStreamFailureEndsWithSseErrorEvent) {
   auto ok = call(post("/v1/completions", tokenPrompt(0, 64)));  // keeps serving
   ASSERT_TRUE(ok.ok());
   EXPECT_EQ(ok->status, 200);
+  EXPECT_TRUE(eventually([&] {
+    auto state = instanceState("e0");
+    return state["running"].as_int64() == 0 && state["pending_prefill_tokens"].as_int64() == 0;
+  }));
 }
 
 TEST_F(ProxyTest, UnhealthyInstanceIsEjectedAndReadmitted) {
@@ -381,6 +385,32 @@ TEST_F(ProxyTest, BadInputGets4xxJsonAndRouterKeepsServing) {
   EXPECT_EQ(ok->status, 200);
 }
 
+TEST_F(ProxyTest, ChatPromptsTokenizedThroughTheEngineHashExactly) {
+  start(3, "{kind: hybrid}", true, "tokenize: {enabled: true}\n");
+  waitSubscribed();
+  std::string history(1000, 'a');
+  auto turn = [&](const std::string& messages) {
+    std::string body = R"({"model":"fake-model","user":"chat-1","messages":[)" + messages + "]}";
+    return call(post("/v1/chat/completions", body));
+  };
+  auto first = turn(R"({"role":"user","content":")" + history + R"("})");
+  ASSERT_TRUE(first.ok());
+  ASSERT_EQ(first->status, 200) << first->body;
+  std::string home(first->header("x-kvf-instance"));
+  // The engine's tokenizer (one token per byte here) gives the router exact token ids, so the
+  // prediction matches what the engine's prefix cache reports: 62 full blocks of 16.
+  auto second = turn(R"({"role":"user","content":")" + history +
+                     R"("},{"role":"assistant","content":"ok"},{"role":"user","content":"more"})");
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(second->header("x-kvf-instance"), home);
+  EXPECT_EQ(second->header("x-kvf-predicted-cached-tokens"), "992");
+  ASSERT_TRUE(eventually([&] { return decisionLog().size() == 2; }));
+  auto log = decisionLog();
+  EXPECT_EQ(log[1]["actual_cached_tokens"].as_int64(), 992);
+  EXPECT_EQ(log[1]["prompt_tokens"].as_int64(), 1006);
+  EXPECT_EQ(log[1]["session"].as_string(), "chat-1");
+}
+
 TEST_F(ProxyTest, StreamIsPassedThroughAsProducedNotBuffered) {
   start(1, "{kind: round_robin}", false, "", [](fakes::FakeEngineOptions& o) {
     o.output_tokens = 3;
@@ -410,6 +440,28 @@ TEST_F(ProxyTest, StreamIsPassedThroughAsProducedNotBuffered) {
   // The engine spends ~1.2 s on three tokens; the first must reach the client long before the
   // end (a buffering proxy would deliver everything at once).
   EXPECT_GT(gaps->second - gaps->first, 0.6) << gaps->first << " " << gaps->second;
+}
+
+TEST_F(ProxyTest, ClientDisconnectCancelsUpstreamAndReleasesLoad) {
+  start(1, "{kind: round_robin}", false, "", [](fakes::FakeEngineOptions& o) {
+    o.output_tokens = 50;
+    o.token_delay = 100ms;
+  });
+  http::ClientRequest request = post("/v1/completions", tokenPrompt(0, 64, true));
+  auto first = engine_io_.run([&]() -> asio::awaitable<absl::Status> {
+    auto s = co_await client_->open(request);
+    if (!s.ok()) co_return s.status();
+    auto piece = co_await (*s)->next();  // one chunk, then hang up
+    (*s)->cancel();
+    co_return piece.status();
+  });
+  ASSERT_TRUE(first.ok()) << first;
+  // The router notices on its next write, cancels the engine's stream and releases the load.
+  EXPECT_TRUE(eventually([&] { return engines_[0]->running.load() == 0; }, 15s));
+  EXPECT_TRUE(eventually([&] {
+    auto state = instanceState("e0");
+    return state["running"].as_int64() == 0 && state["pending_prefill_tokens"].as_int64() == 0;
+  }));
 }
 
 TEST_F(ProxyTest, ConsecutiveFailuresOpenTheCircuit) {
