@@ -7,9 +7,7 @@
 #include <boost/asio/signal_set.hpp>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
+#include "common/cli.h"
 #include "common/log.h"
 #include "engine/engine_config.h"
 #include "engine/engine_server.h"
@@ -26,16 +24,11 @@ ABSL_FLAG(double, time_scale, 0, "Modelled seconds per wall second; overrides th
 ABSL_FLAG(std::string, log_level, "", "trace, debug, info, warn, error; overrides the config");
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  kvf::cli::parseFlags(
+      argc, argv,
       "Emulated vLLM-compatible engine instance with a paged prefix cache, a calibrated timing "
       "model and KV events.\nUsage: kvf-engine --config engine.yaml [--port N] [--instance_id "
       "ID] [--kv_events_endpoint tcp://*:P] [--kv_replay_endpoint tcp://*:P]");
-  absl::FlagsUsageConfig usage_config;
-  usage_config.contains_help_flags = [](absl::string_view file) {
-    return file.find("engine/main.cc") != absl::string_view::npos;
-  };
-  absl::SetFlagsUsageConfig(usage_config);
-  absl::ParseCommandLine(argc, argv);
   std::string path = absl::GetFlag(FLAGS_config);
   if (path.empty()) {
     std::cerr << "kvf-engine: --config is required (see --help)\n";

@@ -253,20 +253,4 @@ absl::StatusOr<KvEventBatch> decodeKvEventBatch(std::string_view payload,
   return batch;
 }
 
-std::string encodeSeq(uint64_t seq) {
-  std::string out(8, '\0');
-  for (int i = 7; i >= 0; --i) {
-    out[i] = static_cast<char>(seq & 0xff);
-    seq >>= 8;
-  }
-  return out;
-}
-
-std::optional<uint64_t> decodeSeq(std::string_view frame) {
-  if (frame.size() != 8) return std::nullopt;
-  uint64_t seq = 0;
-  for (char c : frame) seq = (seq << 8) | static_cast<uint8_t>(c);
-  return seq;
-}
-
 }  // namespace kvf::router

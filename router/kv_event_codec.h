@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/kv_event_seq.h"
 #include "policy/cache_index.h"
 
 namespace kvf::router {
@@ -40,9 +41,9 @@ struct KvEventLimits {
 absl::StatusOr<KvEventBatch> decodeKvEventBatch(std::string_view payload,
                                                 const KvEventLimits& limits = {});
 
-// Sequence numbers travel as 8-byte big-endian frames.
-std::string encodeSeq(uint64_t seq);
-std::optional<uint64_t> decodeSeq(std::string_view frame);
-inline constexpr uint64_t kReplayEndSeq = ~uint64_t{0};
+// Sequence numbers travel as 8-byte big-endian frames (common/kv_event_seq.h).
+using kv_events::decodeSeq;
+using kv_events::encodeSeq;
+using kv_events::kReplayEndSeq;
 
 }  // namespace kvf::router

@@ -7,9 +7,7 @@
 #include <boost/asio/signal_set.hpp>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
+#include "common/cli.h"
 #include "common/clock.h"
 #include "common/log.h"
 #include "router/config.h"
@@ -22,17 +20,9 @@ ABSL_FLAG(std::string, log_level, "info", "Log level: trace, debug, info, warn, 
 ABSL_FLAG(int, port, -1, "Overrides listen.port from the config when >= 0 (0 picks a free port).");
 
 int main(int argc, char** argv) {
-  absl::FlagsUsageConfig usage_config;
-  // --help lists this binary's flags (Abseil's default matches only files named after it).
-  usage_config.contains_help_flags = [](absl::string_view file) {
-    return file.find("router/main.cc") != absl::string_view::npos;
-  };
-  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage_config);
-  absl::SetProgramUsageMessage(
-      "Cache-aware router for LLM engine instances.\n"
-      "Usage: kvf-router --config router.yaml");
-  absl::ParseCommandLine(argc, argv);
+  kvf::cli::parseFlags(argc, argv,
+                       "Cache-aware router for LLM engine instances.\n"
+                       "Usage: kvf-router --config router.yaml");
   kvf::log::init("kvf-router", absl::GetFlag(FLAGS_log_level));
   std::string path = absl::GetFlag(FLAGS_config);
   if (path.empty()) {

@@ -97,20 +97,4 @@ void VectorEventSink::onBlockRemoved(BlockRemoved event) {
 }
 void VectorEventSink::onAllBlocksCleared() { events_.emplace_back(AllBlocksCleared{}); }
 
-std::string encodeSeq(uint64_t seq) {
-  std::string out(8, '\0');
-  for (int i = 7; i >= 0; --i) {
-    out[i] = static_cast<char>(seq & 0xff);
-    seq >>= 8;
-  }
-  return out;
-}
-
-std::optional<uint64_t> decodeSeq(std::string_view bytes) {
-  if (bytes.size() != 8) return std::nullopt;
-  uint64_t v = 0;
-  for (unsigned char c : bytes) v = (v << 8) | c;
-  return v;
-}
-
 }  // namespace kvf::worker

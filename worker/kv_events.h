@@ -12,6 +12,8 @@
 #include <variant>
 #include <vector>
 
+#include "common/kv_event_seq.h"
+
 namespace kvf::worker {
 
 using BlockHash = uint64_t;
@@ -64,11 +66,9 @@ class VectorEventSink final : public KvEventSink {
 // array starting with its tag; medium is "GPU" and lora_id nil.
 std::string encodeEventBatch(double timestamp_s, const std::vector<KvEvent>& events);
 
-// Sequence numbers on the wire: 8-byte big-endian unsigned.
-std::string encodeSeq(uint64_t seq);
-std::optional<uint64_t> decodeSeq(std::string_view bytes);
-
-// Replay end marker: -1 as a signed 8-byte big-endian integer.
-inline constexpr uint64_t kReplayEndSeq = ~uint64_t{0};
+// Sequence numbers on the wire and the replay end marker (common/kv_event_seq.h).
+using kv_events::decodeSeq;
+using kv_events::encodeSeq;
+using kv_events::kReplayEndSeq;
 
 }  // namespace kvf::worker
