@@ -31,8 +31,8 @@ std::string readFile(const fs::path& p) {
 TEST(ExperimentSmoke, TwoArmsOnRealEnginesAndRouter) {
   std::string bin = env("KVF_BIN_DIR"), src = env("KVF_SOURCE_DIR");
   ASSERT_FALSE(bin.empty());
-  fs::path trace = fs::path(src) / ".." / "shared" / "traces" / "mooncake" /
-                   "conversation_trace.jsonl";
+  fs::path trace =
+      fs::path(src) / ".." / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl";
   if (!fs::exists(trace)) GTEST_SKIP() << "bundled traces not found at " << trace;
   fs::path dir = fs::path(::testing::TempDir()) / ("kvf_exp_smoke_" + std::to_string(::getpid()));
   fs::remove_all(dir);
@@ -46,8 +46,8 @@ TEST(ExperimentSmoke, TwoArmsOnRealEnginesAndRouter) {
                                   << "\n  engine_time_scale: 20\n"
                                   << "arms:\n  - {name: rr, policy: {kind: round_robin}}\n"
                                   << "  - {name: lm, policy: {kind: lmetric}}\n";
-  std::string cmd = bin + "/kvf-experiment run " + (dir / "exp.yaml").string() + " --plots=false > " +
-                    (dir / "run.log").string() + " 2>&1";
+  std::string cmd = bin + "/kvf-experiment run " + (dir / "exp.yaml").string() +
+                    " --plots=false > " + (dir / "run.log").string() + " 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << readFile(dir / "run.log");
 
   for (const char* arm : {"rr", "lm"}) {
