@@ -2,12 +2,7 @@
 // and writes one JSON line per finished request, then a summary table.
 #include <cstdio>
 #include <string>
-#include <unordered_map>
 #include <vector>
-
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/use_future.hpp>
 
 #include "absl/flags/flag.h"
 #include "common/cli.h"
@@ -97,37 +92,18 @@ absl::Status run() {
   reader.arrivals.rate_per_s = absl::GetFlag(FLAGS_conversation_rate);
   reader.arrivals.seed = absl::GetFlag(FLAGS_seed);
   KVF_ASSIGN_OR_RETURN(std::vector<trace::Request> requests, trace::readAll(trace_path, reader));
-  // Request ids must be stable across a resume: traces without ids get their index.
-  for (size_t i = 0; i < requests.size(); ++i) {
-    if (requests[i].id.empty()) requests[i].id = strCat("r", i);
-  }
-  std::unordered_map<std::string, uint64_t> index;
-  for (size_t i = 0; i < requests.size(); ++i) index.emplace(requests[i].id, i);
-
+  experiments::assignMissingIds(&requests);
   trace::TokenSynthOptions synth_options;
   synth_options.vocab_min = absl::GetFlag(FLAGS_vocab_min);
   synth_options.vocab_max = absl::GetFlag(FLAGS_vocab_max);
   synth_options.salt = absl::GetFlag(FLAGS_salt);
-  KVF_ASSIGN_OR_RETURN(trace::TokenSynthesizer synth,
-                       trace::TokenSynthesizer::create(synth_options));
-  experiments::PromptBuilder prompt = [&](const trace::Request& r) {
-    return synth.prompt(r, index.at(r.id));
-  };
 
   KVF_ASSIGN_OR_RETURN(auto log, experiments::ResultLog::open(output, absl::GetFlag(FLAGS_resume)));
   log::info("replay starting", "trace", trace_path, "requests", requests.size(), "done",
             log->done().size(), "dispatch", dispatch, "time_scale", options.time_scale);
 
-  asio::io_context ioc;
-  http::ClientOptions client_options;
-  client_options.max_idle_connections = 4096;
-  client_options.read_timeout = options.timeout;
-  auto client =
-      http::HttpClient::create(ioc.get_executor(), endpoint.first, endpoint.second, client_options);
-  experiments::Replayer replayer(client, options, prompt, log.get());
-  auto done = asio::co_spawn(ioc, replayer.run(std::move(requests)), asio::use_future);
-  ioc.run();
-  absl::Status status = done.get();
+  absl::Status status = experiments::replayTrace(requests, endpoint.first, endpoint.second, options,
+                                                 synth_options, log.get());
   std::printf(
       "%s",
       experiments::formatSummary(experiments::summarize(log->results(), options.warmup_s)).c_str());

@@ -77,9 +77,7 @@ absl::Status Harness::prepareTrace() {
   reader.arrivals.rate_per_s = config_.trace.conversation_rate;
   reader.arrivals.seed = config_.trace.seed;
   KVF_ASSIGN_OR_RETURN(std::vector<trace::Request> all, trace::readAll(config_.trace.path, reader));
-  for (size_t i = 0; i < all.size(); ++i) {
-    if (all[i].id.empty()) all[i].id = strCat("r", i);
-  }
+  assignMissingIds(&all);
   std::stable_sort(all.begin(), all.end(),
                    [](const auto& a, const auto& b) { return a.arrival < b.arrival; });
   requests_.clear();
@@ -232,21 +230,8 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
   KVF_ASSIGN_OR_RETURN(auto log, ResultLog::open(rep_dir + "/results.jsonl", false));
   trace::TokenSynthOptions synth_options;
   synth_options.salt = config_.salt;
-  KVF_ASSIGN_OR_RETURN(trace::TokenSynthesizer synth,
-                       trace::TokenSynthesizer::create(synth_options));
-  std::unordered_map<std::string, uint64_t> index;
-  for (size_t i = 0; i < requests_.size(); ++i) index.emplace(requests_[i].id, i);
-  PromptBuilder prompt = [&](const trace::Request& r) { return synth.prompt(r, index.at(r.id)); };
-  asio::io_context ioc;
-  http::ClientOptions client_options;
-  client_options.max_idle_connections = 4096;
-  client_options.read_timeout = config_.replay.timeout;
-  auto client =
-      http::HttpClient::create(ioc.get_executor(), "127.0.0.1", router_port, client_options);
-  Replayer replayer(client, config_.replay, prompt, log.get());
-  auto done = asio::co_spawn(ioc, replayer.run(requests_), asio::use_future);
-  ioc.run();
-  KVF_RETURN_IF_ERROR(done.get());
+  KVF_RETURN_IF_ERROR(
+      replayTrace(requests_, "127.0.0.1", router_port, config_.replay, synth_options, log.get()));
 
   for (size_t i = 0; i < ports.size(); ++i) {
     KVF_ASSIGN_OR_RETURN(std::string after,

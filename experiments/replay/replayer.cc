@@ -5,16 +5,20 @@
 
 #include <cstdio>
 #include <map>
+#include <unordered_map>
 
 #include <fmt/format.h>
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
+#include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/use_future.hpp>
 
 #include "common/log.h"
 #include "common/status.h"
+#include "common/strings.h"
 
 namespace kvf::experiments {
 
@@ -120,6 +124,31 @@ asio::awaitable<void> Replayer::reportProgress() {
     std::fflush(stderr);
   }
   if (options_.progress && tty) std::fprintf(stderr, "\n");
+}
+
+void assignMissingIds(std::vector<trace::Request>* requests) {
+  for (size_t i = 0; i < requests->size(); ++i) {
+    if ((*requests)[i].id.empty()) (*requests)[i].id = strCat("r", i);
+  }
+}
+
+absl::Status replayTrace(const std::vector<trace::Request>& requests, const std::string& host,
+                         uint16_t port, const ReplayOptions& options,
+                         const trace::TokenSynthOptions& synth_options, ResultLog* log) {
+  KVF_ASSIGN_OR_RETURN(trace::TokenSynthesizer synth,
+                       trace::TokenSynthesizer::create(synth_options));
+  std::unordered_map<std::string, uint64_t> index;
+  for (size_t i = 0; i < requests.size(); ++i) index.emplace(requests[i].id, i);
+  PromptBuilder prompt = [&](const trace::Request& r) { return synth.prompt(r, index.at(r.id)); };
+  asio::io_context ioc;
+  http::ClientOptions client_options;
+  client_options.max_idle_connections = 4096;
+  client_options.read_timeout = options.timeout;
+  auto client = http::HttpClient::create(ioc.get_executor(), host, port, client_options);
+  Replayer replayer(client, options, prompt, log);
+  auto done = asio::co_spawn(ioc, replayer.run(requests), asio::use_future);
+  ioc.run();
+  return done.get();
 }
 
 asio::awaitable<absl::Status> Replayer::run(std::vector<trace::Request> requests) {

@@ -16,6 +16,7 @@
 #include "common/http_client.h"
 #include "experiments/replay/result_log.h"
 #include "trace/request.h"
+#include "trace/token_synth.h"
 
 namespace kvf::experiments {
 
@@ -72,5 +73,16 @@ class Replayer {
 };
 
 std::string formatProgress(const ReplayProgress& p, double elapsed_s);
+
+// Gives every request without an id its index in `requests` ("r<i>"), so ids, and with them
+// --resume and the prompt keys below, are stable across runs of the same trace.
+void assignMissingIds(std::vector<trace::Request>* requests);
+
+// Replays `requests` (ids assigned) against http://host:port on a private io_context and
+// returns when every request finished. Prompts come from trace/'s token synthesis keyed by each
+// request's index in `requests`.
+absl::Status replayTrace(const std::vector<trace::Request>& requests, const std::string& host,
+                         uint16_t port, const ReplayOptions& options,
+                         const trace::TokenSynthOptions& synth, ResultLog* log);
 
 }  // namespace kvf::experiments
