@@ -6,17 +6,46 @@
 
 namespace kvf::json {
 
-absl::StatusOr<bj::value> parse(std::string_view text, int max_depth) {
+namespace {
+
+constexpr int kDefaultMaxDepth = 64;
+// Documents above this size get their DOM from one monotonic arena (a few large blocks
+// instead of one allocation per string/array), freed with the value.
+constexpr size_t kArenaThresholdBytes = 64 * 1024;
+
+bj::parse_options parseOptions(int max_depth) {
   bj::parse_options options;
   options.max_depth = static_cast<std::size_t>(max_depth);
+  return options;
+}
+
+}  // namespace
+
+absl::StatusOr<bj::value> parse(std::string_view text, int max_depth, bj::storage_ptr storage) {
   boost::system::error_code ec;
-  bj::value v = bj::parse(bj::string_view(text.data(), text.size()), ec, {}, options);
+  if (storage.get() == bj::storage_ptr().get() && text.size() > kArenaThresholdBytes) {
+    storage = bj::make_shared_resource<bj::monotonic_resource>();
+  }
+  bj::value v;
+  if (max_depth == kDefaultMaxDepth) {
+    // One parser per thread: its value stack keeps the capacity grown by earlier documents,
+    // so a 100k-token prompt does not regrow (and page-fault) it on every request.
+    thread_local bj::parser parser(bj::storage_ptr(), parseOptions(kDefaultMaxDepth));
+    parser.reset(std::move(storage));
+    parser.write(text.data(), text.size(), ec);
+    if (!ec) v = parser.release();
+    parser.reset();
+  } else {
+    v = bj::parse(bj::string_view(text.data(), text.size()), ec, std::move(storage),
+                  parseOptions(max_depth));
+  }
   if (ec) return absl::InvalidArgumentError(strCat("malformed JSON: ", ec.message()));
   return v;
 }
 
-absl::StatusOr<bj::object> parseObject(std::string_view text, int max_depth) {
-  auto v = parse(text, max_depth);
+absl::StatusOr<bj::object> parseObject(std::string_view text, int max_depth,
+                                       bj::storage_ptr storage) {
+  auto v = parse(text, max_depth, std::move(storage));
   if (!v.ok()) return v.status();
   if (!v->is_object()) return absl::InvalidArgumentError("request body must be a JSON object");
   return std::move(v->as_object());

@@ -16,10 +16,14 @@ namespace kvf::json {
 namespace bj = boost::json;
 
 // Parses a JSON document; `max_depth` bounds nesting so hostile input cannot exhaust the stack.
-absl::StatusOr<bj::value> parse(std::string_view text, int max_depth = 64);
+// `storage` (e.g. a caller-owned bj::monotonic_resource for a document that dies with the
+// request) holds the DOM; by default large documents get a shared arena of their own.
+absl::StatusOr<bj::value> parse(std::string_view text, int max_depth = 64,
+                                bj::storage_ptr storage = {});
 
 // Parses and requires a top-level object.
-absl::StatusOr<bj::object> parseObject(std::string_view text, int max_depth = 64);
+absl::StatusOr<bj::object> parseObject(std::string_view text, int max_depth = 64,
+                                       bj::storage_ptr storage = {});
 
 // `{"error": {"message": ..., "type": ..., "code": ...}}` as serialized text.
 std::string errorBody(std::string_view message, std::string_view type, int code);
