@@ -123,54 +123,78 @@ class ConversationParser {
   int subagents_ = 0;
 };
 
+// Streams the directory in arrival order without holding it: conversation k starts at
+// starts_[k] (non-decreasing in file order) and none of its requests comes earlier, so a
+// file is parsed only once the merge reaches its start. Memory is the pending requests of the
+// conversations that have started, not the trace. Ties keep file order, then file order of
+// requests (the order a stable sort of the whole directory would give).
 class AgenticReader final : public RequestReader {
  public:
-  absl::Status load(const std::string& dir, const ReaderOptions& options);
+  absl::Status open(const std::string& dir, const ReaderOptions& options);
 
   absl::StatusOr<bool> next(Request* out) override {
-    if (pos_ >= requests_.size()) return false;
-    *out = std::move(requests_[pos_++]);
+    while (next_file_ < files_.size() &&
+           (heap_.empty() || starts_[next_file_] <= heap_.front().request.arrival)) {
+      size_t index = next_file_++;
+      KVF_RETURN_IF_ERROR(loadFile(index));
+    }
+    if (heap_.empty()) return false;
+    std::pop_heap(heap_.begin(), heap_.end(), Later{});
+    *out = std::move(heap_.back().request);
+    heap_.pop_back();
     return true;
   }
   TraceFormat format() const override { return TraceFormat::kAgentic; }
-  int64_t bytesRead() const override {
-    return requests_.empty()
-               ? 0
-               : static_cast<int64_t>(static_cast<double>(bytes_) * static_cast<double>(pos_) /
-                                      static_cast<double>(requests_.size()));
-  }
-  int64_t bytesTotal() const override { return bytes_; }
+  int64_t bytesRead() const override { return bytes_read_; }
+  int64_t bytesTotal() const override { return bytes_total_; }
 
  private:
-  absl::Status loadFile(const std::filesystem::path& file, size_t index, Nanos start,
-                        const ReaderOptions& options);
+  struct Pending {
+    Request request;
+    size_t file = 0;
+    size_t seq = 0;  // position inside its file
+  };
+  // Max-heap comparator that puts the earliest (arrival, file, seq) on top.
+  struct Later {
+    bool operator()(const Pending& a, const Pending& b) const {
+      if (a.request.arrival != b.request.arrival) return a.request.arrival > b.request.arrival;
+      if (a.file != b.file) return a.file > b.file;
+      return a.seq > b.seq;
+    }
+  };
 
-  std::vector<Request> requests_;
-  size_t pos_ = 0;
-  int64_t bytes_ = 0;
+  absl::Status loadFile(size_t index);
+
+  ReaderOptions options_;
+  std::vector<std::filesystem::path> files_;
+  std::vector<Nanos> starts_;
+  size_t next_file_ = 0;
+  std::vector<Pending> heap_;
+  int64_t bytes_read_ = 0;
+  int64_t bytes_total_ = 0;
 };
 
-absl::Status AgenticReader::loadFile(const std::filesystem::path& file, size_t index, Nanos start,
-                                     const ReaderOptions& options) {
+absl::Status AgenticReader::loadFile(size_t index) {
+  const std::filesystem::path& file = files_[index];
   std::ifstream in(file, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
   if (!in.good() && !in.eof()) return absl::DataLossError(strCat("cannot read ", file.string()));
   std::string body = text.str();
-  bytes_ += static_cast<int64_t>(body.size());
+  bytes_read_ += static_cast<int64_t>(body.size());
   ReadProblem problem{file.string(), 0, "", ""};
   auto doc = json::parseObject(body);
   if (!doc.ok()) {
     problem.message = std::string(doc.status().message());
-    return report(options.on_error, std::move(problem));
+    return report(options_.on_error, std::move(problem));
   }
-  int32_t block_size = options.block_size;
+  int32_t block_size = options_.block_size;
   if (block_size <= 0) {
     auto bs = numberOf(doc->if_contains("block_size"));
     if (!bs || *bs < 1 || *bs > (1 << 24) || *bs != std::floor(*bs)) {
       problem.field = "block_size";
       problem.message = "missing or not a positive integer";
-      return report(options.on_error, std::move(problem));
+      return report(options_.on_error, std::move(problem));
     }
     block_size = static_cast<int32_t>(*bs);
   }
@@ -182,39 +206,43 @@ absl::Status AgenticReader::loadFile(const std::filesystem::path& file, size_t i
   if (reqs == nullptr || !reqs->is_array()) {
     problem.field = "requests";
     problem.message = "missing or not an array";
-    return report(options.on_error, std::move(problem));
+    return report(options_.on_error, std::move(problem));
   }
   std::vector<Request> parsed;
   ConversationParser parser(static_cast<HashId>(index + 1) << kIdShift, block_size, &parsed);
-  if (auto err = parser.walk(reqs->as_array(), "requests", conversation, start, "", 0)) {
+  if (auto err = parser.walk(reqs->as_array(), "requests", conversation, starts_[index], "", 0)) {
     problem.field = err->field;
     problem.message = err->message;
-    return report(options.on_error, std::move(problem));  // skip drops the whole conversation
+    return report(options_.on_error, std::move(problem));  // skip drops the whole conversation
   }
-  for (auto& r : parsed) requests_.push_back(std::move(r));
+  for (size_t i = 0; i < parsed.size(); ++i) {
+    heap_.push_back(Pending{std::move(parsed[i]), index, i});
+    std::push_heap(heap_.begin(), heap_.end(), Later{});
+  }
   return absl::OkStatus();
 }
 
-absl::Status AgenticReader::load(const std::string& dir, const ReaderOptions& options) {
+absl::Status AgenticReader::open(const std::string& dir, const ReaderOptions& options) {
+  options_ = options;
   std::error_code ec;
-  std::vector<std::filesystem::path> files;
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
     if (entry.is_regular_file() && entry.path().extension() == ".json") {
-      files.push_back(entry.path());
+      files_.push_back(entry.path());
+      bytes_total_ += static_cast<int64_t>(entry.file_size(ec));
     }
   }
   if (ec) return absl::NotFoundError(strCat("cannot list ", dir, ": ", ec.message()));
-  if (files.size() >= (size_t{1} << (64 - kIdShift)) - 1) {
+  if (files_.size() >= (size_t{1} << (64 - kIdShift)) - 1) {
     return absl::InvalidArgumentError(strCat(dir, ": too many conversation files"));
   }
-  std::sort(files.begin(), files.end());
+  std::sort(files_.begin(), files_.end());
   const ConversationArrivals& arrivals = options.arrivals;
   if (arrivals.kind == ConversationArrivals::Kind::kPoisson && !(arrivals.rate_per_s > 0)) {
     return absl::InvalidArgumentError("conversation arrival rate must be > 0");
   }
   std::mt19937_64 rng(arrivals.seed);
   double start_s = 0;
-  for (size_t i = 0; i < files.size(); ++i) {
+  for (size_t i = 0; i < files_.size(); ++i) {
     if (i > 0) {
       if (arrivals.kind == ConversationArrivals::Kind::kSequential) {
         start_s += arrivals.gap_s;
@@ -223,10 +251,8 @@ absl::Status AgenticReader::load(const std::string& dir, const ReaderOptions& op
         start_s += -std::log1p(-u) / arrivals.rate_per_s;
       }
     }
-    KVF_RETURN_IF_ERROR(loadFile(files[i], i, secondsToNanos(start_s), options));
+    starts_.push_back(secondsToNanos(start_s));
   }
-  std::stable_sort(requests_.begin(), requests_.end(),
-                   [](const Request& a, const Request& b) { return a.arrival < b.arrival; });
   return absl::OkStatus();
 }
 
@@ -235,7 +261,7 @@ absl::Status AgenticReader::load(const std::string& dir, const ReaderOptions& op
 absl::StatusOr<std::unique_ptr<RequestReader>> openAgenticDirectory(const std::string& dir,
                                                                     const ReaderOptions& options) {
   auto reader = std::make_unique<AgenticReader>();
-  KVF_RETURN_IF_ERROR(reader->load(dir, options));
+  KVF_RETURN_IF_ERROR(reader->open(dir, options));
   return std::unique_ptr<RequestReader>(std::move(reader));
 }
 

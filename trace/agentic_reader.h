@@ -14,8 +14,9 @@ namespace kvf::trace {
 
 // Hash ids of file k (0-based, in file-name order) become ((k + 1) << 40) | local_id, so ids
 // never collide across conversations and sub-agents of one file keep sharing theirs. Local ids
-// must be below 2^40. The directory is loaded and sorted by arrival once on open (its requests
-// are held in memory); next() then streams them.
+// must be below 2^40. The directory is listed on open; next() merges the conversations in
+// arrival order, parsing each file only when the merge reaches its start, so memory holds the
+// conversations in progress, never the whole directory. A bad file is reported when reached.
 absl::StatusOr<std::unique_ptr<RequestReader>> openAgenticDirectory(const std::string& dir,
                                                                     const ReaderOptions& options);
 

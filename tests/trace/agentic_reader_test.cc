@@ -112,6 +112,30 @@ TEST(AgenticReader, MalformedConversationStopsOrIsSkipped) {
   EXPECT_EQ((*reader)->skipped(), 2);
 }
 
+// Files are parsed when the merge reaches their conversation's start, not on open: with
+// conversations 100 s apart, the first one's requests come out before the broken second file
+// is even read.
+TEST(AgenticReader, StreamsConversationsLazily) {
+  TempDir dir;
+  dir.write("trace_0001.json", kConvA);
+  dir.write("trace_0002.json", R"({"id": "y", "block_size": 4, "requests": [{"t": 0)");
+  ReaderOptions options;
+  options.arrivals.kind = ConversationArrivals::Kind::kSequential;
+  options.arrivals.gap_s = 100;
+  auto reader = openTrace(dir.path(), options);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  Request r;
+  for (int i = 0; i < 5; ++i) {
+    auto more = (*reader)->next(&r);
+    ASSERT_TRUE(more.ok()) << "request " << i << ": " << more.status();
+    ASSERT_TRUE(*more);
+    EXPECT_EQ((*reader)->bytesRead(), static_cast<int64_t>(std::string(kConvA).size()));
+  }
+  auto broken = (*reader)->next(&r);
+  ASSERT_FALSE(broken.ok());
+  EXPECT_THAT(std::string(broken.status().message()), HasSubstr("trace_0002.json"));
+}
+
 TEST(AgenticReader, ReadsBundledDirectory) {
   if (!testing::haveTraces()) GTEST_SKIP() << "no bundled traces";
   auto r = readAll(testing::tracesDir() + "/agentic-coding");
