@@ -48,6 +48,7 @@ void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::
     t->get("start_s", &out->trace.start_s, 0.0, 1e9);
     t->get("duration_s", &out->trace.duration_s, 0.0, 1e9);
     t->get("limit", &out->trace.limit, 0, int64_t{1} << 40);
+    t->get("max_input_tokens", &out->trace.max_input_tokens, 0, int64_t{1} << 40);
     t->get("conversation_rate", &out->trace.conversation_rate, 1e-9, 1e6);
     t->get("seed", &out->trace.seed, 0, UINT64_MAX);
     t->rejectUnknownKeys();

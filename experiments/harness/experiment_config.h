@@ -20,6 +20,7 @@ struct TraceSlice {
   double start_s = 0;                     // window start (trace time, from the first request)
   double duration_s = 0;                  // window length; 0 = to the end
   int64_t limit = 0;                      // at most this many requests of the window (0 = all)
+  int64_t max_input_tokens = 0;           // drop longer requests (0 = keep all)
   double conversation_rate = 1.0 / 60.0;  // agentic directories: conversations per second
   uint64_t seed = 1;
 };

@@ -85,13 +85,22 @@ absl::Status Harness::prepareTrace() {
     Nanos from = all.front().arrival + secondsToNanos(config_.trace.start_s);
     Nanos to =
         config_.trace.duration_s > 0 ? from + secondsToNanos(config_.trace.duration_s) : INT64_MAX;
+    int64_t too_long = 0;
     for (auto& r : all) {
       if (r.arrival < from || r.arrival >= to) continue;
+      if (config_.trace.max_input_tokens > 0 && r.input_length > config_.trace.max_input_tokens) {
+        ++too_long;  // the session's other turns stay; the next one follows the previous kept
+        continue;
+      }
       if (config_.trace.limit > 0 &&
           static_cast<int64_t>(requests_.size()) >= config_.trace.limit) {
         break;
       }
       requests_.push_back(std::move(r));
+    }
+    if (too_long > 0) {
+      log::info("dropped requests over trace.max_input_tokens", "dropped", too_long, "limit",
+                config_.trace.max_input_tokens);
     }
   }
   if (requests_.empty()) return absl::InvalidArgumentError("the trace slice has no requests");
