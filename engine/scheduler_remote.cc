@@ -12,8 +12,7 @@ std::vector<BlockHash> Scheduler::remoteRun(const Request& r, size_t local,
                                             size_t max_blocks) const {
   std::vector<BlockHash> run;
   if (!r.remote_kv || !pool_->prefixCachingEnabled()) return run;
-  const auto& want =
-      r.remote_kv->block_hashes.empty() ? r.block_hashes : r.remote_kv->block_hashes;
+  const auto& want = r.remote_kv->block_hashes.empty() ? r.block_hashes : r.remote_kv->block_hashes;
   size_t end = std::min({max_blocks, want.size(), r.block_hashes.size()});
   for (size_t i = local; i < end && want[i] == r.block_hashes[i]; ++i) run.push_back(want[i]);
   return run;
@@ -78,8 +77,7 @@ absl::Status Scheduler::completeRemoteKv(const std::string& id, size_t blocks_fi
   return absl::OkStatus();
 }
 
-absl::Status Scheduler::failRemoteKv(const std::string& id, Nanos /*now*/,
-                                     bool writes_may_arrive) {
+absl::Status Scheduler::failRemoteKv(const std::string& id, Nanos /*now*/, bool writes_may_arrive) {
   auto it = remote_waiting_.find(id);
   if (it == remote_waiting_.end()) {
     return absl::NotFoundError(strCat("request ", id, " is not waiting for remote KV"));
