@@ -255,7 +255,13 @@ asio::awaitable<void> EngineServer::Impl::runFetch(RemoteKvFetch f) {
         wall(timing.transferDuration(n * bs)) + config.worker.push_deadline_margin_ms * kMs);
   }
   TransferOutcome out = co_await transferBlocks(f, opt, t0 + deadline);
-  if (out.landed > 0) {
+  // The modelled link: the push costs max(real transport time, modelled time).
+  const Nanos modelled_end =
+      t0 + wall(timing.transferDuration(static_cast<int64_t>(out.landed) * bs));
+  Nanos kv_ready_at = -1;
+  if (out.landed > 0 && config.worker.layerwise) {
+    kv_ready_at = engineNow(modelled_end);  // overlaps the first step (see engine_core.h)
+  } else if (out.landed > 0) {
     // The emulated link: the push costs max(real transport time, modelled time).
     asio::steady_timer link(ioc);
     link.expires_at(
@@ -267,8 +273,8 @@ asio::awaitable<void> EngineServer::Impl::runFetch(RemoteKvFetch f) {
     size_t good = 0;
     std::string problem;
   };
-  auto finish = [this, &f, landed = out.landed, may = out.writes_may_arrive,
-                 resolved]() -> asio::awaitable<Verdict> {
+  auto finish = [this, &f, landed = out.landed, may = out.writes_may_arrive, resolved,
+                 kv_ready_at]() -> asio::awaitable<Verdict> {
     Verdict v{landed, {}};
     for (size_t i = 0; i < landed; ++i) {  // the emulator's content is a function of the hash
       if (!worker::verifyBlockPayload(f.hashes[i], core->pool().payload(f.blocks[i]))) {
