@@ -42,7 +42,7 @@ struct WorkerConfig {
   // the first prefill step (it ends at max(step, transfer + step / layers)). false: the
   // request waits for the whole modelled transfer before it is scheduled.
   bool layerwise = true;
-  int64_t default_lease_ms = 30000;       // do_remote_decode without lease_ms
+  int64_t default_lease_ms = 30000;  // do_remote_decode without lease_ms
   int64_t max_lease_ms = 600000;
   // TEST ONLY fault injection on the holder side: "" (none), "corrupt" (push damaged bytes
   // with the checksums of the good ones), "corrupt_content" (damaged bytes, matching

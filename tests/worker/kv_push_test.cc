@@ -75,8 +75,8 @@ class KvPushTest : public ::testing::Test {
                           << "kv_events: {enabled: false}\n"
                           << "worker: {token: s3cret" << worker_extra << "}\n";
     e->proc = std::make_unique<ChildProcess>(
-        std::vector<std::string>{bin_ + "/kvf-engine", "--config", config.string(),
-                                 "--worker_port", std::to_string(e->worker_port)},
+        std::vector<std::string>{bin_ + "/kvf-engine", "--config", config.string(), "--worker_port",
+                                 std::to_string(e->worker_port)},
         (dir_ / (name + ".log")).string());
     EXPECT_TRUE(e->proc->waitForLog("kvf-engine ready", std::chrono::seconds(20)))
         << e->proc->log();
@@ -88,8 +88,8 @@ class KvPushTest : public ::testing::Test {
   http::Response call(int port, std::string method, std::string target, std::string body = {},
                       std::string token = {}) {
     return io_.run([&]() -> asio::awaitable<http::Response> {
-      auto client = http::HttpClient::create(io_.executor(), "127.0.0.1",
-                                             static_cast<uint16_t>(port));
+      auto client =
+          http::HttpClient::create(io_.executor(), "127.0.0.1", static_cast<uint16_t>(port));
       http::ClientRequest req;
       req.method = method;
       req.target = target;
@@ -198,7 +198,8 @@ TEST_F(KvPushTest, OffloadLeaseIsPushedThenReleasedOrExpires) {
   EXPECT_EQ(cached(r), 124 * 16);  // (2000 - 1) / 16 full blocks
   EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, std::chrono::seconds(2)));
   // An unused lease expires and frees the blocks.
-  complete(p, tokens(800, 3), R"(, "kv_transfer_params": {"do_remote_decode": true, "lease_ms": 300})");
+  complete(p, tokens(800, 3),
+           R"(, "kv_transfer_params": {"do_remote_decode": true, "lease_ms": 300})");
   EXPECT_EQ(metric(p, "kvfabric_engine_kv_push_leases"), 1);
   EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, std::chrono::seconds(3)));
 }
@@ -215,8 +216,8 @@ TEST_F(KvPushTest, EvictedOnTheHolderFallsBackAtOnce) {
   EXPECT_EQ(std::string(result(r)["reason"].as_string()), "source holds none of the blocks");
   EXPECT_EQ(cached(r), 0);
   EXPECT_LT(seconds, 0.5 + 0.1 + 0.1) << "fallback took " << seconds << " s";
-  EXPECT_TRUE(waitMetric(d, "kvfabric_engine_kv_push_quarantined_blocks", 0,
-                         std::chrono::seconds(1)));
+  EXPECT_TRUE(
+      waitMetric(d, "kvfabric_engine_kv_push_quarantined_blocks", 0, std::chrono::seconds(1)));
 }
 
 TEST_F(KvPushTest, CorruptedBlocksAreRejected) {
@@ -257,8 +258,8 @@ TEST_F(KvPushTest, StalledHolderFallsBackAndItsLatePushCorruptsNothing) {
   EXPECT_LT(seconds, 0.3 + 0.1 + 0.1) << "fallback took " << seconds << " s";
   // The landing blocks stay out of use until C's late push has landed, then come back.
   EXPECT_GT(metric(d, "kvfabric_engine_kv_push_quarantined_blocks"), 0);
-  EXPECT_TRUE(waitMetric(d, "kvfabric_engine_kv_push_quarantined_blocks", 0,
-                         std::chrono::seconds(5)));
+  EXPECT_TRUE(
+      waitMetric(d, "kvfabric_engine_kv_push_quarantined_blocks", 0, std::chrono::seconds(5)));
   // D's cache is intact: a third engine pulls the prompt from D and verifies every block.
   Engine& e = start("E");
   bj::object r2 = complete(e, prompt, source(d));
@@ -281,8 +282,8 @@ TEST_F(KvPushTest, HolderKilledDuringThePushFallsBack) {
   EXPECT_EQ(std::string(result(r)["status"].as_string()), "fallback") << r;
   EXPECT_LT(seconds, 0.8 + 0.1 + 0.1) << "fallback took " << seconds << " s";
   // C is gone, so nothing can land any more: the blocks are back at once.
-  EXPECT_TRUE(waitMetric(d, "kvfabric_engine_kv_push_quarantined_blocks", 0,
-                         std::chrono::seconds(1)));
+  EXPECT_TRUE(
+      waitMetric(d, "kvfabric_engine_kv_push_quarantined_blocks", 0, std::chrono::seconds(1)));
   // The next request to the dead source fails fast too.
   bj::object r2 = complete(d, tokens(3000, 8), source(c, 800), &seconds);
   EXPECT_EQ(std::string(result(r2)["status"].as_string()), "fallback") << r2;
