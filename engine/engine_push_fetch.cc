@@ -285,8 +285,8 @@ asio::awaitable<void> EngineServer::Impl::runFetch(RemoteKvFetch f) {
     }
     Nanos now = engineNow(steadyNanos());
     // With a landing that completed, no write can arrive (may is false then).
-    absl::Status st =
-        v.good > 0 ? core->completeRemoteKv(f.id, v.good, now) : core->failRemoteKv(f.id, now, may);
+    absl::Status st = v.good > 0 ? core->completeRemoteKv(f.id, v.good, now, kv_ready_at)
+                                 : core->failRemoteKv(f.id, now, may);
     if (resolved) core->releaseRemoteKvLanding(f.id);  // an abort may have quarantined them
     publishStats();
     if (idle) wake_timer.cancel();

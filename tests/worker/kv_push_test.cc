@@ -63,13 +63,21 @@ class KvPushTest : public ::testing::Test {
   }
 
   // Starts an engine; `worker_extra` is appended to its worker: {...} mapping.
-  Engine& start(const std::string& name, const std::string& worker_extra = "") {
+  // Starts an engine; `worker_extra` is appended to its worker: {...} mapping; `link_gbps`
+  // replaces the profile's link bandwidth.
+  Engine& start(const std::string& name, const std::string& worker_extra = "",
+                int link_gbps = 200) {
     auto e = std::make_unique<Engine>();
     e->worker_port = freePort();
+    fs::path profile = dir_ / (name + "-profile.yaml");
+    std::string text = readFile(source_ + "/engine/profiles/qwen3-coder-30b-a3b-h20.yaml");
+    size_t at = text.find("bandwidth_gbps: 200");
+    EXPECT_NE(at, std::string::npos);
+    text.replace(at, 19, "bandwidth_gbps: " + std::to_string(link_gbps));
+    std::ofstream(profile) << text;
     fs::path config = dir_ / (name + ".yaml");
     std::ofstream(config) << "instance_id: " << name << "\nport: 0\n"
-                          << "profile: " << source_
-                          << "/engine/profiles/qwen3-coder-30b-a3b-h20.yaml\n"
+                          << "profile: " << profile.string() << "\n"
                           << "time_scale: 50\nmax_model_len: 32768\n"
                           << "cache: {block_size: 16, num_gpu_blocks: 4000}\n"
                           << "kv_events: {enabled: false}\n"
@@ -180,6 +188,29 @@ TEST_F(KvPushTest, PushedPrefixIsCachedOnTheReceiverAndHitsLocallyLater) {
   EXPECT_EQ(call(c.worker_port, "GET", "/kv/info").status, 401);
   EXPECT_EQ(call(c.worker_port, "GET", "/kv/info", "", "s3cret").status, 200);
   EXPECT_EQ(call(c.worker_port, "POST", "/kv/push", "{}", "s3cret").status, 400);
+}
+
+TEST_F(KvPushTest, PushCostsTheModelledLinkTimeOverlappedLayerByLayer) {
+  // At 10 Gbps, 4000 tokens x 96 KiB take 314.6 ms + 50 us (modelled) - far longer than the
+  // 16-token step that follows, so the step ends at the transfer's end + one layer's share.
+  Engine& c = start("C", "", 10);
+  Engine& d = start("D", "", 10);
+  Engine& w = start("W", ", layerwise: false", 10);
+  std::string prefix = tokens(4000, 9);
+  complete(c, prefix, "");
+  std::string turn2 = tokens(4016, 9);
+  std::vector<double> ttfts;
+  for (Engine* e : {&d, &w}) {
+    double before = metric(*e, "vllm:time_to_first_token_seconds_sum");
+    bj::object r = complete(*e, turn2, source(c, 2000));
+    EXPECT_EQ(result(r)["pushed_tokens"].as_int64(), 4000) << r;
+    double ttft = metric(*e, "vllm:time_to_first_token_seconds_sum") - before;
+    EXPECT_GE(ttft, 0.3146);
+    EXPECT_LT(ttft, 0.3146 + 0.08) << (e == &d ? "layerwise" : "whole transfer first");
+    ttfts.push_back(ttft);
+  }
+  // Layer-wise, only 1/48 of the ~36 ms step follows the transfer; otherwise all of it.
+  EXPECT_LT(ttfts[0], ttfts[1] - 0.02);
 }
 
 TEST_F(KvPushTest, OffloadLeaseIsPushedThenReleasedOrExpires) {
