@@ -262,10 +262,8 @@ asio::awaitable<void> EngineServer::Impl::runFetch(RemoteKvFetch f) {
   if (out.landed > 0 && config.worker.layerwise) {
     kv_ready_at = engineNow(modelled_end);  // overlaps the first step (see engine_core.h)
   } else if (out.landed > 0) {
-    // The emulated link: the push costs max(real transport time, modelled time).
-    asio::steady_timer link(ioc);
-    link.expires_at(
-        toTimePoint(t0 + wall(timing.transferDuration(static_cast<int64_t>(out.landed) * bs))));
+    asio::steady_timer link(ioc);  // the whole modelled transfer before the request runs
+    link.expires_at(toTimePoint(modelled_end));
     co_await link.async_wait(kAwait);
   }
   const bool resolved = !out.landing || out.landing->resolved();
