@@ -184,6 +184,17 @@ TEST_F(KvPushTest, PushedPrefixIsCachedOnTheReceiverAndHitsLocallyLater) {
   bj::object same = complete(start("E"), prefix, source(c));
   EXPECT_EQ(std::string(result(same)["status"].as_string()), "ok") << same;
   EXPECT_EQ(cached(same), 3984);  // the last token is always computed
+  // Streaming: the result rides on the final chunk.
+  std::string body = R"({"prompt": )" + tokens(2000, 21) + R"(, "max_tokens": 3, "stream": true)" +
+                     source(c) + "}";
+  complete(c, tokens(2000, 21), "");
+  std::string sse = call(d.port, "POST", "/v1/completions", body).body;
+  size_t at = sse.find("kv_transfer_result");
+  ASSERT_NE(at, std::string::npos) << sse;
+  EXPECT_NE(sse.find(R"("status":"ok")", at), std::string::npos) << sse;
+  size_t finish = sse.find("finish_reason\":\"length");
+  ASSERT_NE(finish, std::string::npos) << sse;
+  EXPECT_EQ(sse.find("\n", finish), sse.find("\n", at));  // the same (final) chunk
   // Unauthenticated control requests are refused.
   EXPECT_EQ(call(c.worker_port, "GET", "/kv/info").status, 401);
   EXPECT_EQ(call(c.worker_port, "GET", "/kv/info", "", "s3cret").status, 200);
