@@ -240,6 +240,15 @@ TEST_F(KvPushTest, OffloadLeaseIsPushedThenReleasedOrExpires) {
   EXPECT_EQ(std::string(result(r)["status"].as_string()), "ok") << r;
   EXPECT_EQ(cached(r), 124 * 16);  // (2000 - 1) / 16 full blocks
   EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, std::chrono::seconds(2)));
+  // Streamed, the lease rides on the final chunk.
+  std::string streamed =
+      R"({"prompt": )" + tokens(300, 4) +
+      R"(, "stream": true, "kv_transfer_params": {"do_remote_decode": true, "lease_ms": 1000}})";
+  std::string sse = call(p.port, "POST", "/v1/completions", streamed).body;
+  EXPECT_NE(sse.find("\"lease_id\""), std::string::npos) << sse;
+  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 1, std::chrono::seconds(2)));
+  ASSERT_EQ(call(p.port, "POST", "/reset_prefix_cache").status, 409);  // pinned by the lease
+  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, std::chrono::seconds(3)));
   // An unused lease expires and frees the blocks.
   complete(p, tokens(800, 3),
            R"(, "kv_transfer_params": {"do_remote_decode": true, "lease_ms": 300})");
