@@ -93,6 +93,7 @@ std::string Router::instancesJson() const {
     o["pending_prefill_tokens"] = i->pending_prefill_tokens;
     o["kv_usage"] = i->kv_usage;
     o["kv_events"] = i->config.kv_events.endpoint;
+    o["worker_url"] = i->config.worker_url;
     o["index_blocks"] = index_.instanceBlocks(i->slot);
     list.push_back(std::move(o));
   }

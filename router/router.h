@@ -33,6 +33,7 @@ class context_t;
 namespace kvf::router {
 
 struct Instance;
+struct KvTransferParams;
 struct KvUpdate;
 struct RequestContext;
 
@@ -69,10 +70,26 @@ class Router : public std::enable_shared_from_this<Router> {
   asio::awaitable<bool> tokenize(RequestContext& ctx, const http::Request& request);
   enum class ForwardResult { kDone, kRetry };
   asio::awaitable<ForwardResult> forward(RequestContext& ctx, const http::Request& request,
-                                         http::ResponseWriter& writer);
+                                         std::string body, http::ResponseWriter& writer);
   asio::awaitable<void> forwardStream(RequestContext& ctx, http::ResponseStream& upstream,
                                       http::ResponseWriter& writer, const http::Headers& headers);
   void finishRequest(RequestContext& ctx);
+  // The prefill on the chosen instance is over (first bytes arrived, or the attempt ended):
+  // its pending prefill tokens and the offload cap are released.
+  void endPrefillPhase(RequestContext& ctx);
+
+  // KV push and prefill offload (migration.cc).
+  // Takes the peer's load and the offload cap for a decision with a peer.
+  void holdPeer(RequestContext& ctx, Instance& peer, int64_t peer_matched_tokens);
+  void releasePeer(RequestContext& ctx);
+  // The body for the decode instance: the client's (its kv_transfer_params stripped), plus
+  // {source} for a push-migrate, or P's params once the offload's prefill succeeded.
+  asio::awaitable<std::string> upstreamBody(RequestContext& ctx, const http::Request& request);
+  // The prefill half of an offload on ctx.peer; false when D must prefill locally.
+  asio::awaitable<bool> remotePrefill(RequestContext& ctx, const http::Request& request,
+                                      KvTransferParams* params);
+  // Counts the transfer outcome of a finished push-migrate / offload attempt.
+  void recordTransferOutcome(const RequestContext& ctx);
   void recordUpstreamFailure(Instance& instance, std::string_view kind);
   void recordUpstreamSuccess(Instance& instance);
   bool admitted(const Instance& instance) const;
