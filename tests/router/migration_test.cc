@@ -3,6 +3,9 @@
 // (streaming too), headers, decision log and metrics, fallbacks when P fails, times out or
 // answers nonsense, the offload cap given back on every path, and client-supplied
 // kv_transfer_params stripped.
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/use_future.hpp>
+
 #include "tests/router/router_fixture.h"
 
 namespace kvf::router {
@@ -296,6 +299,45 @@ TEST_F(MigrationTest, PushFallbackOnTheDecoderIsCounted) {
       m.find("kvfabric_router_kv_transfers_total{mode=\"push_migrate\",status=\"fallback\"} 1"),
       std::string::npos);
   EXPECT_NE(m.find("kvfabric_router_cache_silent_misses_total 1"), std::string::npos);
+}
+
+TEST_F(MigrationTest, CapLimitsConcurrentOffloadsAndAbandonedOffloadsGiveItBack) {
+  startElastic("{max_concurrent_offloads: 1}");
+  for (auto& e : engines_) e->remote_decode_delay_ms = 400;
+  // Two heavy requests at once: the first takes the only slot, the second prefills locally.
+  auto spawn = [&](int base) {
+    http::ClientRequest r = post("/v1/completions", tokenPrompt(base, 4096));
+    return asio::co_spawn(
+        engine_io_.context(),
+        [this, r]() -> asio::awaitable<absl::StatusOr<http::Response>> {
+          co_return co_await client_->request(r);
+        },
+        asio::use_future);
+  };
+  auto a = spawn(0);
+  ASSERT_TRUE(eventually([&] {  // the first is waiting on P
+    return metrics().find("kvfabric_router_offloads_in_flight 1\n") != std::string::npos;
+  }));
+  auto b = spawn(500000);
+  auto ra = a.get();
+  auto rb = b.get();
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  EXPECT_EQ(ra->header("x-kvf-mode"), "prefill_offload");
+  EXPECT_EQ(rb->header("x-kvf-mode"), "local");
+  EXPECT_EQ(rb->header("x-kvf-reason"), "offload_cap");
+  EXPECT_TRUE(released());
+  // A client that hangs up while P prefills: the slot still comes back.
+  http::ClientRequest r = post("/v1/completions", tokenPrompt(900000, 4096, true));
+  auto hung_up = engine_io_.run([&]() -> asio::awaitable<absl::Status> {
+    auto s = co_await client_->open(r);  // returns at response headers, after P
+    if (s.ok()) (*s)->cancel();
+    co_return s.status();
+  });
+  EXPECT_TRUE(hung_up.ok()) << hung_up;
+  EXPECT_TRUE(released());
+  auto next = call(post("/v1/completions", tokenPrompt(700000, 4096)));
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->header("x-kvf-mode"), "prefill_offload");
 }
 
 }  // namespace
