@@ -2,6 +2,7 @@
 // local, push-migrate and cold placements) and `elastic` (hybrid placement; HEAVY prefills
 // offloaded to a peer under a concurrency cap). Formulas: docs/policies.md.
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "policy/policy_internal.h"
@@ -74,9 +75,10 @@ class UnifiedPolicy final : public Policy {
     std::vector<Option> options(inst.size());
     std::vector<double> scores(inst.size(), kNaN), secondary(inst.size(), 0.0);
     Decision::Costs costs;
+    std::array<int, 2> top = topHolders(r, inst);
     for (size_t i = 0; i < inst.size(); ++i) {
       if (!inst[i].healthy) continue;
-      options[i] = bestOption(r, inst, i, &costs);
+      options[i] = bestOption(r, inst, i, top, &costs);
       scores[i] = options[i].cost;
       secondary[i] = static_cast<double>(r.prompt_tokens - options[i].cached);
     }
@@ -109,10 +111,30 @@ class UnifiedPolicy final : public Policy {
   }
 
  private:
+  // The two holders able to push that hold the most of the prompt (ties: lower index); -1
+  // where there are fewer.
+  static std::array<int, 2> topHolders(const RouteRequest& r,
+                                       std::span<const InstanceSnapshot> inst) {
+    std::array<int, 2> top = {-1, -1};
+    for (size_t h = 0; h < inst.size(); ++h) {
+      if (!inst[h].push_capable || !inst[h].reachable) continue;
+      int64_t held = hits(r, inst[h]);
+      if (top[0] < 0 || held > hits(r, inst[top[0]])) {
+        top = {static_cast<int>(h), top[0]};
+      } else if (top[1] < 0 || held > hits(r, inst[top[1]])) {
+        top[1] = static_cast<int>(h);
+      }
+    }
+    return top;
+  }
+
   // Local with the target's own hits, or a push from the holder that minimises
   // queue + transfer(extra tokens) + prefill(rest). Also folds the costs into `costs`.
+  // push cost = const + (transfer - prefill seconds per token) x held: while moving a token is
+  // cheaper than computing it, the holder with the longest run is best, so only the top two
+  // holders are candidates (O(n) per decision); otherwise every holder is looked at.
   Option bestOption(const RouteRequest& r, std::span<const InstanceSnapshot> inst, size_t i,
-                    Decision::Costs* costs) const {
+                    const std::array<int, 2>& top, Decision::Costs* costs) const {
     const auto& m = config_.unified;
     const InstanceSnapshot& t = inst[i];
     double queue = queueSeconds(t, m);
@@ -121,17 +143,25 @@ class UnifiedPolicy final : public Policy {
     double& mode_cost = own > 0 ? costs->local : costs->cold;
     if (std::isnan(mode_cost) || best.cost < mode_cost) mode_cost = best.cost;
     if (!t.push_capable) return best;
-    for (size_t h = 0; h < inst.size(); ++h) {
+    auto consider = [&](size_t h) {
       const InstanceSnapshot& holder = inst[h];
       int64_t held = hits(r, holder);
       // Never migrate a cold prefix: the holder must add a real run of cached tokens.
       if (h == i || !holder.push_capable || !holder.reachable || held - own < m.min_push_tokens) {
-        continue;
+        return;
       }
       double cost =
           queue + transferSeconds(held - own, m) + prefillSeconds(r.prompt_tokens - held, m);
       if (std::isnan(costs->push) || cost < costs->push) costs->push = cost;
       if (cost < best.cost) best = Option{cost, static_cast<int>(h), held};
+    };
+    bool moving_is_cheaper =
+        m.kv_bytes_per_token * 8.0 / (m.link_bandwidth_gbps * 1e9) < 1.0 / m.prefill_tokens_per_s;
+    if (moving_is_cheaper) {
+      int h = top[0] != static_cast<int>(i) ? top[0] : top[1];
+      if (h >= 0) consider(static_cast<size_t>(h));
+    } else {
+      for (size_t h = 0; h < inst.size(); ++h) consider(h);
     }
     return best;
   }

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
+#include <random>
 
 #include "common/config.h"
 #include "policy/policy.h"
@@ -169,6 +171,51 @@ TEST(UnifiedTest, PicksTheHolderWithTheLongestRun) {
   EXPECT_EQ(d.predicted_cached_tokens, 20000);
   // 20000 tokens: 0.0786432 + 50e-6; 1000 left: 0.142857.
   EXPECT_NEAR(d.predicted.chosen, 0.0786932 + 1000.0 / 7000, 1e-6);
+}
+
+// The chosen score is the minimum over every (target, holder) pair and every local option,
+// computed here by brute force, on random clusters.
+TEST(UnifiedTest, ChoiceIsTheArgminOverAllPairs) {
+  std::mt19937_64 rng(7);
+  PolicyConfig::Unified m;
+  for (int round = 0; round < 500; ++round) {
+    auto p = createPolicy(configFor(PolicyKind::kUnified));
+    int n = 2 + static_cast<int>(rng() % 9);
+    std::vector<InstanceSnapshot> inst(n);
+    int64_t prompt = 1 + static_cast<int64_t>(rng() % 60000);
+    for (auto& s : inst) {
+      s.push_capable = rng() % 4 != 0;
+      s.reachable = rng() % 8 != 0;
+      s.healthy = rng() % 6 != 0;
+      s.pending_prefill_tokens = static_cast<int64_t>(rng() % 50000);
+      s.matched_tokens = rng() % 3 == 0 ? 0 : static_cast<int64_t>(rng() % 70000) / 16 * 16;
+    }
+    double best = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < n; ++i) {
+      if (!inst[i].healthy) continue;
+      double q = static_cast<double>(inst[i].pending_prefill_tokens) / 7000;
+      int64_t own = std::min(inst[i].matched_tokens, prompt);
+      best = std::min(best, q + static_cast<double>(prompt - own) / 7000);
+      for (int h = 0; h < n && inst[i].push_capable; ++h) {
+        int64_t held = std::min(inst[h].matched_tokens, prompt);
+        if (h == i || !inst[h].push_capable || !inst[h].reachable || held - own < 256) continue;
+        best = std::min(
+            best, q + transferSeconds(held - own, m) + static_cast<double>(prompt - held) / 7000);
+      }
+    }
+    auto d = p->decide(request(prompt), inst, 0);
+    if (std::isinf(best)) {
+      EXPECT_EQ(d.instance, -1);
+      continue;
+    }
+    ASSERT_GE(d.instance, 0);
+    EXPECT_NEAR(d.predicted.chosen, best, 1e-9) << "round " << round;
+    EXPECT_NEAR(d.scores[d.instance], best, 1e-9);
+    if (d.mode == Mode::kPushMigrate) {
+      EXPECT_NE(d.source_instance, d.instance);
+      EXPECT_GE(d.predicted_cached_tokens - std::min(inst[d.instance].matched_tokens, prompt), 256);
+    }
+  }
 }
 
 PolicyConfig elasticConfig() {
