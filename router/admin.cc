@@ -99,6 +99,13 @@ std::string Router::instancesJson() const {
   }
   bj::object out;
   out["instances"] = std::move(list);
+  bj::object modes;
+  for (auto mode :
+       {policy::Mode::kLocal, policy::Mode::kPushMigrate, policy::Mode::kPrefillOffload}) {
+    modes[policy::modeName(mode)] = decisions_by_mode_[static_cast<size_t>(mode)];
+  }
+  out["decisions_by_mode"] = std::move(modes);
+  out["offloads_in_flight"] = policy_->offloadsInFlight();
   return bj::serialize(out);
 }
 

@@ -157,6 +157,7 @@ bool Router::decide(RequestContext& ctx) {
     ctx.instance = nullptr;
     return false;
   }
+  decisions_by_mode_[static_cast<size_t>(ctx.decision.mode)] += 1;
   Instance* chosen = live[ctx.decision.instance];
   ctx.instance = slots_[chosen->slot];
   ctx.own_matched_tokens =

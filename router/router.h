@@ -6,6 +6,7 @@
 // runs the router; KV-event subscriber threads post their updates to it.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -117,6 +118,7 @@ class Router : public std::enable_shared_from_this<Router> {
   std::vector<std::shared_ptr<Instance>> slots_;  // index = cache-index instance number
   uint64_t next_generation_ = 1;
   uint64_t next_request_ = 1;
+  std::array<uint64_t, 3> decisions_by_mode_ = {};  // indexed by policy::Mode
   bool stopped_ = false;
 
   struct Metrics;

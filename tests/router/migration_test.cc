@@ -119,6 +119,10 @@ TEST_F(MigrationTest, DrainedHolderPushesSessionPrefixToNewInstance) {
   EXPECT_DOUBLE_EQ(costs["chosen"].as_double(), costs["push_migrate"].as_double());
   EXPECT_TRUE(costs["prefill_offload"].is_null());
   EXPECT_TRUE(log[2]["source"].is_null());
+  bj::object modes = adminInstances()["decisions_by_mode"].as_object();
+  EXPECT_EQ(modes["local"].as_int64(), 2);
+  EXPECT_EQ(modes["push_migrate"].as_int64(), 1);
+  EXPECT_EQ(modes["prefill_offload"].as_int64(), 0);
   std::string m = metrics();
   EXPECT_NE(m.find("kvfabric_router_decisions_total{policy=\"unified\",mode=\"push_migrate\","
                    "reason=\"push_migrate\"} 1"),
