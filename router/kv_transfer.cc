@@ -61,6 +61,7 @@ absl::StatusOr<std::string> remotePrefillBody(std::string_view body, int64_t lea
   obj->erase(kParamsKey);
   obj->erase("stream_options");
   obj->erase("max_completion_tokens");
+  obj->erase("min_tokens");  // a client's min_tokens > 1 would make max_tokens 1 invalid
   (*obj)["stream"] = false;
   (*obj)["max_tokens"] = 1;
   if (obj->contains("n")) (*obj)["n"] = 1;

@@ -46,7 +46,8 @@ uint16_t freePort() {
 std::string prompt(int n, bool stream = false) {
   std::vector<int> t(n);
   std::iota(t.begin(), t.end(), 1000);
-  return strCat("{\"model\":\"test-model\",\"max_tokens\":4,\"stream\":",
+  // As the replayer sends them: min_tokens = max_tokens (P's one-token prefill must drop it).
+  return strCat("{\"model\":\"test-model\",\"max_tokens\":4,\"min_tokens\":4,\"stream\":",
                 stream ? "true,\"stream_options\":{\"include_usage\":true}" : "false",
                 ",\"prompt\":[", strJoin(t, ","), "]}");
 }

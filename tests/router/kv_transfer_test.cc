@@ -48,7 +48,7 @@ TEST(KvTransferTest, ClientParamsAreReplacedOrStripped) {
 TEST(KvTransferTest, PrefillBodyIsOneTokenNonStreamingWithRemoteDecode) {
   auto body = remotePrefillBody(
       R"({"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":200,
-          "max_completion_tokens":300,"n":2,"messages":[{"role":"user","content":"hi"}]})",
+          "max_completion_tokens":300,"min_tokens":200,"n":2,"messages":[{"role":"user","content":"hi"}]})",
       5000);
   ASSERT_TRUE(body.ok());
   auto obj = json::parseObject(*body);
@@ -56,6 +56,7 @@ TEST(KvTransferTest, PrefillBodyIsOneTokenNonStreamingWithRemoteDecode) {
   EXPECT_FALSE((*obj)["stream"].as_bool());
   EXPECT_FALSE(obj->contains("stream_options"));
   EXPECT_FALSE(obj->contains("max_completion_tokens"));
+  EXPECT_FALSE(obj->contains("min_tokens"));
   EXPECT_EQ((*obj)["max_tokens"].as_int64(), 1);
   EXPECT_EQ((*obj)["n"].as_int64(), 1);
   EXPECT_TRUE((*obj)["kv_transfer_params"].as_object()["do_remote_decode"].as_bool());
