@@ -213,6 +213,8 @@ TEST_F(MigrationTest, StreamingOffloadGivesTheClientOneStream) {
   auto& [headers, events] = *result;
   EXPECT_EQ(http::findHeader(headers, "x-kvf-mode"), "prefill_offload");
   EXPECT_EQ(http::findHeader(headers, "x-kvf-offload-prefill"), "ok");
+  // Block-aligned prompt: the engine computes the last token, so one block less is predicted.
+  EXPECT_EQ(http::findHeader(headers, "x-kvf-predicted-cached-tokens"), "4080");
   ASSERT_EQ(events.size(), 6u);
   EXPECT_NE(events[0].find("\"t0\""), std::string::npos);
   EXPECT_EQ(events[5], "[DONE]");
