@@ -24,11 +24,8 @@ void Router::holdPeer(RequestContext& ctx, Instance& peer, int64_t peer_matched_
   ctx.offload_slot = OffloadSlot([weak] {
     if (auto self = weak.lock()) self->policy_->offloadFinished();
   });
-  // D will hold every full block of the prompt once P's blocks are pushed, except that (as in
-  // vLLM) at least the last prompt token is computed: a block-aligned prompt loses one block.
-  int64_t bs = static_cast<int64_t>(config_.index.block_size);
-  ctx.decision.predicted_cached_tokens =
-      std::max<int64_t>(0, ctx.parsed.prompt_tokens - 1) / bs * bs;
+  // D will hold every full block of the prompt once P's blocks are pushed (decide() caps it).
+  ctx.decision.predicted_cached_tokens = ctx.parsed.prompt_tokens;
   ctx.peer_uncached_tokens = std::max<int64_t>(
       0, ctx.parsed.prompt_tokens - std::min(peer_matched_tokens, ctx.parsed.prompt_tokens));
   peer.running += 1;

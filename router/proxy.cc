@@ -160,8 +160,10 @@ bool Router::decide(RequestContext& ctx) {
   decisions_by_mode_[static_cast<size_t>(ctx.decision.mode)] += 1;
   Instance* chosen = live[ctx.decision.instance];
   ctx.instance = slots_[chosen->slot];
-  ctx.own_matched_tokens =
-      std::min(snaps[ctx.decision.instance].matched_tokens, route.prompt_tokens);
+  // Engines compute at least the last prompt token, so at most the full blocks of the first
+  // prompt_tokens - 1 tokens can be reported cached.
+  int64_t cacheable = std::max<int64_t>(0, route.prompt_tokens - 1) / bs * bs;
+  ctx.own_matched_tokens = std::min(snaps[ctx.decision.instance].matched_tokens, cacheable);
   int peer = ctx.decision.mode == policy::Mode::kPushMigrate      ? ctx.decision.source_instance
              : ctx.decision.mode == policy::Mode::kPrefillOffload ? ctx.decision.prefill_instance
                                                                   : -1;
@@ -169,6 +171,7 @@ bool Router::decide(RequestContext& ctx) {
   ctx.transfer.reset();
   ctx.offload_prefill.clear();
   if (peer >= 0) holdPeer(ctx, *live[peer], snaps[peer].matched_tokens);
+  ctx.decision.predicted_cached_tokens = std::min(ctx.decision.predicted_cached_tokens, cacheable);
   ctx.uncached_tokens = ctx.parsed.prompt_tokens - ctx.decision.predicted_cached_tokens;
   chosen->running += 1;
   chosen->pending_prefill_tokens += ctx.uncached_tokens;

@@ -273,6 +273,10 @@ asio::awaitable<void> FakeEngine::completion(bool chat, const http::Request& r,
       cached += simulatePush(params, tokens, cached, &transfer);
     }
   }
+  // As vLLM: the last prompt token is always computed, so a fully cached block-aligned prompt
+  // reports one block less.
+  int64_t bs = options_.block_size;
+  cached = std::min<int64_t>(cached, std::max<int64_t>(0, std::ssize(tokens) - 1) / bs * bs);
   bool stream = false;
   if (const auto* s = body->if_contains("stream"); s && s->is_bool()) stream = s->as_bool();
   int64_t max_tokens = 16;
