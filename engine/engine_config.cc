@@ -48,6 +48,7 @@ void parseWorker(config::ConfigMap& m, WorkerConfig* w) {
   m.get("net_devices", &w->net_devices);
   m.get("push_deadline_cap_ms", &w->push_deadline_cap_ms, 1, 60'000);
   m.get("push_deadline_margin_ms", &w->push_deadline_margin_ms, 0, 60'000);
+  m.get("layerwise", &w->layerwise);
   m.get("default_lease_ms", &w->default_lease_ms, 1, 86'400'000);
   m.get("max_lease_ms", &w->max_lease_ms, 1, 86'400'000);
   m.get("fault", &w->fault);

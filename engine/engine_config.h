@@ -38,7 +38,11 @@ struct WorkerConfig {
   std::string net_devices;                // UCX_NET_DEVICES for tcp/rdma; empty: all
   int64_t push_deadline_cap_ms = 1000;    // cap of the default receiver deadline
   int64_t push_deadline_margin_ms = 100;  // default deadline = modelled transfer + margin
-  int64_t default_lease_ms = 30000;       // do_remote_decode without lease_ms
+  // Layer-wise push: the pushed KV is usable layer by layer, so the modelled transfer overlaps
+  // the first prefill step (it ends at max(step, transfer + step / layers)). false: the
+  // request waits for the whole modelled transfer before it is scheduled.
+  bool layerwise = true;
+  int64_t default_lease_ms = 30000;  // do_remote_decode without lease_ms
   int64_t max_lease_ms = 600000;
   // TEST ONLY fault injection on the holder side: "" (none), "corrupt" (push damaged bytes
   // with the checksums of the good ones), "corrupt_content" (damaged bytes, matching

@@ -19,6 +19,11 @@
 //        emitted), the rest go back to the pool, and the request re-enters the head of the
 //        waiting queue with prefill covering only what is still missing. cached_tokens counts
 //        local hits + pushed tokens; RequestOutput::remote_kv_tokens the pushed part.
+//        Layer-wise push (optional kv_ready_at > now): the driver completes as soon as the
+//        data is usable layer by layer; the blocks' KV is fully there at kv_ready_at, so the
+//        first step computing the request ends no earlier than kv_ready_at + step / num_layers
+//        (the last layer's compute after the last layer's KV). Without it (the default, -1)
+//        call complete only once the whole transfer is over, e.g. at start + transferDuration.
 //      failRemoteKv(id, now, writes_may_arrive): fallback to local prefill (local hits are
 //        looked up again). If writes_may_arrive, the landing blocks stay quarantined (held,
 //        never reused) until releaseRemoteKvLanding(id).
@@ -65,8 +70,9 @@ class EngineCore {
   bool hasWork() const { return scheduler_->hasWork(); }
 
   // KV push, receiver side (see above).
-  absl::Status completeRemoteKv(const std::string& id, size_t blocks_filled, Nanos now) {
-    return scheduler_->completeRemoteKv(id, blocks_filled, now);
+  absl::Status completeRemoteKv(const std::string& id, size_t blocks_filled, Nanos now,
+                                Nanos kv_ready_at = -1) {
+    return scheduler_->completeRemoteKv(id, blocks_filled, now, kv_ready_at);
   }
   absl::Status failRemoteKv(const std::string& id, Nanos now, bool writes_may_arrive) {
     return scheduler_->failRemoteKv(id, now, writes_may_arrive);

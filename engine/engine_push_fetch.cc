@@ -67,8 +67,8 @@ absl::Status EngineServer::Impl::applyKvTransfer(const KvTransferParams& k,
   if (k.do_remote_decode) {
     int64_t lease_ms = k.lease_ms > 0 ? k.lease_ms : config.worker.default_lease_ms;
     if (lease_ms > config.worker.max_lease_ms) {
-      return absl::InvalidArgumentError(strCat("kv_transfer_params.lease_ms: at most ",
-                                               config.worker.max_lease_ms));
+      return absl::InvalidArgumentError(
+          strCat("kv_transfer_params.lease_ms: at most ", config.worker.max_lease_ms));
     }
     // The lease runs on the engine clock (time_scale x wall time).
     spec.remote_decode_lease =
@@ -123,7 +123,8 @@ asio::awaitable<absl::StatusOr<std::shared_ptr<SourceWorker>>> EngineServer::Imp
   if (resp->status != 200) {
     co_return absl::UnavailableError(strCat("GET /kv/info: HTTP ", resp->status));
   }
-  KVF_CO_ASSIGN_OR_RETURN(worker::WorkerInfo info, worker::parseWorkerInfo(resp->body, push_limits));
+  KVF_CO_ASSIGN_OR_RETURN(worker::WorkerInfo info,
+                          worker::parseWorkerInfo(resp->body, push_limits));
   KVF_CO_ASSIGN_OR_RETURN(sw->transport_address,
                           kt::base64Decode(info.transport_address, push_limits.max_blob_bytes));
   sw->info = std::move(info);
@@ -158,7 +159,8 @@ asio::awaitable<TransferOutcome> EngineServer::Impl::transferBlocks(const Remote
     *landed = std::move(s);
     signal->cancel();
   };
-  auto landing = transport->expectPut(pool_region, spec, kt::onExecutor(ioc.get_executor(), on_landed));
+  auto landing =
+      transport->expectPut(pool_region, spec, kt::onExecutor(ioc.get_executor(), on_landed));
   if (!landing.ok()) {
     out.reason = strCat("expectPut: ", std::string(landing.status().message()));
     co_return out;
@@ -218,8 +220,9 @@ asio::awaitable<TransferOutcome> EngineServer::Impl::transferBlocks(const Remote
       out.reason = strCat("source held ", out.landed, " of ", f.hashes.size(), " blocks");
     }
   } else if (out.reason.empty() || status.code() != absl::StatusCode::kCancelled || !no_put) {
-    out.reason = out.reason.empty() ? std::string(status.message())
-                                    : strCat(out.reason, "; landing: ", std::string(status.message()));
+    out.reason = out.reason.empty()
+                     ? std::string(status.message())
+                     : strCat(out.reason, "; landing: ", std::string(status.message()));
   }
   if (no_put && answer && answer->pushed_hashes.empty() && answer->error.empty()) {
     out.reason = "source holds none of the blocks";
@@ -247,16 +250,20 @@ asio::awaitable<void> EngineServer::Impl::runFetch(RemoteKvFetch f) {
   const auto n = static_cast<int64_t>(f.hashes.size());
   Nanos deadline = opt.deadline_ms * kMs;
   if (deadline <= 0) {
-    deadline = std::min(config.worker.push_deadline_cap_ms * kMs,
-                        wall(timing.transferDuration(n * bs)) +
-                            config.worker.push_deadline_margin_ms * kMs);
+    deadline = std::min(
+        config.worker.push_deadline_cap_ms * kMs,
+        wall(timing.transferDuration(n * bs)) + config.worker.push_deadline_margin_ms * kMs);
   }
   TransferOutcome out = co_await transferBlocks(f, opt, t0 + deadline);
-  if (out.landed > 0) {
-    // The emulated link: the push costs max(real transport time, modelled time).
-    asio::steady_timer link(ioc);
-    link.expires_at(toTimePoint(t0 + wall(timing.transferDuration(
-                                         static_cast<int64_t>(out.landed) * bs))));
+  // The modelled link: the push costs max(real transport time, modelled time).
+  const Nanos modelled_end =
+      t0 + wall(timing.transferDuration(static_cast<int64_t>(out.landed) * bs));
+  Nanos kv_ready_at = -1;
+  if (out.landed > 0 && config.worker.layerwise) {
+    kv_ready_at = engineNow(modelled_end);  // overlaps the first step (see engine_core.h)
+  } else if (out.landed > 0) {
+    asio::steady_timer link(ioc);  // the whole modelled transfer before the request runs
+    link.expires_at(toTimePoint(modelled_end));
     co_await link.async_wait(kAwait);
   }
   const bool resolved = !out.landing || out.landing->resolved();
@@ -264,8 +271,8 @@ asio::awaitable<void> EngineServer::Impl::runFetch(RemoteKvFetch f) {
     size_t good = 0;
     std::string problem;
   };
-  auto finish = [this, &f, landed = out.landed, may = out.writes_may_arrive,
-                 resolved]() -> asio::awaitable<Verdict> {
+  auto finish = [this, &f, landed = out.landed, may = out.writes_may_arrive, resolved,
+                 kv_ready_at]() -> asio::awaitable<Verdict> {
     Verdict v{landed, {}};
     for (size_t i = 0; i < landed; ++i) {  // the emulator's content is a function of the hash
       if (!worker::verifyBlockPayload(f.hashes[i], core->pool().payload(f.blocks[i]))) {
@@ -276,7 +283,7 @@ asio::awaitable<void> EngineServer::Impl::runFetch(RemoteKvFetch f) {
     }
     Nanos now = engineNow(steadyNanos());
     // With a landing that completed, no write can arrive (may is false then).
-    absl::Status st = v.good > 0 ? core->completeRemoteKv(f.id, v.good, now)
+    absl::Status st = v.good > 0 ? core->completeRemoteKv(f.id, v.good, now, kv_ready_at)
                                  : core->failRemoteKv(f.id, now, may);
     if (resolved) core->releaseRemoteKvLanding(f.id);  // an abort may have quarantined them
     publishStats();

@@ -52,12 +52,16 @@ absl::Status EngineServer::Impl::createPush() {
   so.port = static_cast<uint16_t>(wc.port);
   so.max_body_bytes = 64 * push_limits.max_blocks + (1 << 20);  // two u64 arrays + blobs
   KVF_ASSIGN_OR_RETURN(worker_http, http::HttpServer::create(ioc, so));
-  worker_http->route("GET", "/kv/info",
-                     [this](const http::Request& r, http::ResponseWriter& w)
-                         -> asio::awaitable<void> { co_await handleKvInfo(r, w); });
-  worker_http->route("POST", "/kv/push",
-                     [this](const http::Request& r, http::ResponseWriter& w)
-                         -> asio::awaitable<void> { co_await handleKvPush(r, w); });
+  worker_http->route(
+      "GET", "/kv/info",
+      [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
+        co_await handleKvInfo(r, w);
+      });
+  worker_http->route(
+      "POST", "/kv/push",
+      [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
+        co_await handleKvPush(r, w);
+      });
   worker_http->route("GET", "/health",
                      [](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
                        std::string empty;
@@ -103,6 +107,10 @@ void EngineServer::Impl::registerPushMetrics() {
                     [this] { return snapshot.waiting_remote.load(); });
   registry.callback("kvfabric_engine_kv_push_leases", "Remote-decode leases holding blocks",
                     metrics::MetricType::kGauge, labels, [this] { return snapshot.leases.load(); });
+  registry.callback("kvfabric_engine_kv_push_quarantined_blocks",
+                    "Landing blocks held until no late write can reach them",
+                    metrics::MetricType::kGauge, labels,
+                    [this] { return snapshot.quarantined.load(); });
   kt::exportMetrics(*transport, registry, labels);
 }
 
@@ -234,7 +242,8 @@ asio::awaitable<absl::StatusOr<worker::PushResponse>> EngineServer::Impl::serveP
     put.source = pool_region;
     put.peer_address = std::move(peer);
     put.peer_rkey = std::move(rkey);
-    for (size_t i = 0; i < k; ++i) put.blocks.push_back({pinned[i] * bytes, req.block_addrs[i], bytes});
+    for (size_t i = 0; i < k; ++i)
+      put.blocks.push_back({pinned[i] * bytes, req.block_addrs[i], bytes});
     // Even when late, push with a usable deadline: the receiver may have given up, and only
     // the completion notice (or our death) lets it reuse the landing blocks it quarantined.
     Nanos left = req.deadline_ms * 1'000'000 - (steadyNanos() - received);

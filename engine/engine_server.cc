@@ -149,6 +149,7 @@ void EngineServer::Impl::publishStats() {
   snapshot.preemptions.store(static_cast<double>(st.num_preemptions));
   snapshot.waiting_remote.store(st.num_waiting_for_remote_kv);
   snapshot.leases.store(st.num_leases);
+  snapshot.quarantined.store(static_cast<double>(st.remote_kv_blocks_quarantined));
 }
 
 void EngineServer::Impl::deliver(const std::vector<RequestOutput>& outputs, Nanos end) {

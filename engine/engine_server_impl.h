@@ -130,7 +130,8 @@ struct EngineServer::Impl {
   // Written by the core thread after every change, read by /metrics on the HTTP thread.
   struct StatsSnapshot {
     std::atomic<double> running{0}, waiting{0}, usage{0}, queries{0}, hits{0}, prompt{0},
-        generation{0}, preemptions{0}, lateness_p99{0}, waiting_remote{0}, leases{0};
+        generation{0}, preemptions{0}, lateness_p99{0}, waiting_remote{0}, leases{0},
+        quarantined{0};
   } snapshot;
 
   Nanos wall_origin = 0;  // set before either thread runs

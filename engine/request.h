@@ -78,6 +78,9 @@ struct Request {
   std::vector<worker::BlockHash> landing_hashes;
   int64_t local_hit_tokens = 0;  // prefix-cache hit when the fetch started
   int64_t remote_kv_tokens = 0;  // tokens filled by the peer
+  // Layer-wise push: the pushed KV is complete at this engine time (-1: already there); the
+  // first step computing this request cannot end before it plus one layer's share of the step.
+  Nanos kv_ready_at = -1;
   std::optional<Nanos> remote_decode_lease;
   std::vector<worker::BlockHash> lease_hashes;  // pinned at finish (remote decode)
 

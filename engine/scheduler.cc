@@ -128,6 +128,7 @@ void Scheduler::preempt(Request& r, std::vector<Scheduled>& scheduled, int64_t& 
   r.blocks.clear();
   r.num_computed_tokens = 0;
   r.num_cached_blocks = 0;
+  r.kv_ready_at = -1;
   r.status = RequestStatus::kPreempted;
   ++r.num_preemptions;
   ++stats_.num_preemptions;
@@ -312,6 +313,15 @@ StepResult Scheduler::step(Nanos now) {
     cacheFullBlocks(*r);
   }
   result.duration = timing_->stepDuration(batch);
+  const Nanos compute = result.duration;
+  for (auto& [r, n] : scheduled) {
+    if (r->kv_ready_at < 0) continue;
+    // Layer-wise push: layer l of this step needs layer l of the pushed KV, so the step ends
+    // no earlier than the last layer's arrival plus one layer's share of the compute.
+    Nanos layers = std::max(1, timing_->profile().model.num_layers);
+    result.duration = std::max(result.duration, r->kv_ready_at + compute / layers - now);
+    r->kv_ready_at = -1;
+  }
   const Nanos end = now + result.duration;
   std::vector<std::string> done;
   for (auto& [r, n] : scheduled) {

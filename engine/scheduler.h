@@ -109,7 +109,8 @@ class Scheduler {
   bool hasWork() const { return !running_.empty() || !waiting_.empty(); }
 
   // KV push, receiver side (see engine_core.h for the protocol).
-  absl::Status completeRemoteKv(const std::string& id, size_t blocks_filled, Nanos now);
+  absl::Status completeRemoteKv(const std::string& id, size_t blocks_filled, Nanos now,
+                                Nanos kv_ready_at = -1);
   absl::Status failRemoteKv(const std::string& id, Nanos now, bool writes_may_arrive);
   bool releaseRemoteKvLanding(const std::string& id);
   // Remote decode leases.

@@ -47,8 +47,8 @@ bool Scheduler::startRemoteKv(Request& r, std::span<const BlockIndex> cached,
   return true;
 }
 
-absl::Status Scheduler::completeRemoteKv(const std::string& id, size_t blocks_filled,
-                                         Nanos /*now*/) {
+absl::Status Scheduler::completeRemoteKv(const std::string& id, size_t blocks_filled, Nanos now,
+                                         Nanos kv_ready_at) {
   auto it = remote_waiting_.find(id);
   if (it == remote_waiting_.end()) {
     return absl::NotFoundError(strCat("request ", id, " is not waiting for remote KV"));
@@ -68,6 +68,7 @@ absl::Status Scheduler::completeRemoteKv(const std::string& id, size_t blocks_fi
   r.landing_hashes.clear();
   r.num_computed_tokens += static_cast<int64_t>(blocks_filled) * bs;
   r.remote_kv_tokens = static_cast<int64_t>(blocks_filled) * bs;
+  r.kv_ready_at = blocks_filled > 0 && kv_ready_at > now ? kv_ready_at : -1;
   stats_.remote_kv_tokens += static_cast<uint64_t>(r.remote_kv_tokens);
   cacheFullBlocks(r);  // registers the pushed blocks and emits BlockStored
   r.remote_kv.reset();

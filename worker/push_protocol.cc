@@ -52,7 +52,8 @@ absl::StatusOr<std::vector<uint64_t>> u64Array(const bj::object& o, std::string_
   }
   if (!v->is_array()) return invalid(key, "must be an array of integers");
   const bj::array& arr = v->as_array();
-  if (arr.size() > max) return invalid(key, strCat(arr.size(), " entries exceed the limit of ", max));
+  if (arr.size() > max)
+    return invalid(key, strCat(arr.size(), " entries exceed the limit of ", max));
   out.reserve(arr.size());
   for (size_t i = 0; i < arr.size(); ++i) {
     KVF_ASSIGN_OR_RETURN(uint64_t x, u64Value(arr[i], strCat(key, "[", i, "]")));
@@ -87,7 +88,8 @@ absl::StatusOr<WorkerInfo> parseWorkerInfo(std::string_view body, const PushLimi
                        stringField(o, "instance_id", limits.max_string_bytes, false));
   KVF_ASSIGN_OR_RETURN(info.transport_address,
                        stringField(o, "transport_address", limits.max_blob_bytes, true));
-  KVF_ASSIGN_OR_RETURN(info.transports, stringField(o, "transports", limits.max_string_bytes, false));
+  KVF_ASSIGN_OR_RETURN(info.transports,
+                       stringField(o, "transports", limits.max_string_bytes, false));
   KVF_ASSIGN_OR_RETURN(uint64_t bs, u64Field(o, "block_size", true));
   if (bs < 1 || bs > 1024) return invalid("block_size", "must be in [1, 1024]");
   info.block_size = static_cast<int64_t>(bs);

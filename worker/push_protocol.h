@@ -48,8 +48,8 @@ struct PushRequest {
 // completed (flushed, notice sent) or nothing was pushed; otherwise the put failed and
 // `put_issued` says whether writes may still reach the receiver.
 struct PushResponse {
-  std::vector<BlockHash> pushed_hashes;  // the leading run pushed, in order
-  std::vector<uint64_t> checksums;       // xxh3-64 per pushed block as the holder sent it
+  std::vector<BlockHash> pushed_hashes;   // the leading run pushed, in order
+  std::vector<uint64_t> checksums;        // xxh3-64 per pushed block as the holder sent it
   std::vector<BlockHash> missing_hashes;  // the rest of block_hashes (not held, or after a gap)
   uint64_t pushed_bytes = 0;
   bool put_issued = false;

@@ -142,6 +142,37 @@ TEST(RemoteKvTest, PushedBlocksBecomeCachedAndPrefillCoversOnlyTheRest) {
   EXPECT_TRUE(s3.remote_kv_fetches.empty());
 }
 
+TEST(RemoteKvTest, LayerwisePushOverlapsTheTransferWithTheFirstStep) {
+  auto prompt = promptOf(2000, 11);  // 124 fetchable blocks, 16 tokens left to compute
+  auto core = EngineCore::create(makeConfig(400), nullptr);
+  ASSERT_TRUE(core.ok());
+  EngineCore& d = **core;
+  ASSERT_TRUE(d.add(remoteSpec("a", prompt), 0).ok());
+  ASSERT_EQ(d.step(0).remote_kv_fetches.size(), 1u);
+  const TimingModel& t = d.timing();
+  BatchEntry e{16, 1984};
+  const Nanos compute = t.stepDuration({&e, 1});
+  const Nanos transfer = t.transferDuration(1984);  // 1984 x 96 KiB at 200 Gbps ~ 7.8 ms
+  const int layers = t.profile().model.num_layers;
+  // The data is usable at 1 ms (layer by layer); the whole KV is there at `transfer`.
+  ASSERT_TRUE(d.completeRemoteKv("a", 124, 1'000'000, transfer).ok());
+  StepResult s = d.step(1'000'000);
+  EXPECT_EQ(s.num_scheduled_tokens, 16);
+  EXPECT_EQ(s.duration, std::max(compute, transfer + compute / layers - 1'000'000));
+  // A transfer longer than the step decides the step's end.
+  ASSERT_TRUE(d.add(remoteSpec("b", promptOf(2000, 12)), 0).ok());
+  ASSERT_EQ(d.step(0).remote_kv_fetches.size(), 1u);  // a finishes its decode meanwhile
+  const Nanos slow = 10 * compute;
+  ASSERT_TRUE(d.completeRemoteKv("b", 124, 0, slow).ok());
+  StepResult s2 = d.step(0);
+  ASSERT_EQ(s2.outputs.size(), 1u);
+  EXPECT_GE(s2.duration, slow);
+  EXPECT_LE(s2.duration, slow + compute);
+  // Only the first step waits.
+  StepResult s3 = d.step(s2.duration);
+  EXPECT_LT(s3.duration, compute);
+}
+
 TEST(RemoteKvTest, LocalHitsAreCountedFirst) {
   auto prompt = promptOf(200, 2);  // 12 full blocks, at most 12 from outside
   auto core = EngineCore::create(makeConfig(100), nullptr);
