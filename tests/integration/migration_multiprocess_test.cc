@@ -3,7 +3,8 @@
 // policy sends turn 2 to D with C as the push source: D reports cached_tokens covering C's
 // prefix, the pushed bytes are exactly C's blocks, and turn 3 hits the migrated blocks on D
 // locally. Offload: the elastic policy prefills a HEAVY request on P and decodes it on D, the
-// client seeing one response (plain and streaming). Skipped while kvf-engine has no
+// client seeing one response (plain and streaming); with P killed, D prefills locally. Skipped
+// while kvf-engine has no
 // --worker_port (the engine half of issue 7 lives on another branch until merged).
 #include <gtest/gtest.h>
 
@@ -43,9 +44,9 @@ uint16_t freePort() {
   return ntohs(addr.sin_port);
 }
 
-std::string prompt(int n, bool stream = false) {
+std::string prompt(int n, bool stream = false, int base = 1000) {
   std::vector<int> t(n);
-  std::iota(t.begin(), t.end(), 1000);
+  std::iota(t.begin(), t.end(), base);
   // As the replayer sends them: min_tokens = max_tokens (P's one-token prefill must drop it).
   return strCat("{\"model\":\"test-model\",\"max_tokens\":4,\"min_tokens\":4,\"stream\":",
                 stream ? "true,\"stream_options\":{\"include_usage\":true}" : "false",
@@ -79,7 +80,7 @@ class MigrationMultiprocessTest : public ::testing::Test {
   }
 
   // Starts 3 engines with worker servers and a router with `policy_yaml`.
-  void startCluster(const std::string& policy_yaml) {
+  void startCluster(const std::string& policy_yaml, double health_interval_s = 0.2) {
     std::ofstream(dir_ / "engine.yaml")
         << "port: 0\nprofile: " << source_ << "/engine/profiles/qwen3-coder-30b-a3b-h20.yaml\n"
         << "served_model_name: test-model\ntime_scale: 20\nmax_model_len: 32768\n"
@@ -88,7 +89,7 @@ class MigrationMultiprocessTest : public ::testing::Test {
         << "kv_events: {endpoint: 'tcp://127.0.0.1:*', replay_endpoint: 'tcp://127.0.0.1:*'}\n";
     std::string yaml =
         strCat("listen: {port: 0}\npolicy: ", policy_yaml,
-               "\nhealth: {interval_s: 0.2}\nadmin: {token: adm}\n",
+               "\nhealth: {interval_s: ", health_interval_s, "}\nadmin: {token: adm}\n",
                "decision_log: ", (dir_ / "decisions.jsonl").string(), "\ninstances:\n");
     for (int i = 0; i < 3; ++i) {
       std::string id = "e" + std::to_string(i);
@@ -255,6 +256,33 @@ TEST_F(MigrationMultiprocessTest, HeavyPrefillIsOffloadedAndClientSeesOneRespons
     if (e.find("\"cached_tokens\":4096") != std::string::npos) saw_cached = true;
   }
   EXPECT_TRUE(saw_cached);
+}
+
+TEST_F(MigrationMultiprocessTest, KilledPrefillInstanceFallsBackToLocalPrefillOnD) {
+  // Slow health checks: the router only learns that P died from the offload itself.
+  startCluster("{kind: elastic, classify: {warm_max_new_tokens: 100, medium_max_new_tokens: 1000}}",
+               60);
+  // The first cold request decodes on e0 (hybrid's first pick) with e1 as P; kill e1.
+  engines_[1]->kill();
+  auto r = call("POST", "/v1/completions", prompt(4100));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->header("x-kvf-mode"), "prefill_offload");
+  EXPECT_EQ(r->header("x-kvf-source"), "e1");
+  EXPECT_EQ(r->header("x-kvf-offload-prefill"), "error");
+  auto body = json::parseObject(r->body);
+  ASSERT_TRUE(body.ok());
+  EXPECT_EQ(cachedTokens(*body), 0);  // D prefilled everything itself
+  EXPECT_FALSE(body->contains("kv_transfer_result"));
+  // The slot came back: once e1 is out of rotation (drained here; the health checks would do
+  // it), the next heavy request offloads again between the survivors.
+  auto drain = call("POST", "/admin/instances/e1/drain", "", {{"Authorization", "Bearer adm"}});
+  ASSERT_TRUE(drain.ok() && drain->status == 200);
+  auto next = call("POST", "/v1/completions", prompt(4100, false, 120000));
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->status, 200);
+  EXPECT_EQ(next->header("x-kvf-mode"), "prefill_offload") << next->header("x-kvf-reason");
+  EXPECT_EQ(next->header("x-kvf-offload-prefill"), "ok");
 }
 
 }  // namespace
