@@ -3,9 +3,8 @@
 // policy sends turn 2 to D with C as the push source: D reports cached_tokens covering C's
 // prefix, the pushed bytes are exactly C's blocks, and turn 3 hits the migrated blocks on D
 // locally. Offload: the elastic policy prefills a HEAVY request on P and decodes it on D, the
-// client seeing one response (plain and streaming); with P killed, D prefills locally. Skipped
-// while kvf-engine has no
-// --worker_port (the engine half of issue 7 lives on another branch until merged).
+// client seeing one response (plain and streaming); with P killed, D prefills locally.
+// Skipped while kvf-engine has no --worker_port (the engine half of issue 7, branch push).
 #include <gtest/gtest.h>
 
 #include <netinet/in.h>

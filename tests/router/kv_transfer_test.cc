@@ -48,7 +48,8 @@ TEST(KvTransferTest, ClientParamsAreReplacedOrStripped) {
 TEST(KvTransferTest, PrefillBodyIsOneTokenNonStreamingWithRemoteDecode) {
   auto body = remotePrefillBody(
       R"({"model":"m","stream":true,"stream_options":{"include_usage":true},"max_tokens":200,
-          "max_completion_tokens":300,"min_tokens":200,"n":2,"messages":[{"role":"user","content":"hi"}]})",
+          "max_completion_tokens":300,"min_tokens":200,"n":2,
+          "messages":[{"role":"user","content":"hi"}]})",
       5000);
   ASSERT_TRUE(body.ok());
   auto obj = json::parseObject(*body);
