@@ -31,6 +31,11 @@ std::string decisionToJson(const DecisionRecord& r) {
   }
   o["status"] = r.status;
   o["duration_s"] = r.duration_s;
+  if (r.ttft_s) {
+    o["ttft_s"] = *r.ttft_s;
+  } else {
+    o["ttft_s"] = nullptr;
+  }
   auto numbers = [](const std::vector<std::pair<std::string, double>>& list) {
     bj::object out;
     for (const auto& [key, value] : list) {

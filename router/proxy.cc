@@ -242,6 +242,7 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
     co_await writer.sendError(502, message);
     co_return ForwardResult::kDone;
   }
+  ctx.first_byte = clock_.now();
   ResponseReport report = readResponseReport(*response_body);
   ctx.actual_cached_tokens = report.cached_tokens;
   if (report.transfer) ctx.transfer = std::move(report.transfer);
@@ -282,6 +283,7 @@ asio::awaitable<void> Router::forwardStream(RequestContext& ctx, http::ResponseS
       co_return;
     }
     if (!piece->has_value()) break;
+    if (ctx.first_byte == 0) ctx.first_byte = clock_.now();
     endPrefillPhase(ctx);  // first bytes: the prefill is done
     if (parser_ok) {
       parser_ok = parser
@@ -356,6 +358,7 @@ void Router::finishRequest(RequestContext& ctx) {
                             {"prefill_offload", costs.offload},
                             {"chosen", costs.chosen}};
   record.offload_prefill = ctx.offload_prefill;
+  if (ctx.first_byte > 0) record.ttft_s = nanosToSeconds(ctx.first_byte - ctx.start);
   if (ctx.transfer) {
     record.transfer_status = ctx.transfer->status;
     record.pushed_tokens = ctx.transfer->pushed_tokens;

@@ -72,6 +72,7 @@ struct RequestContext {
   OffloadSlot offload_slot;
   std::string offload_prefill;  // P's outcome: ok, error, timeout, bad_response; "" if none
   std::optional<KvTransferResult> transfer;
+  Nanos first_byte = 0;  // when the first response body bytes arrived (0: not yet)
 };
 
 struct Router::Metrics {
