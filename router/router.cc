@@ -87,6 +87,15 @@ absl::Status Router::init() {
   for (const InstanceConfig& instance : config_.instances) {
     KVF_RETURN_IF_ERROR(addInstance(instance).status());
   }
+  bool moves_kv = config_.policy.kind == policy::PolicyKind::kUnified ||
+                  config_.policy.kind == policy::PolicyKind::kElastic;
+  int workers = 0;
+  for (const InstanceConfig& instance : config_.instances) workers += !instance.worker_url.empty();
+  if (moves_kv && workers < 2) {
+    log::warn("KV-moving policy without two instances that have a worker_url: no push or offload",
+              "policy", policy::policyKindName(config_.policy.kind), "instances_with_worker",
+              workers);
+  }
   registerRoutes();
   server_->start();
   log::info("router listening", "host", config_.host, "port", server_->port(), "policy",
