@@ -239,7 +239,10 @@ asio::awaitable<void> EngineServer::Impl::streamResponse(ApiKind kind, ParsedReq
     while (st.ok() && (sent < p->tokens.size() || (p->done && !finish_sent))) {
       std::string text = sent < p->tokens.size() ? tokenText(p->tokens[sent++]) : std::string();
       bool last = p->done && sent == p->tokens.size();
-      if (last) summary.kv_transfer_result = p->kv_transfer_result;
+      if (last) {
+        summary.kv_transfer_result = p->kv_transfer_result;
+        if (p->lease_id) parsed.kv_transfer_params = leaseParams(*p);  // offload, streamed
+      }
       std::string chunk =
           streamChunk(kind, summary, text, first, last ? &p->finish_reason : nullptr,
                       parsed.kv_transfer_params);

@@ -323,6 +323,29 @@ TEST(RemoteKvTest, HolderPinsOnlyTheLeadingCachedRun) {
   EXPECT_EQ(c.pool().refCount(pinned[0]), 0);
 }
 
+TEST(RemoteKvTest, PinnedRunSurvivesEvictionPressureUntilUnpinned) {
+  auto core = EngineCore::create(makeConfig(10), nullptr);
+  ASSERT_TRUE(core.ok());
+  EngineCore& c = **core;
+  Nanos now = 0;
+  ASSERT_TRUE(c.add(spec("a", promptOf(64, 13), 1), 0).ok());  // 4 cached blocks, all free
+  run(c, &now);
+  auto hashes = holderHashes(promptOf(64, 13));
+  auto pinned = c.pinLeadingRun(hashes);  // a push is in flight
+  ASSERT_EQ(pinned.size(), 4u);
+  EXPECT_EQ(c.pool().numFreeBlocks(), 6);
+  // A request needing every free block evicts nothing that is pinned.
+  ASSERT_TRUE(c.add(spec("b", promptOf(90, 14), 1), now).ok());
+  run(c, &now);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(c.pool().hashOf(pinned[i]), hashes[i]);
+  c.unpin(hashes);
+  EXPECT_EQ(c.pool().numFreeBlocks(), 10);
+  // Unpinned, the same pressure evicts them.
+  ASSERT_TRUE(c.add(spec("c", promptOf(159, 15), 1), now).ok());
+  run(c, &now);
+  EXPECT_TRUE(c.pool().findCachedPrefix(hashes).empty());
+}
+
 TEST(RemoteKvTest, ValidationNamesTheField) {
   auto core = EngineCore::create(makeConfig(30), nullptr);
   ASSERT_TRUE(core.ok());

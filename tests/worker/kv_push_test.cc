@@ -184,6 +184,17 @@ TEST_F(KvPushTest, PushedPrefixIsCachedOnTheReceiverAndHitsLocallyLater) {
   bj::object same = complete(start("E"), prefix, source(c));
   EXPECT_EQ(std::string(result(same)["status"].as_string()), "ok") << same;
   EXPECT_EQ(cached(same), 3984);  // the last token is always computed
+  // Streaming: the result rides on the final chunk.
+  std::string body = R"({"prompt": )" + tokens(2000, 21) + R"(, "max_tokens": 3, "stream": true)" +
+                     source(c) + "}";
+  complete(c, tokens(2000, 21), "");
+  std::string sse = call(d.port, "POST", "/v1/completions", body).body;
+  size_t at = sse.find("kv_transfer_result");
+  ASSERT_NE(at, std::string::npos) << sse;
+  EXPECT_NE(sse.find(R"("status":"ok")", at), std::string::npos) << sse;
+  size_t finish = sse.find("finish_reason\":\"length");
+  ASSERT_NE(finish, std::string::npos) << sse;
+  EXPECT_EQ(sse.find("\n", finish), sse.find("\n", at));  // the same (final) chunk
   // Unauthenticated control requests are refused.
   EXPECT_EQ(call(c.worker_port, "GET", "/kv/info").status, 401);
   EXPECT_EQ(call(c.worker_port, "GET", "/kv/info", "", "s3cret").status, 200);
@@ -229,6 +240,15 @@ TEST_F(KvPushTest, OffloadLeaseIsPushedThenReleasedOrExpires) {
   EXPECT_EQ(std::string(result(r)["status"].as_string()), "ok") << r;
   EXPECT_EQ(cached(r), 124 * 16);  // (2000 - 1) / 16 full blocks
   EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, std::chrono::seconds(2)));
+  // Streamed, the lease rides on the final chunk.
+  std::string streamed =
+      R"({"prompt": )" + tokens(300, 4) +
+      R"(, "stream": true, "kv_transfer_params": {"do_remote_decode": true, "lease_ms": 1000}})";
+  std::string sse = call(p.port, "POST", "/v1/completions", streamed).body;
+  EXPECT_NE(sse.find("\"lease_id\""), std::string::npos) << sse;
+  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 1, std::chrono::seconds(2)));
+  ASSERT_EQ(call(p.port, "POST", "/reset_prefix_cache").status, 409);  // pinned by the lease
+  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, std::chrono::seconds(3)));
   // An unused lease expires and frees the blocks.
   complete(p, tokens(800, 3),
            R"(, "kv_transfer_params": {"do_remote_decode": true, "lease_ms": 300})");
