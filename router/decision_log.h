@@ -29,7 +29,19 @@ struct DecisionRecord {
   std::optional<int64_t> actual_cached_tokens;  // from the engine's usage, when reported
   int status = 0;                               // HTTP status returned to the client
   double duration_s = 0;
+  // Arrival to the first response bytes (streams: first chunk; otherwise the whole body), for
+  // comparison with predicted_costs.chosen; nullopt when no body arrived.
+  std::optional<double> ttft_s;
   std::vector<std::pair<std::string, double>> scores;  // instance id -> score (NaN: unhealthy)
+  // KV movement: the peer (push source or prefill instance; "" for none), the policy's
+  // predicted seconds per mode (NaN: not considered), P's outcome for an offload ("" for none)
+  // and the decode instance's kv_transfer_result ("" status: none reported).
+  std::string source;
+  std::vector<std::pair<std::string, double>> predicted_costs;
+  std::string offload_prefill;
+  std::string transfer_status;
+  int64_t pushed_tokens = 0;
+  int64_t pushed_bytes = 0;
 };
 
 std::string decisionToJson(const DecisionRecord& record);

@@ -69,6 +69,10 @@ absl::Status Router::init() {
                  "KV events for media other than GPU, or unmappable to our hashes"),
       &r.counter("kvfabric_router_tokenize_fallbacks_total",
                  "Text prompts indexed approximately because /tokenize failed")});
+  r.callback("kvfabric_router_offloads_in_flight",
+             "Prefill offloads whose prefill phase is in flight (against elastic's cap)",
+             metrics::MetricType::kGauge, {},
+             [this] { return static_cast<double>(policy_->offloadsInFlight()); });
   r.callback("kvfabric_router_index_blocks", "Distinct block hashes in the cache index",
              metrics::MetricType::kGauge, {},
              [this] { return static_cast<double>(index_.stats().blocks); });
@@ -82,6 +86,15 @@ absl::Status Router::init() {
 
   for (const InstanceConfig& instance : config_.instances) {
     KVF_RETURN_IF_ERROR(addInstance(instance).status());
+  }
+  bool moves_kv = config_.policy.kind == policy::PolicyKind::kUnified ||
+                  config_.policy.kind == policy::PolicyKind::kElastic;
+  int workers = 0;
+  for (const InstanceConfig& instance : config_.instances) workers += !instance.worker_url.empty();
+  if (moves_kv && workers < 2) {
+    log::warn("KV-moving policy without two instances that have a worker_url: no push or offload",
+              "policy", policy::policyKindName(config_.policy.kind), "instances_with_worker",
+              workers);
   }
   registerRoutes();
   server_->start();
