@@ -27,11 +27,11 @@ struct Failure {
 // Wall-clock latencies of the live path that the engine core does not model. Defaults are the
 // calibration against the live cluster (docs/results.md, "Simulator vs live cluster").
 struct Overheads {
-  double request_ms = 1.0;             // client send -> router decision (HTTP, parse, hashing)
-  double request_per_ktoken_ms = 0.0;  // + per 1,000 prompt tokens
-  double forward_ms = 1.0;             // router decision -> request queued in the engine core
-  double forward_per_ktoken_ms = 0.0;  // + per 1,000 prompt tokens (body copy and parse)
-  double response_ms = 1.0;            // engine step end -> token at the router and client
+  double request_ms = 4.0;             // client send -> router decision (HTTP, parse, hashing)
+  double request_per_ktoken_ms = 0.3;  // + per 1,000 prompt tokens (body build, send, parse)
+  double forward_ms = 4.0;             // router decision -> request queued in the engine core
+  double forward_per_ktoken_ms = 0.0;  // + per 1,000 prompt tokens
+  double response_ms = 5.0;            // engine step end -> token at the router and client
   double kv_event_delay_ms = 2.0;      // engine step end -> event applied to the cache index
   double step_overhead_ms = 0.0;       // added to every engine step (loop lateness)
   double jitter_ms = 0.0;              // uniform [0, jitter) added to request_ms, seeded

@@ -88,7 +88,9 @@ TEST(SimTiming, TtftAndTpotFollowFromTheProfile) {
   std::ofstream(dir / "exp.yaml") << R"(name: timing
 trace: {path: trace.jsonl}
 cluster: {engines: 1, engine_config: engine.yaml}
-sim: {overheads: {request_ms: 1, forward_ms: 2, response_ms: 3, kv_event_delay_ms: 1}}
+sim:
+  overheads: {request_ms: 1, request_per_ktoken_ms: 0, forward_ms: 2, response_ms: 3,
+              kv_event_delay_ms: 1}
 arms: [{name: rr, policy: {kind: round_robin}}]
 )";
   ASSERT_TRUE(runSim(dir / "exp.yaml", dir / "out").ok());
@@ -133,7 +135,7 @@ TEST(SimTiming, ChunkedPrefillAndQueueing) {
   std::ofstream(dir / "exp.yaml") << R"(name: chunks
 trace: {path: trace.jsonl}
 cluster: {engines: 1, engine_config: engine.yaml}
-sim: {overheads: {request_ms: 0, forward_ms: 0, response_ms: 0}}
+sim: {overheads: {request_ms: 0, request_per_ktoken_ms: 0, forward_ms: 0, response_ms: 0}}
 arms: [{name: rr, policy: {kind: round_robin}}]
 )";
   ASSERT_TRUE(runSim(dir / "exp.yaml", dir / "out").ok());
