@@ -3,9 +3,11 @@
 #include "experiments/sim/cluster_sim.h"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <map>
 
+#include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "experiments/sim/sim_internal.h"
@@ -134,6 +136,8 @@ void Sim::dispatch(const Event& e) {
 }
 
 absl::StatusOr<SimStats> Sim::run() {
+  // Progress goes to the log every 10 s of wall time; results never see the wall clock.
+  auto last_progress = std::chrono::steady_clock::now();
   while (!queue_.empty()) {
     Event e = queue_.top();
     queue_.pop();
@@ -141,11 +145,17 @@ absl::StatusOr<SimStats> Sim::run() {
     ++stats_.events;
     dispatch(e);
     if (!write_status_.ok()) return write_status_;
+    if ((stats_.events & 0xFFFF) == 0 &&
+        std::chrono::steady_clock::now() - last_progress > std::chrono::seconds(10)) {
+      last_progress = std::chrono::steady_clock::now();
+      log::info("simulating", "arm", setup_.label, "done",
+                strCat(requests_.size() - static_cast<size_t>(unfinished_), "/", requests_.size()),
+                "in_flight", in_flight_, "virtual_s", nanosToSeconds(now_));
+    }
   }
   if (unfinished_ != 0) {
     return absl::InternalError(strCat(unfinished_, " requests never finished (simulator bug)"));
   }
-  stats_.virtual_seconds = nanosToSeconds(now_);
   if (std::fflush(results_) != 0) return absl::InternalError("writing results.jsonl");
   return stats_;
 }
@@ -248,7 +258,7 @@ void Sim::release(Flight& f, Nanos client_t) {
   }
   flights_[index].reset();
   --in_flight_;
-  --unfinished_;
+  if (--unfinished_ == 0) stats_.virtual_seconds = nanosToSeconds(client_t);
   if (!next_in_session_.empty() && next_in_session_[index] >= 0) {
     auto next = static_cast<uint32_t>(next_in_session_[index]);
     const trace::Request& n = requests_[next];

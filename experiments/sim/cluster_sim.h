@@ -30,6 +30,7 @@ struct ClusterSetup {
   trace::TokenSynthOptions synth;
   SimOptions sim;
   uint64_t seed = 1;  // jitter seed of this repetition
+  std::string label;  // names the arm in progress lines (stderr)
 };
 
 // Counters of one run (for the log and tests; not part of the result layout).
@@ -39,7 +40,7 @@ struct SimStats {
   uint64_t requests = 0;
   uint64_t errors = 0;
   uint64_t retries = 0;
-  double virtual_seconds = 0;
+  double virtual_seconds = 0;  // when the last request finished
 };
 
 // Runs the whole slice (`requests` sorted by arrival, ids assigned) and writes

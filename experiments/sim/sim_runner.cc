@@ -187,6 +187,7 @@ absl::StatusOr<ClusterSetup> buildSetup(const ExperimentConfig& config, const Si
   setup.synth.salt = config.salt;
   KVF_ASSIGN_OR_RETURN(setup.sim, parseSimOptions(arm.sim, config.source));
   setup.seed = setup.sim.seed + static_cast<uint64_t>(rep);
+  setup.label = strCat(arm.name, "/rep", rep);
   return setup;
 }
 
