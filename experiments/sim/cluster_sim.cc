@@ -132,6 +132,9 @@ void Sim::dispatch(const Event& e) {
     case Ev::kTimeout:
       onTimeout(e.a, e.t);
       break;
+    case Ev::kReadTimeout:
+      onReadTimeout(e.a, e.t);
+      break;
   }
 }
 

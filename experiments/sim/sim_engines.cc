@@ -61,6 +61,8 @@ void Sim::onEngineArrive(uint32_t index, Nanos t) {
     return;
   }
   f->in_engine = true;
+  f->last_byte = t;  // the engine answers with response headers at once
+  push(t + setup_.router.read_timeout, Ev::kReadTimeout, index);
   publish(e);
   if (!e.busy) startStep(f->instance, t);
 }
@@ -100,6 +102,7 @@ void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
         o.itl_s.push_back(nanosToSeconds(client_t - f->last_token));
       }
       f->last_token = client_t;
+      f->last_byte = client_t;
       o.output_tokens += static_cast<int64_t>(out.new_tokens.size());
     }
     if (out.finish) {
@@ -117,6 +120,32 @@ void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
   }
   publish(e);
   if (e.core->hasWork()) startStep(instance, t);
+}
+
+// The router's upstream read timeout (router/config.h read_timeout): no byte from the engine for
+// that long ends the client's stream with an error, and the engine aborts the request. Under
+// overload this is what fails requests whose first token takes longer.
+void Sim::onReadTimeout(uint32_t index, Nanos t) {
+  Flight* f = flights_[index].get();
+  if (f == nullptr || !f->in_engine || f->finishing) return;
+  Nanos deadline = f->last_byte + setup_.router.read_timeout;
+  if (t < deadline) {
+    push(deadline, Ev::kReadTimeout, index);
+    return;
+  }
+  SimEngine& e = engines_[f->instance];
+  if (e.up && e.incarnation == f->incarnation) {
+    e.core->abort(std::to_string(index));
+    publish(e);
+  }
+  f->in_engine = false;
+  upstreamFailure(e, t);
+  f->status = 502;
+  finishAttempt(*f, t);
+  failAtClient(*f, t + ms(setup_.sim.overheads.response_ms), 200,
+               strCat("stream error: upstream ", instance_ids_[f->instance],
+                      " failed mid-stream: no response byte for ",
+                      nanosToSeconds(setup_.router.read_timeout), " s"));
 }
 
 void Sim::onHealthTick(int instance, Nanos t) {

@@ -36,6 +36,7 @@ enum class Ev : uint8_t {
   kEngineDown,    // a = engine
   kEngineUp,      // a = engine
   kTimeout,       // a = request: the client gives up
+  kReadTimeout,   // a = request: the router's upstream read deadline (no byte for read_timeout)
 };
 
 struct Event {
@@ -76,6 +77,7 @@ struct Flight {
   // Client side.
   CompletionOutcome outcome;
   Nanos last_token = -1;
+  Nanos last_byte = 0;  // when the router last received a byte of the engine's response
 };
 
 // One engine instance: its core and the router's view of it.
@@ -123,6 +125,7 @@ class Sim {
   void failAtClient(Flight& f, Nanos client_t, int http_status, const std::string& error);
   void release(Flight& f, Nanos client_t);
   void onTimeout(uint32_t index, Nanos t);
+  void onReadTimeout(uint32_t index, Nanos t);
   Nanos wallOfArrival(const trace::Request& r) const;
 
   // Router (sim_router.cc).
