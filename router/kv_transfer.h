@@ -31,7 +31,8 @@ absl::StatusOr<std::string> withKvTransferParams(std::string_view body,
                                                  const KvTransferParams* params);
 
 // The prefill half of an offload: non-streaming, max_tokens 1 (max_completion_tokens,
-// min_tokens and stream_options dropped, n = 1) and kv_transfer_params {do_remote_decode: true, lease_ms}.
+// min_tokens and stream_options dropped, n = 1) and kv_transfer_params {do_remote_decode: true,
+// lease_ms}.
 absl::StatusOr<std::string> remotePrefillBody(std::string_view body, int64_t lease_ms);
 
 // P's answer: its `kv_transfer_params` {source, block_hashes, lease_id}, validated and bounded.

@@ -132,6 +132,12 @@ void Sim::dispatch(const Event& e) {
     case Ev::kTimeout:
       onTimeout(e.a, e.t);
       break;
+    case Ev::kKvPushDone:
+      onKvPushDone(e.b, e.t);
+      break;
+    case Ev::kPrefillDone:
+      onPrefillDone(e.a, e.t);
+      break;
     case Ev::kReadTimeout:
       onReadTimeout(e.a, e.t);
       break;

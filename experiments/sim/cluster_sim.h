@@ -23,6 +23,7 @@ namespace kvf::experiments::sim {
 
 struct ClusterSetup {
   int engines = 8;
+  bool workers = false;         // cluster.workers: instances can push KV and prefill for peers
   engine::EngineConfig engine;  // finalized
   double engine_time_scale = 1;
   router::RouterConfig router;  // instances "0".."N-1"; policy of the arm

@@ -35,6 +35,10 @@ void Sim::publish(SimEngine& e) {
 void Sim::onEngineArrive(uint32_t index, Nanos t) {
   Flight* f = flights_[index].get();
   if (f == nullptr) return;
+  if (f->prefill_phase) {
+    onPrefillArrive(*f, t);
+    return;
+  }
   SimEngine& e = engines_[f->instance];
   Nanos back = t + ms(setup_.sim.overheads.response_ms);
   if (!e.up || e.incarnation != f->incarnation) {
@@ -52,6 +56,11 @@ void Sim::onEngineArrive(uint32_t index, Nanos t) {
   spec.sampling.max_tokens = f->max_tokens;
   spec.sampling.min_tokens = f->max_tokens;
   spec.sampling.ignore_eos = true;
+  if (f->decision.mode != policy::Mode::kLocal && f->peer >= 0 && !f->lease_id.empty()) {
+    spec.remote_kv = engine::RemoteKvSpec{std::to_string(f->peer), f->lease_hashes};
+  } else if (f->decision.mode == policy::Mode::kPushMigrate && f->peer >= 0) {
+    spec.remote_kv = engine::RemoteKvSpec{std::to_string(f->peer), {}};
+  }
   absl::Status valid = e.core->validate(spec);
   if (valid.ok()) valid = e.core->add(std::move(spec), engineTime(t));
   if (!valid.ok()) {  // the engine answers 400; the router passes it on
@@ -70,6 +79,7 @@ void Sim::onEngineArrive(uint32_t index, Nanos t) {
 void Sim::startStep(int instance, Nanos t) {
   SimEngine& e = engines_[instance];
   engine::StepResult result = e.core->step(engineTime(t));
+  if (!result.remote_kv_fetches.empty()) startFetches(instance, result.remote_kv_fetches, t);
   if (result.empty()) {
     e.busy = false;
     return;
@@ -90,6 +100,14 @@ void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
     uint32_t index = 0;
     std::from_chars(out.id.data(), out.id.data() + out.id.size(), index);
     Flight* f = index < flights_.size() ? flights_[index].get() : nullptr;
+    if (f != nullptr && f->prefill_phase && f->peer == instance) {
+      if (out.finish) {  // P answers with its lease (non-streaming)
+        f->lease_id = out.lease_id.value_or("");
+        f->lease_hashes = out.lease_block_hashes;
+        push(client_t, Ev::kPrefillDone, index);
+      }
+      continue;
+    }
     if (f == nullptr || !f->in_engine || f->instance != instance) continue;
     CompletionOutcome& o = f->outcome;
     o.prompt_tokens = out.prompt_tokens;
@@ -183,6 +201,11 @@ void Sim::onEngineDown(int instance, Nanos t) {
   Nanos back = t + ms(setup_.sim.overheads.response_ms);
   for (auto& slot : flights_) {
     Flight* f = slot.get();
+    if (f != nullptr && f->prefill_phase && f->peer == instance) {
+      upstreamFailure(e, t);
+      prefillFailed(*f, t);  // D prefills locally
+      continue;
+    }
     if (f == nullptr || f->instance != instance || !f->load_held || f->finishing) continue;
     // Response headers are out: the router ends the client's stream with an error event.
     upstreamFailure(e, t);

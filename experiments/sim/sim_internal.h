@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <queue>
@@ -36,6 +37,8 @@ enum class Ev : uint8_t {
   kEngineDown,    // a = engine
   kEngineUp,      // a = engine
   kTimeout,       // a = request: the client gives up
+  kKvPushDone,    // b = push id: a KV push between two engines ends (link model)
+  kPrefillDone,   // a = request: an offload's prefill answer (P's lease) reaches the router
   kReadTimeout,   // a = request: the router's upstream read deadline (no byte for read_timeout)
 };
 
@@ -78,6 +81,25 @@ struct Flight {
   CompletionOutcome outcome;
   Nanos last_token = -1;
   Nanos last_byte = 0;  // when the router last received a byte of the engine's response
+  // KV push / prefill offload (policies unified, elastic): the peer of the decision.
+  int peer = -1;
+  bool peer_load_held = false;
+  int64_t peer_uncached = 0;
+  int64_t own_matched = 0;
+  bool prefill_phase = false;  // the offload's one-token prefill runs on `peer`
+  uint32_t peer_incarnation = 0;
+  std::vector<worker::BlockHash> lease_hashes;
+  std::string lease_id;
+};
+
+// A KV push in flight from `holder` to `dest` for request `id` (virtual time).
+struct Push {
+  int dest = 0, holder = 0;
+  uint32_t dest_incarnation = 0, holder_incarnation = 0;
+  std::string id;
+  std::vector<worker::BlockHash> pinned;  // pinned on the holder, unpinned at the end
+  size_t blocks = 0;                      // leading landing blocks the holder fills
+  std::string lease_id;                   // released on the holder after the push (offload)
 };
 
 // One engine instance: its core and the router's view of it.
@@ -138,6 +160,17 @@ class Sim {
   void onFinish(uint32_t index, Nanos t);
   void applyKv(int instance, std::vector<worker::KvEvent>& batch);
 
+  // KV push and prefill offload (sim_transfer.cc).
+  void holdPeer(Flight& f, int64_t peer_matched);
+  void releasePeer(Flight& f);
+  void startFetches(int instance, std::vector<engine::RemoteKvFetch>& fetches, Nanos t);
+  void onKvPushDone(uint64_t push_id, Nanos t);
+  void startPrefill(Flight& f, Nanos t);
+  void onPrefillDone(uint32_t index, Nanos t);
+  void prefillFailed(Flight& f, Nanos t);
+  void sendToDecoder(Flight& f, Nanos t);
+  void onPrefillArrive(Flight& f, Nanos t);
+
   // Engines (sim_engines.cc).
   absl::StatusOr<std::unique_ptr<engine::EngineCore>> makeCore(SimEngine& e);
   void onEngineArrive(uint32_t index, Nanos t);
@@ -176,6 +209,8 @@ class Sim {
   std::unique_ptr<router::DecisionLog> decisions_;
   std::FILE* results_ = nullptr;
   std::vector<char> results_buffer_;
+  std::map<uint64_t, Push> pushes_;
+  uint64_t next_push_ = 0;
   std::vector<uint32_t> matched_;
   std::vector<policy::InstanceSnapshot> snaps_;
   std::string scratch_;

@@ -36,6 +36,8 @@ bool Sim::decide(Flight& f, Nanos t) {
     s.ongoing_tokens = e.ongoing;
     s.kv_usage = e.kv_usage;
     s.matched_tokens = static_cast<int64_t>(matched_[i]) * bs;
+    s.push_capable = setup_.workers;
+    s.reachable = e.check_healthy && t >= e.circuit_open_until;
   }
   const trace::Request& r = requests_[f.index];
   policy::RouteRequest route;
@@ -50,6 +52,11 @@ bool Sim::decide(Flight& f, Nanos t) {
   }
   SimEngine& chosen = engines_[f.decision.instance];
   f.instance = f.decision.instance;
+  f.own_matched = std::min(snaps_[f.instance].matched_tokens, f.prompt_tokens);
+  f.peer = f.decision.mode == policy::Mode::kPushMigrate      ? f.decision.source_instance
+           : f.decision.mode == policy::Mode::kPrefillOffload ? f.decision.prefill_instance
+                                                              : -1;
+  if (f.peer >= 0) holdPeer(f, snaps_[f.peer].matched_tokens);
   f.uncached = f.prompt_tokens - f.decision.predicted_cached_tokens;
   chosen.running += 1;
   chosen.pending_prefill += f.uncached;
@@ -84,16 +91,18 @@ void Sim::onRoute(uint32_t index, Nanos t) {
     e.request_failures = 0;
     f->incarnation = e.incarnation;
     index_.addSoft(f->instance, f->hashes, t, false);
-    f->hashes = {};
     f->outcome.instance = instance_ids_[f->instance];
     f->outcome.decision = std::string(policy::modeName(f->decision.mode));
     f->outcome.reason = std::string(f->decision.reason);
     f->outcome.predicted_cached_tokens = f->decision.predicted_cached_tokens;
     f->outcome.http_status = 200;
     f->status = 200;
-    double forward =
-        o.forward_ms + o.forward_per_ktoken_ms * static_cast<double>(f->prompt_tokens) / 1000.0;
-    push(t + ms(forward), Ev::kEngineArrive, index);
+    if (f->decision.mode == policy::Mode::kPrefillOffload && f->peer >= 0) {
+      startPrefill(*f, t);  // D gets the request once P answers (or fails)
+    } else {
+      f->hashes = {};
+      sendToDecoder(*f, t);
+    }
     return;
   }
   f->status = 502;
@@ -103,6 +112,13 @@ void Sim::onRoute(uint32_t index, Nanos t) {
 
 // Releases the attempt's load on its instance and writes its decision-log line.
 void Sim::finishAttempt(Flight& f, Nanos t) {
+  if (f.prefill_phase) {  // abandoned during the offload's prefill: give the cap back
+    SimEngine& p = engines_[f.peer];
+    if (p.up && p.incarnation == f.peer_incarnation) p.core->abort(std::to_string(f.index));
+    f.prefill_phase = false;
+    policy_->offloadFinished();
+  }
+  releasePeer(f);
   if (f.instance >= 0 && f.load_held) {
     SimEngine& e = engines_[f.instance];
     if (f.prefill_pending) e.pending_prefill -= f.uncached;

@@ -178,6 +178,7 @@ absl::StatusOr<ClusterSetup> buildSetup(const ExperimentConfig& config, const Si
                                         int rep) {
   ClusterSetup setup;
   setup.engines = config.cluster.engines;
+  setup.workers = config.cluster.workers;
   KVF_ASSIGN_OR_RETURN(setup.engine, engineConfigFor(config, arm));
   // Payload bytes only matter to KV transfers; the simulator skips writing them.
   setup.engine.cache.payload_bytes_per_block = 0;
