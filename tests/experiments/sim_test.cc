@@ -362,3 +362,43 @@ TEST(SimSweep, BadSweepsNameTheField) {
 
 }  // namespace
 }  // namespace kvf::experiments::sim
+
+namespace kvf::experiments::sim {
+namespace {
+
+TEST(SimTransfer, PushAndOffloadRunThroughTheEngineCore) {
+  fs::path dir = tempDir("kvf_sim_push");
+  writeCluster(dir);
+  writeTrace(dir / "trace.jsonl", 150, 11);
+  std::ofstream(dir / "exp.yaml") << R"(name: push
+trace: {path: trace.jsonl}
+cluster: {engines: 3, engine_config: engine.yaml, workers: true}
+arms:
+  - {name: unified, policy: {kind: unified}}
+  - name: elastic   # offloads HEAVY requests only: make every request HEAVY
+    policy: {kind: elastic, classify: {warm_max_new_tokens: 100, medium_max_new_tokens: 200},
+             elastic: {max_cost_ratio: 100}}
+)";
+  ASSERT_TRUE(runSim(dir / "exp.yaml", dir / "out").ok());
+  ASSERT_TRUE(runSim(dir / "exp.yaml", dir / "again").ok());
+  for (const char* arm : {"unified", "elastic"}) {
+    fs::path rel = fs::path("arms") / arm / "rep0/results.jsonl";
+    EXPECT_EQ(readFile(dir / "out" / rel), readFile(dir / "again" / rel)) << arm;
+    auto results = loadById(dir / "out" / rel);
+    ASSERT_EQ(results.size(), 150u) << arm;
+    int moved = 0, with_peer_blocks = 0;
+    for (auto& [id, r] : results) {
+      EXPECT_TRUE(r.outcome.ok) << arm << " " << id << ": " << r.outcome.error;
+      if (r.outcome.decision == "local") continue;
+      ++moved;
+      // The decoder starts with the peer's blocks, unless the holder no longer (or not yet)
+      // has them and the decoder falls back to local prefill.
+      if (r.outcome.cached_tokens > 0) ++with_peer_blocks;
+    }
+    EXPECT_GT(moved, 0) << arm << ": no push or offload decision";
+    EXPECT_GT(with_peer_blocks, moved / 2) << arm;
+  }
+}
+
+}  // namespace
+}  // namespace kvf::experiments::sim
