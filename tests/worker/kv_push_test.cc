@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -208,18 +209,23 @@ TEST_F(KvPushTest, PushCostsTheModelledLinkTimeOverlappedLayerByLayer) {
   Engine& c = start("C", "", 10, 1);
   Engine& d = start("D", "", 10, 1);
   Engine& w = start("W", ", layerwise: false", 10, 1);
-  std::string prefix = tokens(4000, 9);
-  complete(c, prefix, "");
-  std::string turn2 = tokens(4016, 9);
+  // Three fresh prefixes per receiver; the fastest trial is compared, so a wake-up delay of a
+  // loaded machine (ctest runs tests in parallel) cannot fail the upper bounds.
   std::vector<double> ttfts;
   for (Engine* e : {&d, &w}) {
-    double before = metric(*e, "vllm:time_to_first_token_seconds_sum");
-    bj::object r = complete(*e, turn2, source(c, 2000));
-    EXPECT_EQ(result(r)["pushed_tokens"].as_int64(), 4000) << r;
-    double ttft = metric(*e, "vllm:time_to_first_token_seconds_sum") - before;
-    EXPECT_GE(ttft, 0.3146);
-    EXPECT_LT(ttft, 0.3146 + 0.08) << (e == &d ? "layerwise" : "whole transfer first");
-    ttfts.push_back(ttft);
+    double best = 1e9;
+    for (int trial = 0; trial < 3; ++trial) {
+      int salt = 9 + 100 * trial + (e == &w ? 1000 : 0);
+      complete(c, tokens(4000, salt), "");
+      double before = metric(*e, "vllm:time_to_first_token_seconds_sum");
+      bj::object r = complete(*e, tokens(4016, salt), source(c, 2000));
+      EXPECT_EQ(result(r)["pushed_tokens"].as_int64(), 4000) << r;
+      double ttft = metric(*e, "vllm:time_to_first_token_seconds_sum") - before;
+      EXPECT_GE(ttft, 0.3146);  // the modelled link time is always paid
+      best = std::min(best, ttft);
+    }
+    EXPECT_LT(best, 0.3146 + 0.08) << (e == &d ? "layerwise" : "whole transfer first");
+    ttfts.push_back(best);
   }
   // Layer-wise, only 1/48 of the ~36 ms step follows the transfer; otherwise all of it.
   EXPECT_LT(ttfts[0], ttfts[1] - 0.02);
