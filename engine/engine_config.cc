@@ -39,6 +39,27 @@ void parseKvEvents(config::ConfigMap& m, KvEventsConfig* k) {
   m.rejectUnknownKeys();
 }
 
+void parseWorker(config::ConfigMap& m, WorkerConfig* w) {
+  m.get("port", &w->port, 0, 65535);
+  m.get("host", &w->host);
+  m.get("token", &w->token);
+  m.get("max_push_blocks", &w->max_push_blocks, 1, int64_t{1} << 20);
+  m.get("transports", &w->transports);
+  m.get("net_devices", &w->net_devices);
+  m.get("push_deadline_cap_ms", &w->push_deadline_cap_ms, 1, 60'000);
+  m.get("push_deadline_margin_ms", &w->push_deadline_margin_ms, 0, 60'000);
+  m.get("layerwise", &w->layerwise);
+  m.get("default_lease_ms", &w->default_lease_ms, 1, 86'400'000);
+  m.get("max_lease_ms", &w->max_lease_ms, 1, 86'400'000);
+  m.get("fault", &w->fault);
+  if (!w->fault.empty() && w->fault != "corrupt" && w->fault != "corrupt_content" &&
+      w->fault != "stall") {
+    m.fail("fault", "must be one of corrupt, corrupt_content, stall (test only)");
+  }
+  m.get("fault_stall_ms", &w->fault_stall_ms, 0, 600'000);
+  m.rejectUnknownKeys();
+}
+
 void parseRoot(config::ConfigMap& root, EngineConfig* c) {
   root.get("instance_id", &c->instance_id);
   root.get("served_model_name", &c->served_model_name);
@@ -53,6 +74,7 @@ void parseRoot(config::ConfigMap& root, EngineConfig* c) {
   if (auto m = root.map("cache")) parseCache(*m, &c->cache);
   if (auto m = root.map("scheduler")) parseScheduler(*m, &c->scheduler);
   if (auto m = root.map("kv_events")) parseKvEvents(*m, &c->kv_events);
+  if (auto m = root.map("worker")) parseWorker(*m, &c->worker);
 }
 
 }  // namespace

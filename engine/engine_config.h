@@ -28,6 +28,29 @@ struct KvEventsConfig {
   int64_t buffer_batches = 10000;
 };
 
+// The worker control server (KV push, docs/protocols.md "KV push").
+struct WorkerConfig {
+  int port = 0;  // 0: disabled (kvf-engine --worker_port N enables it)
+  std::string host = "127.0.0.1";
+  std::string token;  // bearer token for /kv/*; empty: env KVF_WORKER_TOKEN; both empty: none
+  int64_t max_push_blocks = 65536;        // blocks per push (both directions)
+  std::string transports = "shm";         // UCX transports (transport::TransportOptions)
+  std::string net_devices;                // UCX_NET_DEVICES for tcp/rdma; empty: all
+  int64_t push_deadline_cap_ms = 1000;    // cap of the default receiver deadline
+  int64_t push_deadline_margin_ms = 100;  // default deadline = modelled transfer + margin
+  // Layer-wise push: the pushed KV is usable layer by layer, so the modelled transfer overlaps
+  // the first prefill step (it ends at max(step, transfer + step / layers)). false: the
+  // request waits for the whole modelled transfer before it is scheduled.
+  bool layerwise = true;
+  int64_t default_lease_ms = 30000;  // do_remote_decode without lease_ms
+  int64_t max_lease_ms = 600000;
+  // TEST ONLY fault injection on the holder side: "" (none), "corrupt" (push damaged bytes
+  // with the checksums of the good ones), "corrupt_content" (damaged bytes, matching
+  // checksums), "stall" (wait fault_stall_ms before pushing).
+  std::string fault;
+  int64_t fault_stall_ms = 3000;
+};
+
 struct EngineConfig {
   std::string instance_id = "engine-0";
   std::string served_model_name;  // default: the profile's model name
@@ -40,6 +63,7 @@ struct EngineConfig {
   CacheConfig cache;
   SchedulerConfig scheduler;
   KvEventsConfig kv_events;
+  WorkerConfig worker;
   int64_t max_body_bytes = 64 * 1024 * 1024;
   std::string log_level = "info";
 };

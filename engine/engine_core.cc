@@ -40,6 +40,20 @@ absl::Status EngineCore::validate(const RequestSpec& spec) const {
                                              max_model_len_, " tokens, but the prompt has ",
                                              prompt_len, " tokens"));
   }
+  if (spec.remote_kv) {
+    if (spec.remote_kv->source.empty()) {
+      return absl::InvalidArgumentError("kv_transfer_params.source: must not be empty");
+    }
+    auto max_blocks = static_cast<size_t>(prompt_len / pool_->blockSize());
+    if (spec.remote_kv->block_hashes.size() > max_blocks) {
+      return absl::InvalidArgumentError(
+          strCat("kv_transfer_params.block_hashes: ", spec.remote_kv->block_hashes.size(),
+                 " hashes for a prompt of ", max_blocks, " full blocks"));
+    }
+  }
+  if (spec.remote_decode_lease && *spec.remote_decode_lease <= 0) {
+    return absl::InvalidArgumentError("kv_transfer_params.lease_ms: must be positive");
+  }
   const SamplingParams& s = spec.sampling;
   if (s.max_tokens < 1) return absl::InvalidArgumentError("max_tokens: must be at least 1");
   if (s.max_tokens > max_model_len_ - prompt_len) {
@@ -63,6 +77,23 @@ absl::Status EngineCore::validate(const RequestSpec& spec) const {
 absl::Status EngineCore::add(RequestSpec spec, Nanos now) {
   KVF_RETURN_IF_ERROR(validate(spec));
   return scheduler_->add(std::move(spec), now);
+}
+
+std::vector<BlockIndex> EngineCore::pinLeadingRun(std::span<const BlockHash> hashes) {
+  std::vector<BlockIndex> blocks;
+  for (BlockHash h : hashes) {
+    auto b = pool_->table().find(h);
+    if (!b || !pool_->pin(h).ok()) break;
+    blocks.push_back(*b);
+  }
+  return blocks;
+}
+
+void EngineCore::unpin(std::span<const BlockHash> hashes) {
+  for (BlockHash h : hashes) {
+    absl::Status s = pool_->unpin(h);
+    (void)s;  // unknown hashes are ignored: a caller may unpin what it failed to pin
+  }
 }
 
 }  // namespace kvf::engine

@@ -2,9 +2,47 @@
 // EngineConfig, plus request validation (vocabulary, max_model_len). The live server drives it
 // with Asio timers; a discrete-event simulator can drive it in virtual time and capture KV
 // events with any KvEventSink. No I/O; owned and called by one thread.
+//
+// KV push, receiver side (the live server and a simulator drive it alike):
+//   1. add() a RequestSpec with remote_kv = {source, block_hashes} (block_hashes empty: the
+//      prompt's own). At admission the core counts local prefix hits first; the part of the
+//      source's run beyond them (equal to the prompt's own hashes, at most (prompt-1)/block_size
+//      blocks in all) gets landing blocks, and the request waits aside in kWaitingForRemoteKv:
+//      it holds its blocks but does not block admission of later requests, does not count in
+//      hasWork(), and appears in that step's StepResult::remote_kv_fetches (id, source, hashes,
+//      landing block indices; payload address = pool().payload(block)). With nothing to fetch
+//      (all local, or nothing matching) it is admitted as usual.
+//   2. The driver moves the blocks (or, in a simulator, lets transferDuration(tokens) pass) and
+//      calls exactly one of:
+//      completeRemoteKv(id, n, now): the first n landing blocks hold verified KV and nothing
+//        can be written into the others any more; the n blocks become cached (BlockStored is
+//        emitted), the rest go back to the pool, and the request re-enters the head of the
+//        waiting queue with prefill covering only what is still missing. cached_tokens counts
+//        local hits + pushed tokens; RequestOutput::remote_kv_tokens the pushed part.
+//        Layer-wise push (optional kv_ready_at > now): the driver completes as soon as the
+//        data is usable layer by layer; the blocks' KV is fully there at kv_ready_at, so the
+//        first step computing the request ends no earlier than kv_ready_at + step / num_layers
+//        (the last layer's compute after the last layer's KV). Without it (the default, -1)
+//        call complete only once the whole transfer is over, e.g. at start + transferDuration.
+//      failRemoteKv(id, now, writes_may_arrive): fallback to local prefill (local hits are
+//        looked up again). If writes_may_arrive, the landing blocks stay quarantined (held,
+//        never reused) until releaseRemoteKvLanding(id).
+//   3. Once the transport says no write can land any more (notice, sender dead), the driver
+//      calls releaseRemoteKvLanding(id) (a no-op when nothing is quarantined). abort() of a
+//      waiting request quarantines its landing blocks the same way.
+//   Call hasWork()/step() again after complete/fail: the request is runnable again.
+//
+// Remote decode (prefill offload, P side): RequestSpec::remote_decode_lease. When such a request
+// finishes, the leading cached run of its prompt's full blocks is pinned under a lease (id = the
+// request id, reported in the finishing RequestOutput with the hashes) until releaseLease(id) or
+// expiry (step() expires due leases; so does expireLeases(now); nextLeaseExpiry() says when).
+//
+// KV push, holder side: pinLeadingRun() / unpin() keep blocks from eviction during a push
+// without involving the scheduler.
 #pragma once
 
 #include <memory>
+#include <span>
 
 #include "absl/status/statusor.h"
 #include "engine/engine_config.h"
@@ -30,6 +68,27 @@ class EngineCore {
   bool abort(const std::string& id) { return scheduler_->abort(id); }
   StepResult step(Nanos now) { return scheduler_->step(now); }
   bool hasWork() const { return scheduler_->hasWork(); }
+
+  // KV push, receiver side (see above).
+  absl::Status completeRemoteKv(const std::string& id, size_t blocks_filled, Nanos now,
+                                Nanos kv_ready_at = -1) {
+    return scheduler_->completeRemoteKv(id, blocks_filled, now, kv_ready_at);
+  }
+  absl::Status failRemoteKv(const std::string& id, Nanos now, bool writes_may_arrive) {
+    return scheduler_->failRemoteKv(id, now, writes_may_arrive);
+  }
+  bool releaseRemoteKvLanding(const std::string& id) {
+    return scheduler_->releaseRemoteKvLanding(id);
+  }
+  // Remote-decode leases.
+  bool releaseLease(const std::string& lease_id) { return scheduler_->releaseLease(lease_id); }
+  int expireLeases(Nanos now) { return scheduler_->expireLeases(now); }
+  std::optional<Nanos> nextLeaseExpiry() const { return scheduler_->nextLeaseExpiry(); }
+
+  // KV push, holder side: pins the leading run of `hashes` that is cached (each pin keeps the
+  // block from eviction) and returns its blocks, in order; unpin() undoes one pin per hash.
+  std::vector<BlockIndex> pinLeadingRun(std::span<const BlockHash> hashes);
+  void unpin(std::span<const BlockHash> hashes);
 
   SchedulerStats stats() const { return scheduler_->statsNow(); }
   KvPool& pool() { return *pool_; }

@@ -34,6 +34,7 @@ void EngineServer::Impl::shutdownCore() {
     stopping = true;
     step_timer.cancel();
     wake_timer.cancel();
+    lease_timer.cancel();
   });
   core_work.reset();
   core_ioc.stop();
@@ -62,6 +63,7 @@ absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::create(asio::io_cont
   so.max_body_bytes = static_cast<size_t>(c.max_body_bytes);
   KVF_ASSIGN_OR_RETURN(impl->http, http::HttpServer::create(ioc, so));
   impl->registerMetrics();
+  if (c.worker.port > 0) KVF_RETURN_IF_ERROR(impl->createPush());
   impl->registerRoutes();
   return std::unique_ptr<EngineServer>(new EngineServer(std::move(impl)));
 }
@@ -70,6 +72,10 @@ void EngineServer::start() {
   impl_->wall_origin = steadyNanos();
   impl_->http->start();
   asio::co_spawn(impl_->core_ioc, impl_->stepLoop(), asio::detached);
+  if (impl_->worker_http) {
+    impl_->worker_http->start();
+    asio::co_spawn(impl_->core_ioc, impl_->leaseLoop(), asio::detached);
+  }
   impl_->core_thread = std::thread([impl = impl_.get()] { impl->core_ioc.run(); });
 }
 
@@ -77,6 +83,7 @@ void EngineServer::stop() {
   Impl& s = *impl_;
   s.shutdownCore();
   s.http->stop();
+  if (s.worker_http) s.worker_http->stop();
   for (auto& [id, p] : s.pending) {
     p->done = true;
     p->finish_reason = "abort";
@@ -87,6 +94,10 @@ void EngineServer::stop() {
 }
 
 uint16_t EngineServer::port() const { return impl_->http->port(); }
+uint16_t EngineServer::workerPort() const {
+  return impl_->worker_http ? impl_->worker_http->port() : 0;
+}
+std::string EngineServer::workerUrl() const { return impl_->workerUrl(); }
 std::string EngineServer::kvEventsEndpoint() const {
   return impl_->publisher ? impl_->publisher->endpoint() : std::string();
 }
@@ -155,6 +166,13 @@ asio::awaitable<void> EngineServer::Impl::handleApi(ApiKind kind, const http::Re
   spec.id = id;
   spec.prompt = std::move(parsed->prompt);
   spec.sampling = parsed->sampling;
+  if (parsed->kv_transfer) {
+    absl::Status st = applyKvTransfer(*parsed->kv_transfer, spec);
+    if (!st.ok()) {
+      co_await w.sendStatus(st);
+      co_return;
+    }
+  }
   CompletionSummary summary;
   summary.id = id;
   summary.model = config.served_model_name;
@@ -167,6 +185,13 @@ asio::awaitable<void> EngineServer::Impl::handleApi(ApiKind kind, const http::Re
   }
   auto p = std::make_shared<Pending>(ioc.get_executor());
   pending[id] = p;
+  if (spec.remote_kv) {
+    FetchOptions fo;
+    fo.source = parsed->kv_transfer->source;
+    fo.lease_id = parsed->kv_transfer->lease_id;
+    fo.deadline_ms = parsed->kv_transfer->deadline_ms;
+    fetch_options[id] = std::move(fo);
+  }
   Nanos arrival = engineNow(steadyNanos());
   asio::post(core_ioc, [this, spec = std::move(spec), arrival, p]() mutable {
     absl::Status added = core->add(std::move(spec), arrival);
@@ -191,7 +216,11 @@ asio::awaitable<void> EngineServer::Impl::handleApi(ApiKind kind, const http::Re
   summary.output = p->tokens;
   summary.cached_tokens = p->cached_tokens;
   summary.finish_reason = p->finish_reason;
-  std::string body = completionBody(kind, summary, parsed->kv_transfer_params);
+  summary.kv_transfer_result = p->kv_transfer_result;
+  fetch_options.erase(id);
+  std::optional<bj::value> params = parsed->kv_transfer_params;
+  if (p->lease_id) params = leaseParams(*p);
+  std::string body = completionBody(kind, summary, params);
   co_await w.sendJson(200, std::move(body));
 }
 
@@ -210,6 +239,7 @@ asio::awaitable<void> EngineServer::Impl::streamResponse(ApiKind kind, ParsedReq
     while (st.ok() && (sent < p->tokens.size() || (p->done && !finish_sent))) {
       std::string text = sent < p->tokens.size() ? tokenText(p->tokens[sent++]) : std::string();
       bool last = p->done && sent == p->tokens.size();
+      if (last) summary.kv_transfer_result = p->kv_transfer_result;
       std::string chunk =
           streamChunk(kind, summary, text, first, last ? &p->finish_reason : nullptr,
                       parsed.kv_transfer_params);

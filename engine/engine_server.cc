@@ -97,6 +97,12 @@ asio::awaitable<void> EngineServer::Impl::stepLoop() {
       continue;
     }
     StepResult result = core->step(engineNow(next_wall));
+    if (!result.remote_kv_fetches.empty()) {
+      publishStats();
+      asio::post(ioc, [this, fetches = std::move(result.remote_kv_fetches)]() mutable {
+        for (auto& f : fetches) startFetch(std::move(f));
+      });
+    }
     if (result.empty()) {
       next_wall = steadyNanos();
       continue;
@@ -141,6 +147,9 @@ void EngineServer::Impl::publishStats() {
   snapshot.prompt.store(static_cast<double>(st.prompt_tokens));
   snapshot.generation.store(static_cast<double>(st.generation_tokens));
   snapshot.preemptions.store(static_cast<double>(st.num_preemptions));
+  snapshot.waiting_remote.store(st.num_waiting_for_remote_kv);
+  snapshot.leases.store(st.num_leases);
+  snapshot.quarantined.store(static_cast<double>(st.remote_kv_blocks_quarantined));
 }
 
 void EngineServer::Impl::deliver(const std::vector<RequestOutput>& outputs, Nanos end) {
@@ -151,6 +160,10 @@ void EngineServer::Impl::deliver(const std::vector<RequestOutput>& outputs, Nano
     p.tokens.insert(p.tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
     p.cached_tokens = out.cached_tokens;
     p.prompt_tokens = out.prompt_tokens;
+    if (out.lease_id) {
+      p.lease_id = out.lease_id;
+      p.lease_block_hashes = out.lease_block_hashes;
+    }
     if (out.finish) {
       p.done = true;
       p.finish_reason = finishReasonName(*out.finish);

@@ -33,6 +33,9 @@ class EngineServer {
   void stop();
 
   uint16_t port() const;
+  // The worker control server (KV push); 0 / empty when worker.port is 0.
+  uint16_t workerPort() const;
+  std::string workerUrl() const;
   std::string kvEventsEndpoint() const;
   std::string kvReplayEndpoint() const;
   const EngineConfig& config() const;

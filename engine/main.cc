@@ -20,6 +20,9 @@ ABSL_FLAG(std::string, kv_events_endpoint, "",
           "ZMQ PUB bind address for KV events, e.g. tcp://*:5557; overrides the config");
 ABSL_FLAG(std::string, kv_replay_endpoint, "",
           "ZMQ ROUTER bind address for KV-event replay; overrides the config");
+ABSL_FLAG(int, worker_port, -1,
+          "Worker control server port for KV push (POST /kv/push); overrides the config; "
+          "0 disables it");
 ABSL_FLAG(double, time_scale, 0, "Modelled seconds per wall second; overrides the config if > 0");
 ABSL_FLAG(std::string, log_level, "", "trace, debug, info, warn, error; overrides the config");
 
@@ -28,7 +31,7 @@ int main(int argc, char** argv) {
       argc, argv,
       "Emulated vLLM-compatible engine instance with a paged prefix cache, a calibrated timing "
       "model and KV events.\nUsage: kvf-engine --config engine.yaml [--port N] [--instance_id "
-      "ID] [--kv_events_endpoint tcp://*:P] [--kv_replay_endpoint tcp://*:P]");
+      "ID] [--kv_events_endpoint tcp://*:P] [--kv_replay_endpoint tcp://*:P] [--worker_port N]");
   std::string path = absl::GetFlag(FLAGS_config);
   if (path.empty()) {
     std::cerr << "kvf-engine: --config is required (see --help)\n";
@@ -49,10 +52,15 @@ int main(int argc, char** argv) {
   if (!absl::GetFlag(FLAGS_kv_replay_endpoint).empty()) {
     config->kv_events.replay_endpoint = absl::GetFlag(FLAGS_kv_replay_endpoint);
   }
+  if (absl::GetFlag(FLAGS_worker_port) >= 0) config->worker.port = absl::GetFlag(FLAGS_worker_port);
   if (absl::GetFlag(FLAGS_time_scale) > 0) config->time_scale = absl::GetFlag(FLAGS_time_scale);
   if (!absl::GetFlag(FLAGS_log_level).empty()) config->log_level = absl::GetFlag(FLAGS_log_level);
   if (config->port > 65535) {
     std::cerr << "kvf-engine: --port must be in [0, 65535]\n";
+    return 2;
+  }
+  if (config->worker.port > 65535) {
+    std::cerr << "kvf-engine: --worker_port must be in [0, 65535]\n";
     return 2;
   }
   kvf::log::init(config->instance_id, config->log_level);
@@ -74,7 +82,8 @@ int main(int argc, char** argv) {
   kvf::log::info("kvf-engine ready", "instance", c.instance_id, "port", (*server)->port(), "model",
                  c.served_model_name, "profile", c.profile.name, "blocks", c.cache.num_gpu_blocks,
                  "block_size", c.cache.block_size, "kv_events", (*server)->kvEventsEndpoint(),
-                 "kv_replay", (*server)->kvReplayEndpoint(), "time_scale", c.time_scale);
+                 "kv_replay", (*server)->kvReplayEndpoint(), "worker", (*server)->workerUrl(),
+                 "time_scale", c.time_scale);
   ioc.run();
   return 0;
 }

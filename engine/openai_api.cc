@@ -174,7 +174,55 @@ absl::Status parseSampling(const bj::object& obj, ApiKind kind, int64_t prompt_l
   return absl::OkStatus();
 }
 
-absl::Status parseStreaming(const bj::object& obj, ParsedRequest* out) {
+absl::StatusOr<KvTransferParams> parseKvTransfer(const bj::object& kv, const ApiLimits& limits) {
+  KvTransferParams p;
+  auto str = [&](std::string_view key, size_t max, std::string* out) -> absl::Status {
+    const bj::value* v = kv.if_contains(key);
+    if (v == nullptr || v->is_null()) return absl::OkStatus();
+    std::string field = strCat("kv_transfer_params.", key);
+    if (!v->is_string()) return invalid(field, "must be a string");
+    if (v->as_string().size() > max) return invalid(field, strCat("longer than ", max, " bytes"));
+    *out = std::string(v->as_string());
+    return absl::OkStatus();
+  };
+  KVF_RETURN_IF_ERROR(str("source", 512, &p.source));
+  KVF_RETURN_IF_ERROR(str("lease_id", 256, &p.lease_id));
+  if (const bj::value* h = kv.if_contains("block_hashes"); h != nullptr && !h->is_null()) {
+    if (!h->is_array()) return invalid("kv_transfer_params.block_hashes", "must be an array");
+    const bj::array& arr = h->as_array();
+    if (static_cast<int64_t>(arr.size()) > limits.max_model_len) {
+      return invalid("kv_transfer_params.block_hashes", "more hashes than max_model_len tokens");
+    }
+    std::vector<uint64_t> hashes;
+    hashes.reserve(arr.size());
+    for (size_t i = 0; i < arr.size(); ++i) {
+      if (arr[i].is_uint64()) {
+        hashes.push_back(arr[i].as_uint64());
+      } else if (arr[i].is_int64() && arr[i].as_int64() >= 0) {
+        hashes.push_back(static_cast<uint64_t>(arr[i].as_int64()));
+      } else {
+        return invalid(strCat("kv_transfer_params.block_hashes[", i, "]"),
+                       "must be a non-negative integer");
+      }
+    }
+    p.block_hashes = std::move(hashes);
+  }
+  KVF_RETURN_IF_ERROR(optionalBool(kv, "do_remote_decode", &p.do_remote_decode));
+  KVF_RETURN_IF_ERROR(optionalInt(kv, "deadline_ms", &p.deadline_ms));
+  if (p.deadline_ms < 0 || p.deadline_ms > 60'000) {
+    return invalid("kv_transfer_params.deadline_ms", "must be in [0, 60000]");
+  }
+  KVF_RETURN_IF_ERROR(optionalInt(kv, "lease_ms", &p.lease_ms));
+  if (p.lease_ms < 0 || p.lease_ms > 86'400'000) {
+    return invalid("kv_transfer_params.lease_ms", "must be in [0, 86400000]");
+  }
+  if (p.do_remote_decode && !p.source.empty()) {
+    return invalid("kv_transfer_params", "do_remote_decode and source are exclusive");
+  }
+  return p;
+}
+
+absl::Status parseStreaming(const bj::object& obj, const ApiLimits& limits, ParsedRequest* out) {
   KVF_RETURN_IF_ERROR(optionalBool(obj, "stream", &out->stream));
   const bj::value* so = obj.if_contains("stream_options");
   if (so != nullptr && !so->is_null()) {
@@ -185,6 +233,8 @@ absl::Status parseStreaming(const bj::object& obj, ParsedRequest* out) {
   if (kv != nullptr && !kv->is_null()) {
     if (!kv->is_object()) return invalid("kv_transfer_params", "must be an object");
     out->kv_transfer_params = *kv;
+    KVF_ASSIGN_OR_RETURN(KvTransferParams p, parseKvTransfer(kv->as_object(), limits));
+    if (!p.source.empty() || p.do_remote_decode) out->kv_transfer = std::move(p);
   }
   return absl::OkStatus();
 }
@@ -212,7 +262,7 @@ absl::StatusOr<ParsedRequest> parseApiRequest(ApiKind kind, std::string_view bod
                                     " tokens, but the prompt has ", prompt_len, " tokens"));
   }
   KVF_RETURN_IF_ERROR(parseSampling(*obj, kind, prompt_len, limits, &out));
-  KVF_RETURN_IF_ERROR(parseStreaming(*obj, &out));
+  KVF_RETURN_IF_ERROR(parseStreaming(*obj, limits, &out));
   return out;
 }
 
@@ -280,6 +330,7 @@ std::string completionBody(ApiKind kind, const CompletionSummary& s,
   o["choices"] = bj::array{std::move(choice)};
   o["usage"] = usageJson(s);
   if (kv_transfer_params) o["kv_transfer_params"] = *kv_transfer_params;
+  if (s.kv_transfer_result) o["kv_transfer_result"] = *s.kv_transfer_result;
   return bj::serialize(o);
 }
 
@@ -306,6 +357,9 @@ std::string streamChunk(ApiKind kind, const CompletionSummary& s, std::string_vi
   o["choices"] = bj::array{std::move(choice)};
   if (finish_reason != nullptr && kv_transfer_params) {
     o["kv_transfer_params"] = *kv_transfer_params;
+  }
+  if (finish_reason != nullptr && s.kv_transfer_result) {
+    o["kv_transfer_result"] = *s.kv_transfer_result;
   }
   return bj::serialize(o);
 }

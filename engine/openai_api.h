@@ -25,13 +25,25 @@ struct ApiLimits {
   int64_t max_model_len = 0;
 };
 
+// The fields of kv_transfer_params the engine acts on (docs/protocols.md, "KV push"); other
+// keys are ignored. Receiver: `source` set. Prefill side of an offload: do_remote_decode.
+struct KvTransferParams {
+  std::string source;                                 // the holder's worker URL, http://host:port
+  std::optional<std::vector<uint64_t>> block_hashes;  // absent: the prompt's own
+  std::string lease_id;
+  int64_t deadline_ms = 0;  // 0: the default (modelled transfer + margin, capped)
+  bool do_remote_decode = false;
+  int64_t lease_ms = 0;  // 0: the configured default
+};
+
 struct ParsedRequest {
   ApiKind kind = ApiKind::kCompletion;
   std::vector<TokenId> prompt;
   SamplingParams sampling;
   bool stream = false;
   bool include_usage = false;
-  std::optional<boost::json::value> kv_transfer_params;  // echoed back as given
+  std::optional<boost::json::value> kv_transfer_params;  // as given
+  std::optional<KvTransferParams> kv_transfer;           // parsed when it names a push or lease
 };
 
 // InvalidArgument naming the field for malformed input, NotFound for an unknown model.
@@ -50,11 +62,12 @@ struct CompletionSummary {
   int64_t cached_tokens = 0;
   std::vector<TokenId> output;
   std::string finish_reason;
+  std::optional<boost::json::value> kv_transfer_result;  // receiver side of a KV push
 };
 
 std::string renderText(const std::vector<TokenId>& tokens);
 boost::json::object usageJson(const CompletionSummary& s);
-// The non-streaming response body.
+// The non-streaming response body (kv_transfer_params: what to answer with, e.g. a lease).
 std::string completionBody(ApiKind kind, const CompletionSummary& s,
                            const std::optional<boost::json::value>& kv_transfer_params);
 // One streaming chunk: `text` (with the assistant role on the first chat chunk) and an

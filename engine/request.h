@@ -22,17 +22,30 @@ struct SamplingParams {
   bool ignore_eos = false;
 };
 
+// KV push (receiver side): fetch the leading blocks a peer holds instead of computing them.
+struct RemoteKvSpec {
+  std::string source;  // opaque to the core (the live engine: the holder's worker URL)
+  // The holder's run of block hashes, in prompt order; empty: the prompt's own block hashes
+  // (every engine of a cluster hashes alike). Only the part equal to the prompt's own hashes
+  // and beyond the local prefix-cache hit is fetched.
+  std::vector<worker::BlockHash> block_hashes;
+};
+
 // What a front end submits.
 struct RequestSpec {
   std::string id;
   std::vector<TokenId> prompt;
   SamplingParams sampling;
+  std::optional<RemoteKvSpec> remote_kv;
+  // Prefill offload (do_remote_decode): when the request finishes, the prompt's cached full
+  // blocks stay pinned under a lease (id = request id) for this long, or until released.
+  std::optional<Nanos> remote_decode_lease;
 };
 
 enum class RequestStatus {
   kWaiting,
-  // Reserved for KV push: blocks reserved, waiting for a peer to fill them (later issue).
-  kWaitingForRemoteKv,
+  // KV push: local hits held and landing blocks allocated; the driver fetches the rest.
+  kWaitingForRemoteKv,  // landing blocks allocated, waiting for the driver's complete / fail
   kRunning,
   kPreempted,
   kFinished,
@@ -58,6 +71,18 @@ struct Request {
   std::vector<worker::BlockIndex> blocks;       // KV blocks held, in token order
   std::vector<worker::BlockHash> block_hashes;  // hashes of full blocks of prompt + output
   size_t num_cached_blocks = 0;                 // leading blocks registered in the prefix cache
+
+  // KV push (receiver): the spec until the fetch is resolved; landing blocks while waiting.
+  std::optional<RemoteKvSpec> remote_kv;
+  std::vector<worker::BlockIndex> landing_blocks;
+  std::vector<worker::BlockHash> landing_hashes;
+  int64_t local_hit_tokens = 0;  // prefix-cache hit when the fetch started
+  int64_t remote_kv_tokens = 0;  // tokens filled by the peer
+  // Layer-wise push: the pushed KV is complete at this engine time (-1: already there); the
+  // first step computing this request cannot end before it plus one layer's share of the step.
+  Nanos kv_ready_at = -1;
+  std::optional<Nanos> remote_decode_lease;
+  std::vector<worker::BlockHash> lease_hashes;  // pinned at finish (remote decode)
 
   Nanos arrival_time = 0;
   Nanos first_token_time = -1;

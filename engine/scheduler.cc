@@ -47,6 +47,8 @@ absl::Status Scheduler::add(RequestSpec spec, Nanos now) {
   r->sampling = spec.sampling;
   r->output_seed = outputSeed(r->prompt);
   r->arrival_time = now;
+  r->remote_kv = std::move(spec.remote_kv);
+  r->remote_decode_lease = spec.remote_decode_lease;
   waiting_.push_back(r.get());
   requests_.emplace(r->id, std::move(r));
   return absl::OkStatus();
@@ -56,6 +58,13 @@ bool Scheduler::abort(const std::string& id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return false;
   Request* r = it->second.get();
+  if (r->status == RequestStatus::kWaitingForRemoteKv) {
+    // The peer may still be writing: the landing blocks wait for releaseRemoteKvLanding().
+    stats_.remote_kv_blocks_quarantined += r->landing_blocks.size();
+    auto& q = quarantine_[r->id];
+    q.insert(q.end(), r->landing_blocks.begin(), r->landing_blocks.end());
+    remote_waiting_.erase(r->id);
+  }
   running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), r), waiting_.end());
   std::reverse(r->blocks.begin(), r->blocks.end());
@@ -68,6 +77,8 @@ SchedulerStats Scheduler::statsNow() const {
   SchedulerStats s = stats_;
   s.num_running = static_cast<int>(running_.size());
   s.num_waiting = static_cast<int>(waiting_.size());
+  s.num_waiting_for_remote_kv = static_cast<int>(remote_waiting_.size());
+  s.num_leases = static_cast<int>(leases_.size());
   return s;
 }
 
@@ -117,6 +128,7 @@ void Scheduler::preempt(Request& r, std::vector<Scheduled>& scheduled, int64_t& 
   r.blocks.clear();
   r.num_computed_tokens = 0;
   r.num_cached_blocks = 0;
+  r.kv_ready_at = -1;
   r.status = RequestStatus::kPreempted;
   ++r.num_preemptions;
   ++stats_.num_preemptions;
@@ -155,30 +167,48 @@ void Scheduler::scheduleRunning(std::vector<Scheduled>& scheduled, int64_t& budg
   result.num_preempted = preempted;
 }
 
-void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget) {
+void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
+                             StepResult& result) {
   const int64_t bs = pool_->blockSize();
   while (budget > 0 && !waiting_.empty() &&
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
     Request& r = *waiting_.front();
     ensureHashes(r);
-    // The last token is always computed, so at most (n - 1) / bs blocks can come from cache.
-    auto max_blocks = static_cast<size_t>((r.numTokens() - 1) / bs);
-    std::span<const BlockHash> lookup(r.block_hashes.data(),
-                                      std::min(max_blocks, r.block_hashes.size()));
-    std::vector<BlockIndex> cached = pool_->findCachedPrefix(lookup);
-    int64_t cached_tokens = static_cast<int64_t>(cached.size()) * bs;
-    int64_t n = r.numTokens() - cached_tokens;
+    // A request back from a remote-KV fetch already holds its blocks (local hits + pushed).
+    const bool resumed = !r.blocks.empty();
+    std::vector<BlockIndex> cached;
+    if (!resumed) {
+      // The last token is always computed, so at most (n - 1) / bs blocks can come from cache.
+      auto max_blocks = static_cast<size_t>((r.numTokens() - 1) / bs);
+      std::span<const BlockHash> lookup(r.block_hashes.data(),
+                                        std::min(max_blocks, r.block_hashes.size()));
+      cached = pool_->findCachedPrefix(lookup);
+      if (r.remote_kv) {
+        std::vector<BlockHash> run = remoteRun(r, cached.size(), max_blocks);
+        if (!run.empty()) {
+          if (!startRemoteKv(r, cached, std::move(run), result)) break;  // FCFS: wait for blocks
+          waiting_.pop_front();  // it waits aside and does not block the queue
+          continue;
+        }
+        r.remote_kv.reset();  // nothing worth fetching
+      }
+    }
+    int64_t computed = resumed ? r.num_computed_tokens : static_cast<int64_t>(cached.size()) * bs;
+    int64_t n = r.numTokens() - computed;
     if (!config_.enable_chunked_prefill && n > budget) break;
     n = std::min(n, chunkLimit(budget));
     if (!allocateSlots(r, n, cached)) break;  // FCFS: the head waits for blocks
-    r.num_computed_tokens = cached_tokens;
-    r.num_cached_blocks = cached.size();
+    if (!resumed) {
+      r.num_computed_tokens = computed;
+      r.num_cached_blocks = cached.size();
+    }
     if (r.num_cached_tokens < 0) {
-      r.num_cached_tokens = cached_tokens;
+      r.num_cached_tokens = computed;
       stats_.prompt_tokens += r.prompt.size();
     }
+    int64_t local_hits = resumed ? r.local_hit_tokens : computed;
     stats_.prefix_cache_queries += static_cast<uint64_t>(r.numTokens());
-    stats_.prefix_cache_hits += static_cast<uint64_t>(cached_tokens);
+    stats_.prefix_cache_hits += static_cast<uint64_t>(local_hits);
     waiting_.pop_front();
     r.status = RequestStatus::kRunning;
     running_.push_back(&r);
@@ -227,13 +257,14 @@ void Scheduler::sampleToken(Request& r, Nanos end, RequestOutput& out) {
   ++stats_.generation_tokens;
   if (r.first_token_time < 0) r.first_token_time = end;
   if (eos && !r.sampling.ignore_eos) {
-    finish(r, FinishReason::kStop);
+    finish(r, FinishReason::kStop, end);
   } else if (static_cast<int64_t>(r.output.size()) >= r.sampling.max_tokens) {
-    finish(r, FinishReason::kLength);
+    finish(r, FinishReason::kLength, end);
   }
 }
 
-void Scheduler::finish(Request& r, FinishReason reason) {
+void Scheduler::finish(Request& r, FinishReason reason, Nanos now) {
+  if (r.remote_decode_lease) takeLease(r, now);  // pins before the blocks are released
   r.status = RequestStatus::kFinished;
   r.finish_reason = reason;
   running_.erase(std::remove(running_.begin(), running_.end(), &r), running_.end());
@@ -252,6 +283,11 @@ RequestOutput Scheduler::outputFor(const Request& r) const {
   o.arrival_time = r.arrival_time;
   o.first_token_time = r.first_token_time;
   o.num_preemptions = r.num_preemptions;
+  o.remote_kv_tokens = r.remote_kv_tokens;
+  if (r.status == RequestStatus::kFinished && r.remote_decode_lease) {
+    o.lease_id = r.id;
+    o.lease_block_hashes = r.lease_hashes;
+  }
   return o;
 }
 
@@ -261,8 +297,9 @@ StepResult Scheduler::step(Nanos now) {
   std::vector<Scheduled> scheduled;
   int64_t budget = config_.max_num_batched_tokens;
   int preempted = 0;
+  expireLeases(now);
   scheduleRunning(scheduled, budget, preempted, result);
-  if (preempted == 0) admitWaiting(scheduled, budget);
+  if (preempted == 0) admitWaiting(scheduled, budget, result);
   if (scheduled.empty()) return result;
 
   std::vector<BatchEntry> batch;
@@ -276,6 +313,15 @@ StepResult Scheduler::step(Nanos now) {
     cacheFullBlocks(*r);
   }
   result.duration = timing_->stepDuration(batch);
+  const Nanos compute = result.duration;
+  for (auto& [r, n] : scheduled) {
+    if (r->kv_ready_at < 0) continue;
+    // Layer-wise push: layer l of this step needs layer l of the pushed KV, so the step ends
+    // no earlier than the last layer's arrival plus one layer's share of the compute.
+    Nanos layers = std::max(1, timing_->profile().model.num_layers);
+    result.duration = std::max(result.duration, r->kv_ready_at + compute / layers - now);
+    r->kv_ready_at = -1;
+  }
   const Nanos end = now + result.duration;
   std::vector<std::string> done;
   for (auto& [r, n] : scheduled) {

@@ -43,6 +43,21 @@ struct RequestOutput {
   Nanos arrival_time = 0;
   Nanos first_token_time = -1;
   int num_preemptions = 0;
+  int64_t remote_kv_tokens = 0;  // of cached_tokens, those pushed by a peer
+  // Set on the finishing output of a remote-decode request: the pinned prompt blocks.
+  std::optional<std::string> lease_id;
+  std::vector<BlockHash> lease_block_hashes;
+};
+
+// A request admitted with RemoteKvSpec whose peer must fill `blocks` (in order) with the KV of
+// `hashes`; the driver then calls completeRemoteKv / failRemoteKv.
+struct RemoteKvFetch {
+  std::string id;
+  std::string source;
+  std::vector<BlockHash> hashes;
+  std::vector<BlockIndex> blocks;  // landing blocks (KvPool indices), one per hash
+  int64_t local_hit_tokens = 0;
+  int64_t remaining_tokens = 0;  // prompt tokens left to compute if every block arrives
 };
 
 struct StepResult {
@@ -53,6 +68,9 @@ struct StepResult {
   int num_decode_requests = 0;
   int num_preempted = 0;
   std::vector<RequestOutput> outputs;  // every scheduled request plus preempted/finished ones
+  // Fetches started by this step's admission (also when nothing was scheduled: check this
+  // before treating an empty() step as idle).
+  std::vector<RemoteKvFetch> remote_kv_fetches;
   bool empty() const { return num_scheduled_tokens == 0; }
 };
 
@@ -64,6 +82,13 @@ struct SchedulerStats {
   uint64_t num_preemptions = 0;
   uint64_t prompt_tokens = 0;      // prompt tokens of admitted requests (first admission)
   uint64_t generation_tokens = 0;  // tokens generated
+  int num_waiting_for_remote_kv = 0;
+  uint64_t remote_kv_fetches = 0;             // fetches started
+  uint64_t remote_kv_failures = 0;            // fetches failed (fallback to local prefill)
+  uint64_t remote_kv_tokens = 0;              // tokens filled by peers
+  uint64_t remote_kv_blocks_quarantined = 0;  // landing blocks held now until no write can land
+  int num_leases = 0;
+  uint64_t leases_expired = 0;
 };
 
 class Scheduler {
@@ -80,7 +105,18 @@ class Scheduler {
   // Runs one step at time `now`; an empty result (no work schedulable) has duration 0.
   StepResult step(Nanos now);
 
+  // Requests waiting for remote KV do not count: they need the driver, not a step.
   bool hasWork() const { return !running_.empty() || !waiting_.empty(); }
+
+  // KV push, receiver side (see engine_core.h for the protocol).
+  absl::Status completeRemoteKv(const std::string& id, size_t blocks_filled, Nanos now,
+                                Nanos kv_ready_at = -1);
+  absl::Status failRemoteKv(const std::string& id, Nanos now, bool writes_may_arrive);
+  bool releaseRemoteKvLanding(const std::string& id);
+  // Remote decode leases.
+  bool releaseLease(const std::string& lease_id);
+  int expireLeases(Nanos now);
+  std::optional<Nanos> nextLeaseExpiry() const;
   const SchedulerStats& stats() const { return stats_; }
   SchedulerStats statsNow() const;
   const SchedulerConfig& config() const { return config_; }
@@ -97,10 +133,16 @@ class Scheduler {
   void preempt(Request& r, std::vector<Scheduled>& scheduled, int64_t& budget);
   void scheduleRunning(std::vector<Scheduled>& scheduled, int64_t& budget, int& preempted,
                        StepResult& result);
-  void admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget);
+  void admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget, StepResult& result);
+  // The part of the remote spec worth fetching after `local` cached blocks (scheduler_remote.cc).
+  std::vector<BlockHash> remoteRun(const Request& r, size_t local, size_t max_blocks) const;
+  // Holds `cached`, allocates landing blocks for `run`; false (no change) if blocks are short.
+  bool startRemoteKv(Request& r, std::span<const BlockIndex> cached, std::vector<BlockHash> run,
+                     StepResult& result);
+  void takeLease(Request& r, Nanos now);
   void cacheFullBlocks(Request& r);
   void sampleToken(Request& r, Nanos end, RequestOutput& out);
-  void finish(Request& r, FinishReason reason);
+  void finish(Request& r, FinishReason reason, Nanos now);
   RequestOutput outputFor(const Request& r) const;
 
   SchedulerConfig config_;
@@ -110,6 +152,14 @@ class Scheduler {
   absl::flat_hash_map<std::string, std::unique_ptr<Request>> requests_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order; the last is preempted first
+  absl::flat_hash_map<std::string, Request*> remote_waiting_;
+  // Landing blocks of fetches that gave up while a peer may still write into them.
+  absl::flat_hash_map<std::string, std::vector<BlockIndex>> quarantine_;
+  struct Lease {
+    std::vector<BlockHash> hashes;
+    Nanos expires_at = 0;
+  };
+  absl::flat_hash_map<std::string, Lease> leases_;
   uint64_t next_arrival_seq_ = 0;
   SchedulerStats stats_;
 };

@@ -69,6 +69,11 @@ void parseProfile(config::ConfigMap& root, Profile* out) {
     x.tpot_s = tpot_ms * 1e-3;
     a->rejectUnknownKeys();
   }
+  if (auto l = root.map("link")) {
+    l->get("bandwidth_gbps", &out->link.bandwidth_gbps, 0.001, 1e6);
+    l->get("overhead_us", &out->link.overhead_us, 0.0, 1e7);
+    l->rejectUnknownKeys();
+  }
 }
 
 absl::StatusOr<Profile> loadProfile(const std::string& path) {
@@ -135,6 +140,16 @@ double TimingModel::prefillTokensPerSecond(int64_t prompt_tokens, int64_t chunk_
 double TimingModel::decodeStepSeconds(int batch, int64_t context_tokens) const {
   std::vector<BatchEntry> entries(static_cast<size_t>(batch), BatchEntry{1, context_tokens});
   return stepSeconds(entries);
+}
+
+double TimingModel::transferSeconds(int64_t tokens) const {
+  if (tokens <= 0) return 0;
+  double bytes = kv_bytes_per_token_ * static_cast<double>(tokens);
+  return bytes * 8.0 / (profile_.link.bandwidth_gbps * 1e9) + profile_.link.overhead_us * 1e-6;
+}
+
+Nanos TimingModel::transferDuration(int64_t tokens) const {
+  return static_cast<Nanos>(std::llround(transferSeconds(tokens) * 1e9));
 }
 
 }  // namespace kvf::engine

@@ -52,12 +52,19 @@ struct Anchors {
   int64_t tpot_context_tokens = 0;
 };
 
+// The link KV pushes between instances cross (RDMA NIC), as the timing model sees it.
+struct LinkFigures {
+  double bandwidth_gbps = 200;  // gigabits per second
+  double overhead_us = 50;      // fixed cost per transfer (setup, flush, completion)
+};
+
 struct Profile {
   std::string name;
   ModelShape model;
   GpuFigures gpu;
   int64_t kv_cache_tokens = 0;  // KV capacity of the GPU for this model
   Anchors anchors;
+  LinkFigures link;  // YAML `link: {bandwidth_gbps, overhead_us}`; defaults if absent
 };
 
 // Parses a profile mapping (used by loadProfile and by inline profiles in engine configs).
@@ -86,6 +93,11 @@ class TimingModel {
   double prefillTokensPerSecond(int64_t prompt_tokens, int64_t chunk_tokens) const;
   // One decode step with `batch` sequences of `context_tokens` each.
   double decodeStepSeconds(int batch, int64_t context_tokens) const;
+
+  // Modelled time to push `tokens` tokens of KV over the profile's link: logical KV bytes /
+  // bandwidth + per-transfer overhead; 0 for tokens <= 0.
+  double transferSeconds(int64_t tokens) const;
+  Nanos transferDuration(int64_t tokens) const;
 
  private:
   Profile profile_;

@@ -185,6 +185,8 @@ class LandingImpl final : public Landing, public std::enable_shared_from_this<La
   }
   bool resolved() const override { return resolved_.load(); }
   void cancel() override;
+  uint32_t landedBlocks() const override { return landed_.load(); }
+  void dismiss() override;
 
   std::shared_ptr<Core> core_;
   uint64_t id_;
@@ -194,6 +196,7 @@ class LandingImpl final : public Landing, public std::enable_shared_from_this<La
   Nanos deadline_at = 0;
   std::string peer_key;
   std::atomic<bool> resolved_{false};
+  std::atomic<uint32_t> landed_{0};
   Completion<absl::Status> completion_;
 };
 
@@ -242,6 +245,7 @@ class Core : public std::enable_shared_from_this<Core> {
   // Progress thread only (used by handles and callbacks).
   void cancelBatch(Batch* batch, absl::Status status);
   void cancelLanding(LandingImpl* landing);
+  void dismissLanding(LandingImpl* landing);
   void finishBatch(Batch& batch, absl::StatusOr<PutResult> result);
   void opStarted(Batch& batch);
   void opDone(Batch* batch);

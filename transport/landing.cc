@@ -29,6 +29,11 @@ void LandingImpl::cancel() {
   core->post([core, self = shared_from_this()] { core->cancelLanding(self.get()); });
 }
 
+void LandingImpl::dismiss() {
+  auto core = core_;
+  core->post([core, self = shared_from_this()] { core->dismissLanding(self.get()); });
+}
+
 absl::StatusOr<std::shared_ptr<Landing>> Core::expectPut(
     const std::shared_ptr<MemoryRegion>& region, LandingSpec spec, LandingCallback done) {
   auto target = std::dynamic_pointer_cast<RegionImpl>(region);
@@ -100,6 +105,12 @@ void Core::cancelLanding(LandingImpl* landing) {
   finishLanding(*landing, absl::CancelledError("landing cancelled by the receiver"), false);
 }
 
+void Core::dismissLanding(LandingImpl* landing) {
+  // The caller knows from its control channel that no put was posted for this landing.
+  finishLanding(*landing, absl::CancelledError("landing dismissed: the sender posted no put"),
+                true);
+}
+
 void Core::onNotice(const void* header, size_t header_len, const void* data, size_t len) {
   static log::RateLimitedLog bad_notice;
   NoticeHeader h{};
@@ -123,7 +134,9 @@ void Core::onNotice(const void* header, size_t header_len, const void* data, siz
   std::vector<NoticeBlock> blocks(h.count);
   if (len > 0) std::memcpy(blocks.data(), data, len);
   absl::Status status;
-  if (blocks.size() != expected.size()) {
+  const bool prefix_ok =
+      landing->spec.allow_prefix && !blocks.empty() && blocks.size() <= expected.size();
+  if (blocks.size() != expected.size() && !prefix_ok) {
     status = absl::DataLossError(
         strCat("sender reported ", blocks.size(), " blocks, expected ", expected.size()));
   }
@@ -151,6 +164,7 @@ void Core::onNotice(const void* header, size_t header_len, const void* data, siz
       }
     }
   }
+  if (status.ok()) landing->landed_.store(static_cast<uint32_t>(blocks.size()));
   // The notice follows the flush on the same endpoint: every write of the batch has landed.
   finishLanding(*landing, status, true);
 }

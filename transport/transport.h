@@ -106,6 +106,9 @@ struct LandingSpec {
   std::vector<BlockCopy> blocks;  // remote_addr/length inside the region (local_offset unused)
   std::chrono::milliseconds deadline{0};  // 0: default
   bool verify_checksums = false;          // require and verify the sender's per-block xxh3
+  // The sender may deliver a leading prefix of `blocks` (at least one block; KV push when the
+  // holder has only part of the run). Landing::landedBlocks() says how many arrived.
+  bool allow_prefix = false;
 };
 
 using LandingCallback = std::function<void(absl::Status)>;
@@ -125,6 +128,12 @@ class Landing {
   // True once no write from the sender can arrive any more.
   virtual bool resolved() const = 0;
   virtual void cancel() = 0;
+  // Blocks the sender's notice covered (all of spec.blocks unless allow_prefix); 0 until OK.
+  virtual uint32_t landedBlocks() const = 0;
+  // The sender said on the control channel that it posted no put for this landing (it holds
+  // none of the blocks, or it refused the request before posting): completes with kCancelled
+  // and resolves at once. Never call it while the sender may still have a put in flight.
+  virtual void dismiss() = 0;
 };
 
 // Registered memory (a whole KV pool, not one block). For registerMemory() the caller owns the

@@ -178,9 +178,9 @@ TEST_F(EngineServerTest, StreamingAndNonStreamingAgree) {
   EXPECT_EQ(b.usage["prompt_tokens"], a["usage"].as_object()["prompt_tokens"]);
 
   std::string chat = R"({"messages": [{"role": "user", "content": "tell me a story"}],
-                         "max_tokens": 7, "kv_transfer_params": {"source": "e3"}})";
+                         "max_tokens": 7, "kv_transfer_params": {"remote_engine_id": "e3"}})";
   bj::object c = callJson(post("/v1/chat/completions", chat));
-  EXPECT_EQ(c["kv_transfer_params"].as_object()["source"], "e3");
+  EXPECT_EQ(c["kv_transfer_params"].as_object()["remote_engine_id"], "e3");  // echoed
   std::string chat_stream = chat.substr(0, chat.size() - 1) + R"(, "stream": true})";
   Streamed d = stream(post("/v1/chat/completions", chat_stream), true);
   auto& msg = c["choices"].as_array()[0].as_object()["message"].as_object();

@@ -63,5 +63,42 @@ TEST(TimingModelTest, ProfileErrorsNameTheField) {
   EXPECT_NE(msg.find("gpu.bogus"), std::string::npos) << msg;
 }
 
+TEST(TimingModelTest, TransferDurationFollowsLinkFigures) {
+  auto profile = loadProfile("engine/profiles/qwen3-coder-30b-a3b-h20.yaml");
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  EXPECT_DOUBLE_EQ(profile->link.bandwidth_gbps, 200);
+  EXPECT_DOUBLE_EQ(profile->link.overhead_us, 50);
+  TimingModel model(*profile);
+  // 25,000 tokens x 98,304 B = 2.4576 GB = 19.66 Gbit -> 98.304 ms at 200 Gbps, + 50 us.
+  EXPECT_EQ(model.transferDuration(25000), 98'304'000 + 50'000);
+  EXPECT_EQ(model.transferDuration(0), 0);
+  EXPECT_EQ(model.transferDuration(1), 3'932 + 50'000);  // 786,432 bit / 200 Gbps = 3.93 us
+  Profile slow = *profile;
+  slow.link = {.bandwidth_gbps = 100, .overhead_us = 0};
+  EXPECT_EQ(TimingModel(slow).transferDuration(25000), 2 * 98'304'000);
+}
+
+TEST(TimingModelTest, LinkDefaultsAndRangeChecks) {
+  std::string base = R"(name: p
+kv_cache_tokens: 1000
+model: {num_layers: 2, hidden_size: 64, num_attention_heads: 2, num_kv_heads: 1, head_dim: 32,
+        total_params: 1.0e7, active_params: 1.0e7, vocab_size: 100, max_model_len: 512}
+gpu: {peak_flops: 1.0e12, hbm_bytes_per_s: 1.0e11}
+)";
+  auto p = config::parseText<Profile>(base, "p.yaml", parseProfile);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_DOUBLE_EQ(p->link.bandwidth_gbps, 200);
+  EXPECT_DOUBLE_EQ(p->link.overhead_us, 50);
+  auto bad =
+      config::parseText<Profile>(base + "link: {bandwidth_gbps: 0}\n", "p.yaml", parseProfile);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("link.bandwidth_gbps"), std::string::npos)
+      << bad.status();
+  auto unknown =
+      config::parseText<Profile>(base + "link: {latency_us: 3}\n", "p.yaml", parseProfile);
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(std::string(unknown.status().message()).find("latency_us"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvf::engine

@@ -8,6 +8,7 @@
 #include <future>
 #include <numeric>
 #include <random>
+#include <thread>
 
 #include "transport/asio_completion.h"
 #include "transport/base64.h"
@@ -432,6 +433,55 @@ TEST(Landing, CancelKeepsTheRegionQuarantinedUntilTheSenderCompletes) {
   EXPECT_EQ(rf.wait_for(5s), std::future_status::ready);
   EXPECT_TRUE((*landing)->resolved());
   EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kCancelled);  // first outcome stays
+  EXPECT_TRUE(p.receiver->disconnect(p.sender->workerAddress()).ok());
+}
+
+TEST(Landing, AcceptsALeadingPrefixWhenAllowed) {
+  Pair p = makePair("shm", 16 * 4096);
+  auto blocks = scatter(p, 8, 4096, true);
+  LandingSpec spec{p.sender->workerAddress(), blocks, 5s, true};
+  spec.allow_prefix = true;
+  auto landing = p.receiver->expectPut(p.dst_region, spec, nullptr);
+  ASSERT_TRUE(landing.ok());
+  EXPECT_EQ((*landing)->landedBlocks(), 0u);
+  PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(),
+                 std::vector<BlockCopy>(blocks.begin(), blocks.begin() + 3)};
+  req.checksums = ChecksumMode::kCompute;
+  req.landing_id = (*landing)->id();
+  ASSERT_TRUE(p.sender->postPut(req, nullptr).ok());
+  ASSERT_TRUE((*landing)->waitFor(5s));
+  EXPECT_TRUE((*landing)->check().ok()) << (*landing)->check();
+  EXPECT_EQ((*landing)->landedBlocks(), 3u);
+  EXPECT_TRUE((*landing)->resolved());
+  // Without allow_prefix the same short batch is a mismatch; a non-prefix never matches.
+  auto strict =
+      p.receiver->expectPut(p.dst_region, {p.sender->workerAddress(), blocks, 5s, true}, nullptr);
+  ASSERT_TRUE(strict.ok());
+  req.landing_id = (*strict)->id();
+  ASSERT_TRUE(p.sender->postPut(req, nullptr).ok());
+  ASSERT_TRUE((*strict)->waitFor(5s));
+  EXPECT_EQ((*strict)->check().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ((*strict)->landedBlocks(), 0u);
+  auto shifted = p.receiver->expectPut(p.dst_region, spec, nullptr);
+  ASSERT_TRUE(shifted.ok());
+  req.blocks = {blocks[1]};
+  req.landing_id = (*shifted)->id();
+  ASSERT_TRUE(p.sender->postPut(req, nullptr).ok());
+  ASSERT_TRUE((*shifted)->waitFor(5s));
+  EXPECT_EQ((*shifted)->check().code(), absl::StatusCode::kDataLoss);
+}
+
+TEST(Landing, DismissResolvesAtOnce) {
+  Pair p = makePair("shm", 1 << 16);
+  auto landing = p.receiver->expectPut(
+      p.dst_region, {p.sender->workerAddress(), {{0, p.dst_region->base(), 4096}}, 10s}, nullptr);
+  ASSERT_TRUE(landing.ok());
+  (*landing)->dismiss();
+  ASSERT_TRUE((*landing)->waitFor(2s));
+  EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kCancelled);
+  for (int i = 0; i < 200 && !(*landing)->resolved(); ++i) std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE((*landing)->resolved());
+  EXPECT_EQ(p.dst_region->activeUsers(), 0u);
   EXPECT_TRUE(p.receiver->disconnect(p.sender->workerAddress()).ok());
 }
 

@@ -1,0 +1,325 @@
+// Multi-process KV push: real kvf-engine processes on 127.0.0.1 (self-picked ports, killed at
+// the end) push blocks to each other through the worker control server and UCX. Checks the
+// happy path (cached_tokens, bytes, later local hits, leases) and the fault paths (holder
+// evicted, corrupted, stalled, killed): each request completes through fallback within its
+// deadline + 100 ms (+ the modelled prefill at time_scale 50), and nothing hangs.
+#include <gtest/gtest.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+
+#include <boost/json.hpp>
+
+#include "common/http_client.h"
+#include "common/json.h"
+#include "tests/integration/engine_process.h"
+#include "tests/testing/io_thread.h"
+
+namespace kvf::testing {
+namespace {
+
+namespace fs = std::filesystem;
+namespace bj = boost::json;
+using Clock = std::chrono::steady_clock;
+
+int freePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+struct Engine {
+  std::unique_ptr<ChildProcess> proc;
+  int port = 0;
+  int worker_port = 0;
+  std::string workerUrl() const { return "http://127.0.0.1:" + std::to_string(worker_port); }
+};
+
+class KvPushTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    source_ = envOr("KVF_SOURCE_DIR", fs::current_path().string());
+    bin_ = envOr("KVF_BIN_DIR", source_ + "/build/bin");
+    dir_ = fs::temp_directory_path() /
+           ("kvf_push_" + std::to_string(getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override {
+    for (auto& e : engines_) e->proc->kill();
+    io_.stop();
+    if (!HasFailure()) fs::remove_all(dir_);
+  }
+
+  // Starts an engine; `worker_extra` is appended to its worker: {...} mapping.
+  // Starts an engine; `worker_extra` is appended to its worker: {...} mapping; `link_gbps`
+  // replaces the profile's link bandwidth.
+  Engine& start(const std::string& name, const std::string& worker_extra = "",
+                int link_gbps = 200) {
+    auto e = std::make_unique<Engine>();
+    e->worker_port = freePort();
+    fs::path profile = dir_ / (name + "-profile.yaml");
+    std::string text = readFile(source_ + "/engine/profiles/qwen3-coder-30b-a3b-h20.yaml");
+    size_t at = text.find("bandwidth_gbps: 200");
+    EXPECT_NE(at, std::string::npos);
+    text.replace(at, 19, "bandwidth_gbps: " + std::to_string(link_gbps));
+    std::ofstream(profile) << text;
+    fs::path config = dir_ / (name + ".yaml");
+    std::ofstream(config) << "instance_id: " << name << "\nport: 0\n"
+                          << "profile: " << profile.string() << "\n"
+                          << "time_scale: 50\nmax_model_len: 32768\n"
+                          << "cache: {block_size: 16, num_gpu_blocks: 4000}\n"
+                          << "kv_events: {enabled: false}\n"
+                          << "worker: {token: s3cret" << worker_extra << "}\n";
+    e->proc = std::make_unique<ChildProcess>(
+        std::vector<std::string>{bin_ + "/kvf-engine", "--config", config.string(), "--worker_port",
+                                 std::to_string(e->worker_port)},
+        (dir_ / (name + ".log")).string());
+    EXPECT_TRUE(e->proc->waitForLog("kvf-engine ready", std::chrono::seconds(20)))
+        << e->proc->log();
+    e->port = std::stoi(e->proc->logValue("kvf-engine ready", "port"));
+    engines_.push_back(std::move(e));
+    return *engines_.back();
+  }
+
+  http::Response call(int port, std::string method, std::string target, std::string body = {},
+                      std::string token = {}) {
+    return io_.run([&]() -> asio::awaitable<http::Response> {
+      auto client =
+          http::HttpClient::create(io_.executor(), "127.0.0.1", static_cast<uint16_t>(port));
+      http::ClientRequest req;
+      req.method = method;
+      req.target = target;
+      req.body = body;
+      if (!token.empty()) req.headers.emplace_back("authorization", "Bearer " + token);
+      auto r = co_await client->request(std::move(req));
+      EXPECT_TRUE(r.ok()) << r.status();
+      co_return r.ok() ? *r : http::Response{};
+    });
+  }
+
+  // POST /v1/completions; returns the body and the wall time it took.
+  bj::object complete(const Engine& e, const std::string& prompt, const std::string& extra,
+                      double* seconds = nullptr) {
+    std::string body = R"({"prompt": )" + prompt + R"(, "max_tokens": 2)" + extra + "}";
+    auto t0 = Clock::now();
+    http::Response r = call(e.port, "POST", "/v1/completions", body);
+    if (seconds) *seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    EXPECT_EQ(r.status, 200) << r.body;
+    auto o = json::parseObject(r.body);
+    EXPECT_TRUE(o.ok()) << r.body;
+    return o.ok() ? *o : bj::object{};
+  }
+
+  double metric(const Engine& e, const std::string& name) {
+    std::string text = call(e.port, "GET", "/metrics").body;
+    size_t at = text.find("\n" + name);
+    if (at == std::string::npos) return -1;
+    size_t space = text.find(' ', text.find('}', at));
+    return std::stod(text.substr(space + 1, text.find('\n', space + 1) - space - 1));
+  }
+
+  // Polls a metric until it equals `want` or `timeout` passes.
+  bool waitMetric(const Engine& e, const std::string& name, double want,
+                  std::chrono::milliseconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      if (metric(e, name) == want) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+
+  static std::string tokens(int n, int salt) {
+    std::string s = "[";
+    for (int i = 0; i < n; ++i) s += (i ? "," : "") + std::to_string(1000 + (i * 7 + salt) % 9000);
+    return s + "]";
+  }
+  static std::string source(const Engine& c, int deadline_ms = 0) {
+    std::string d = deadline_ms > 0 ? R"(, "deadline_ms": )" + std::to_string(deadline_ms) : "";
+    return R"(, "kv_transfer_params": {"source": ")" + c.workerUrl() + "\"" + d + "}";
+  }
+  static int64_t cached(bj::object& o) {
+    return o["usage"].as_object()["prompt_tokens_details"].as_object()["cached_tokens"].as_int64();
+  }
+  static bj::object& result(bj::object& o) { return o["kv_transfer_result"].as_object(); }
+
+  std::string source_, bin_;
+  fs::path dir_;
+  IoThread io_;
+  std::vector<std::unique_ptr<Engine>> engines_;
+};
+
+TEST_F(KvPushTest, PushedPrefixIsCachedOnTheReceiverAndHitsLocallyLater) {
+  Engine& c = start("C");
+  Engine& d = start("D");
+  std::string prefix = tokens(4000, 1);  // 250 full blocks on C
+  complete(c, prefix, "");
+  std::string turn2 = tokens(4100, 1);  // the prefix + 100 new tokens
+  bj::object r = complete(d, turn2, source(c));
+  EXPECT_EQ(std::string(result(r)["status"].as_string()), "partial") << r;  // C has 250 of 256
+  EXPECT_EQ(result(r)["pushed_tokens"].as_int64(), 4000);
+  EXPECT_EQ(result(r)["pushed_bytes"].as_int64(), 250 * 256);
+  EXPECT_EQ(cached(r), 4000);
+  // The bytes C sent are the bytes D used (D verified each block's content and checksum).
+  EXPECT_EQ(metric(c, "kvfabric_worker_push_sent_bytes_total"), 250 * 256);
+  EXPECT_EQ(metric(d, "kvfabric_engine_kv_push_received_bytes_total"), 250 * 256);
+  EXPECT_EQ(metric(d, "kvfabric_transport_checksum_mismatches_total"), 0);
+  // Later requests hit the migrated blocks (and the ones D computed) locally.
+  bj::object again = complete(d, turn2, "");
+  EXPECT_EQ(cached(again), 4096);
+  EXPECT_FALSE(again.contains("kv_transfer_result"));
+  // A full run present on C: status ok.
+  bj::object same = complete(start("E"), prefix, source(c));
+  EXPECT_EQ(std::string(result(same)["status"].as_string()), "ok") << same;
+  EXPECT_EQ(cached(same), 3984);  // the last token is always computed
+  // Unauthenticated control requests are refused.
+  EXPECT_EQ(call(c.worker_port, "GET", "/kv/info").status, 401);
+  EXPECT_EQ(call(c.worker_port, "GET", "/kv/info", "", "s3cret").status, 200);
+  EXPECT_EQ(call(c.worker_port, "POST", "/kv/push", "{}", "s3cret").status, 400);
+}
+
+TEST_F(KvPushTest, PushCostsTheModelledLinkTimeOverlappedLayerByLayer) {
+  // At 10 Gbps, 4000 tokens x 96 KiB take 314.6 ms + 50 us (modelled) - far longer than the
+  // 16-token step that follows, so the step ends at the transfer's end + one layer's share.
+  Engine& c = start("C", "", 10);
+  Engine& d = start("D", "", 10);
+  Engine& w = start("W", ", layerwise: false", 10);
+  std::string prefix = tokens(4000, 9);
+  complete(c, prefix, "");
+  std::string turn2 = tokens(4016, 9);
+  std::vector<double> ttfts;
+  for (Engine* e : {&d, &w}) {
+    double before = metric(*e, "vllm:time_to_first_token_seconds_sum");
+    bj::object r = complete(*e, turn2, source(c, 2000));
+    EXPECT_EQ(result(r)["pushed_tokens"].as_int64(), 4000) << r;
+    double ttft = metric(*e, "vllm:time_to_first_token_seconds_sum") - before;
+    EXPECT_GE(ttft, 0.3146);
+    EXPECT_LT(ttft, 0.3146 + 0.08) << (e == &d ? "layerwise" : "whole transfer first");
+    ttfts.push_back(ttft);
+  }
+  // Layer-wise, only 1/48 of the ~36 ms step follows the transfer; otherwise all of it.
+  EXPECT_LT(ttfts[0], ttfts[1] - 0.02);
+}
+
+TEST_F(KvPushTest, OffloadLeaseIsPushedThenReleasedOrExpires) {
+  Engine& p = start("P");
+  Engine& d = start("D");
+  std::string prompt = tokens(2000, 2);
+  bj::object pre = complete(p, prompt, R"(, "kv_transfer_params": {"do_remote_decode": true})");
+  ASSERT_TRUE(pre.contains("kv_transfer_params")) << pre;
+  bj::object params = pre["kv_transfer_params"].as_object();
+  EXPECT_EQ(params["block_hashes"].as_array().size(), 125u);
+  EXPECT_EQ(pre["usage"].as_object()["completion_tokens"].as_int64(), 1);
+  EXPECT_EQ(metric(p, "kvfabric_engine_kv_push_leases"), 1);
+  std::string extra = R"(, "kv_transfer_params": )" + bj::serialize(params);
+  bj::object r = complete(d, prompt, extra);
+  EXPECT_EQ(std::string(result(r)["status"].as_string()), "ok") << r;
+  EXPECT_EQ(cached(r), 124 * 16);  // (2000 - 1) / 16 full blocks
+  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, std::chrono::seconds(2)));
+  // An unused lease expires and frees the blocks.
+  complete(p, tokens(800, 3),
+           R"(, "kv_transfer_params": {"do_remote_decode": true, "lease_ms": 300})");
+  EXPECT_EQ(metric(p, "kvfabric_engine_kv_push_leases"), 1);
+  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, std::chrono::seconds(3)));
+}
+
+TEST_F(KvPushTest, EvictedOnTheHolderFallsBackAtOnce) {
+  Engine& c = start("C");
+  Engine& d = start("D");
+  std::string prompt = tokens(3000, 4);
+  complete(c, prompt, "");
+  ASSERT_EQ(call(c.port, "POST", "/reset_prefix_cache").status, 200);  // every block evicted
+  double seconds = 0;
+  bj::object r = complete(d, prompt, source(c, 500), &seconds);
+  EXPECT_EQ(std::string(result(r)["status"].as_string()), "fallback") << r;
+  EXPECT_EQ(std::string(result(r)["reason"].as_string()), "source holds none of the blocks");
+  EXPECT_EQ(cached(r), 0);
+  EXPECT_LT(seconds, 0.5 + 0.1 + 0.1) << "fallback took " << seconds << " s";
+  EXPECT_TRUE(
+      waitMetric(d, "kvfabric_engine_kv_push_quarantined_blocks", 0, std::chrono::seconds(1)));
+}
+
+TEST_F(KvPushTest, CorruptedBlocksAreRejected) {
+  Engine& c = start("C", ", fault: corrupt");
+  Engine& c2 = start("C2", ", fault: corrupt_content");
+  Engine& d = start("D");
+  std::string prompt = tokens(3000, 5), prompt2 = tokens(3000, 15);
+  complete(c, prompt, "");
+  complete(c2, prompt2, "");
+  double seconds = 0;
+  bj::object r = complete(d, prompt, source(c, 500), &seconds);
+  EXPECT_EQ(std::string(result(r)["status"].as_string()), "fallback") << r;
+  EXPECT_NE(std::string(result(r)["reason"].as_string()).find("checksum mismatch"),
+            std::string::npos)
+      << r;
+  EXPECT_LT(seconds, 0.7);
+  bj::object r2 = complete(d, prompt2, source(c2, 500), &seconds);
+  EXPECT_EQ(std::string(result(r2)["status"].as_string()), "fallback") << r2;
+  EXPECT_NE(std::string(result(r2)["reason"].as_string()).find("does not match its hash"),
+            std::string::npos)
+      << r2;
+  EXPECT_LT(seconds, 0.7);
+  // Nothing damaged entered D's cache: D now serves the prompt to E, which verifies it.
+  Engine& e = start("E");
+  bj::object r3 = complete(e, prompt, source(d));
+  EXPECT_EQ(std::string(result(r3)["status"].as_string()), "ok") << r3;
+}
+
+TEST_F(KvPushTest, StalledHolderFallsBackAndItsLatePushCorruptsNothing) {
+  Engine& c = start("C", ", fault: stall, fault_stall_ms: 1200");
+  Engine& d = start("D");
+  std::string prompt = tokens(3000, 6);
+  complete(c, prompt, "");
+  double seconds = 0;
+  bj::object r = complete(d, prompt, source(c, 300), &seconds);
+  EXPECT_EQ(std::string(result(r)["status"].as_string()), "fallback") << r;
+  EXPECT_GE(seconds, 0.3);
+  EXPECT_LT(seconds, 0.3 + 0.1 + 0.1) << "fallback took " << seconds << " s";
+  // The landing blocks stay out of use until C's late push has landed, then come back.
+  EXPECT_GT(metric(d, "kvfabric_engine_kv_push_quarantined_blocks"), 0);
+  EXPECT_TRUE(
+      waitMetric(d, "kvfabric_engine_kv_push_quarantined_blocks", 0, std::chrono::seconds(5)));
+  // D's cache is intact: a third engine pulls the prompt from D and verifies every block.
+  Engine& e = start("E");
+  bj::object r2 = complete(e, prompt, source(d));
+  EXPECT_EQ(std::string(result(r2)["status"].as_string()), "ok") << r2;
+  EXPECT_EQ(cached(r2), 2992);
+}
+
+TEST_F(KvPushTest, HolderKilledDuringThePushFallsBack) {
+  Engine& c = start("C", ", fault: stall, fault_stall_ms: 5000");
+  Engine& d = start("D");
+  std::string prompt = tokens(3000, 7);
+  complete(c, prompt, "");
+  std::thread killer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(150));
+    c.proc->kill();  // SIGKILL while C holds the push request
+  });
+  double seconds = 0;
+  bj::object r = complete(d, prompt, source(c, 800), &seconds);
+  killer.join();
+  EXPECT_EQ(std::string(result(r)["status"].as_string()), "fallback") << r;
+  EXPECT_LT(seconds, 0.8 + 0.1 + 0.1) << "fallback took " << seconds << " s";
+  // C is gone, so nothing can land any more: the blocks are back at once.
+  EXPECT_TRUE(
+      waitMetric(d, "kvfabric_engine_kv_push_quarantined_blocks", 0, std::chrono::seconds(1)));
+  // The next request to the dead source fails fast too.
+  bj::object r2 = complete(d, tokens(3000, 8), source(c, 800), &seconds);
+  EXPECT_EQ(std::string(result(r2)["status"].as_string()), "fallback") << r2;
+  EXPECT_LT(seconds, 0.8 + 0.1 + 0.1);
+}
+
+}  // namespace
+}  // namespace kvf::testing
