@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "policy/policy_internal.h"
 #include "policy/session_table.h"
 
 namespace kvf::policy {
@@ -44,6 +45,10 @@ std::string_view policyKindName(PolicyKind k) {
       return "lmetric";
     case PolicyKind::kHybrid:
       return "hybrid";
+    case PolicyKind::kUnified:
+      return "unified";
+    case PolicyKind::kElastic:
+      return "elastic";
   }
   return "unknown";
 }
@@ -60,7 +65,9 @@ void parsePolicyConfig(config::ConfigMap& map, PolicyConfig* out) {
                            {"least_request", PolicyKind::kLeastRequest},
                            {"linear", PolicyKind::kLinear},
                            {"lmetric", PolicyKind::kLMetric},
-                           {"hybrid", PolicyKind::kHybrid}});
+                           {"hybrid", PolicyKind::kHybrid},
+                           {"unified", PolicyKind::kUnified},
+                           {"elastic", PolicyKind::kElastic}});
   if (auto c = map.map("classify")) {
     c->get("warm_max_new_tokens", &out->classify.warm_max_new_tokens, 1, int64_t{1} << 40);
     c->get("medium_max_new_tokens", &out->classify.medium_max_new_tokens, 1, int64_t{1} << 40);
@@ -87,11 +94,13 @@ void parsePolicyConfig(config::ConfigMap& map, PolicyConfig* out) {
     h->get("hysteresis", &out->hybrid.hysteresis, 0.0, 10.0);
     h->rejectUnknownKeys();
   }
+  if (auto u = map.map("unified")) internal::parseUnifiedConfig(*u, &out->unified);
+  if (auto e = map.map("elastic")) internal::parseElasticConfig(*e, &out->elastic);
 }
 
-namespace {
+namespace internal {
 
-constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
 int64_t uncached(const RouteRequest& r, const InstanceSnapshot& s) {
   return std::max<int64_t>(0, r.prompt_tokens - s.matched_tokens);
@@ -129,6 +138,15 @@ Decision finish(const RouteRequest& r, std::span<const InstanceSnapshot> inst, i
   d.request_class = classify(r.prompt_tokens - cached, cc);
   return d;
 }
+
+}  // namespace internal
+
+namespace {
+
+using internal::argmin;
+using internal::finish;
+using internal::kNaN;
+using internal::uncached;
 
 class RoundRobinPolicy final : public Policy {
  public:
@@ -248,6 +266,10 @@ class LMetricPolicy final : public Policy {
   size_t cursor_ = 0;
 };
 
+}  // namespace
+
+namespace internal {
+
 class HybridPolicy final : public Policy {
  public:
   explicit HybridPolicy(const PolicyConfig& c)
@@ -320,7 +342,11 @@ class HybridPolicy final : public Policy {
   size_t cursor_ = 0;
 };
 
-}  // namespace
+std::unique_ptr<Policy> createHybridPolicy(const PolicyConfig& config) {
+  return std::make_unique<HybridPolicy>(config);
+}
+
+}  // namespace internal
 
 std::unique_ptr<Policy> createPolicy(const PolicyConfig& config) {
   switch (config.kind) {
@@ -333,7 +359,11 @@ std::unique_ptr<Policy> createPolicy(const PolicyConfig& config) {
     case PolicyKind::kLMetric:
       return std::make_unique<LMetricPolicy>(config);
     case PolicyKind::kHybrid:
-      return std::make_unique<HybridPolicy>(config);
+      return internal::createHybridPolicy(config);
+    case PolicyKind::kUnified:
+      return internal::createUnifiedPolicy(config);
+    case PolicyKind::kElastic:
+      return internal::createElasticPolicy(config);
   }
   return nullptr;
 }

@@ -93,11 +93,19 @@ std::string Router::instancesJson() const {
     o["pending_prefill_tokens"] = i->pending_prefill_tokens;
     o["kv_usage"] = i->kv_usage;
     o["kv_events"] = i->config.kv_events.endpoint;
+    o["worker_url"] = i->config.worker_url;
     o["index_blocks"] = index_.instanceBlocks(i->slot);
     list.push_back(std::move(o));
   }
   bj::object out;
   out["instances"] = std::move(list);
+  bj::object modes;
+  for (auto mode :
+       {policy::Mode::kLocal, policy::Mode::kPushMigrate, policy::Mode::kPrefillOffload}) {
+    modes[policy::modeName(mode)] = decisions_by_mode_[static_cast<size_t>(mode)];
+  }
+  out["decisions_by_mode"] = std::move(modes);
+  out["offloads_in_flight"] = policy_->offloadsInFlight();
   return bj::serialize(out);
 }
 

@@ -39,6 +39,14 @@ void parseInstanceConfig(config::ConfigMap& map, InstanceConfig* out) {
     absl::Status s = parseInstanceUrl(out->url, &out->host, &out->port);
     if (!s.ok()) map.fail("url", std::string(s.message()));
   }
+  map.get("worker_url", &out->worker_url);
+  if (!out->worker_url.empty()) {
+    std::string host;
+    uint16_t port = 0;
+    absl::Status s = parseInstanceUrl(out->worker_url, &host, &port);
+    if (!s.ok()) map.fail("worker_url", std::string(s.message()));
+    while (out->worker_url.back() == '/') out->worker_url.pop_back();
+  }
   if (auto ev = map.map("kv_events")) {
     ev->get("endpoint", &out->kv_events.endpoint);
     ev->get("replay_endpoint", &out->kv_events.replay_endpoint);

@@ -28,6 +28,9 @@ struct InstanceConfig {
   std::string host;  // parsed from url
   uint16_t port = 0;
   KvEventsConfig kv_events;
+  // The engine's worker control server (http://host:port), for KV push and prefill offload;
+  // empty: the instance never takes part in either.
+  std::string worker_url;
 };
 
 struct HealthConfig {

@@ -31,15 +31,29 @@ std::string decisionToJson(const DecisionRecord& r) {
   }
   o["status"] = r.status;
   o["duration_s"] = r.duration_s;
-  bj::object scores;
-  for (const auto& [id, score] : r.scores) {
-    if (std::isnan(score)) {
-      scores[id] = nullptr;
-    } else {
-      scores[id] = score;
+  auto numbers = [](const std::vector<std::pair<std::string, double>>& list) {
+    bj::object out;
+    for (const auto& [key, value] : list) {
+      if (std::isnan(value)) {
+        out[key] = nullptr;
+      } else {
+        out[key] = value;
+      }
     }
+    return out;
+  };
+  o["scores"] = numbers(r.scores);
+  auto stringOrNull = [](const std::string& s) { return s.empty() ? bj::value() : bj::value(s); };
+  o["source"] = stringOrNull(r.source);
+  o["predicted_costs"] = numbers(r.predicted_costs);
+  o["offload_prefill"] = stringOrNull(r.offload_prefill);
+  if (r.transfer_status.empty()) {
+    o["transfer"] = nullptr;
+  } else {
+    o["transfer"] = bj::object{{"status", r.transfer_status},
+                               {"pushed_tokens", r.pushed_tokens},
+                               {"pushed_bytes", r.pushed_bytes}};
   }
-  o["scores"] = std::move(scores);
   return bj::serialize(o);
 }
 

@@ -30,6 +30,15 @@ struct DecisionRecord {
   int status = 0;                               // HTTP status returned to the client
   double duration_s = 0;
   std::vector<std::pair<std::string, double>> scores;  // instance id -> score (NaN: unhealthy)
+  // KV movement: the peer (push source or prefill instance; "" for none), the policy's
+  // predicted seconds per mode (NaN: not considered), P's outcome for an offload ("" for none)
+  // and the decode instance's kv_transfer_result ("" status: none reported).
+  std::string source;
+  std::vector<std::pair<std::string, double>> predicted_costs;
+  std::string offload_prefill;
+  std::string transfer_status;
+  int64_t pushed_tokens = 0;
+  int64_t pushed_bytes = 0;
 };
 
 std::string decisionToJson(const DecisionRecord& record);

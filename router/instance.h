@@ -52,6 +52,7 @@ struct Instance {
   metrics::Counter* kv_resets = nullptr;
 
   bool hasEvents() const { return !config.kv_events.endpoint.empty(); }
+  bool pushCapable() const { return !config.worker_url.empty(); }
 };
 
 }  // namespace kvf::router

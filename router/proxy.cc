@@ -20,20 +20,6 @@ double wallSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// usage.prompt_tokens_details.cached_tokens from a response body or stream chunk, if present.
-std::optional<int64_t> cachedTokensFromUsage(std::string_view json_text) {
-  if (json_text.find("\"usage\"") == std::string_view::npos) return std::nullopt;
-  auto obj = json::parseObject(json_text);
-  if (!obj.ok()) return std::nullopt;
-  const auto* usage = obj->if_contains("usage");
-  if (usage == nullptr || !usage->is_object()) return std::nullopt;
-  const auto* details = usage->as_object().if_contains("prompt_tokens_details");
-  if (details == nullptr || !details->is_object()) return int64_t{0};
-  auto cached = json::getIntOr(details->as_object(), "cached_tokens", 0);
-  if (!cached.ok()) return std::nullopt;
-  return *cached;
-}
-
 log::RateLimitedLog upstream_log;
 
 }  // namespace
@@ -65,7 +51,8 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
       finishRequest(ctx);
       co_return;
     }
-    ForwardResult result = co_await forward(ctx, request, writer);
+    std::string body = co_await upstreamBody(ctx, request);
+    ForwardResult result = co_await forward(ctx, request, std::move(body), writer);
     if (result == ForwardResult::kDone) {
       finishRequest(ctx);
       co_return;
@@ -142,6 +129,9 @@ bool Router::decide(RequestContext& ctx) {
     s.pending_prefill_tokens = instance->pending_prefill_tokens;
     s.ongoing_tokens = instance->ongoing_tokens;
     s.kv_usage = instance->kv_usage;
+    s.push_capable = instance->pushCapable();
+    s.reachable =
+        !instance->removed && instance->check_healthy && now >= instance->circuit_open_until;
     int64_t blocks = matched[instance->slot];
     s.matched_tokens = ctx.parsed.has_token_ids ? blocks * per_block
                                                 : std::min(ctx.parsed.prompt_tokens, blocks * bs);
@@ -167,8 +157,18 @@ bool Router::decide(RequestContext& ctx) {
     ctx.instance = nullptr;
     return false;
   }
+  decisions_by_mode_[static_cast<size_t>(ctx.decision.mode)] += 1;
   Instance* chosen = live[ctx.decision.instance];
   ctx.instance = slots_[chosen->slot];
+  ctx.own_matched_tokens =
+      std::min(snaps[ctx.decision.instance].matched_tokens, route.prompt_tokens);
+  int peer = ctx.decision.mode == policy::Mode::kPushMigrate      ? ctx.decision.source_instance
+             : ctx.decision.mode == policy::Mode::kPrefillOffload ? ctx.decision.prefill_instance
+                                                                  : -1;
+  ctx.peer = nullptr;
+  ctx.transfer.reset();
+  ctx.offload_prefill.clear();
+  if (peer >= 0) holdPeer(ctx, *live[peer], snaps[peer].matched_tokens);
   ctx.uncached_tokens = ctx.parsed.prompt_tokens - ctx.decision.predicted_cached_tokens;
   chosen->running += 1;
   chosen->pending_prefill_tokens += ctx.uncached_tokens;
@@ -185,12 +185,13 @@ bool Router::decide(RequestContext& ctx) {
 
 asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
                                                        const http::Request& request,
+                                                       std::string body,
                                                        http::ResponseWriter& writer) {
   std::shared_ptr<Instance> instance = ctx.instance;
   http::ClientRequest upstream_request;
   upstream_request.method = "POST";
   upstream_request.target = request.target;
-  upstream_request.body = request.body;
+  upstream_request.body = std::move(body);
   upstream_request.headers.emplace_back("x-request-id", ctx.id);
   if (auto auth = request.header("authorization"); !auth.empty()) {
     upstream_request.headers.emplace_back("authorization", std::string(auth));
@@ -213,9 +214,13 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
   http::Headers headers = {
       {"x-kvf-instance", instance->config.id},
       {"x-kvf-decision", std::string(policy::modeName(ctx.decision.mode))},
+      {"x-kvf-mode", std::string(policy::modeName(ctx.decision.mode))},
       {"x-kvf-reason", std::string(ctx.decision.reason)},
       {"x-kvf-predicted-cached-tokens", std::to_string(ctx.decision.predicted_cached_tokens)},
       {"x-kvf-request-id", ctx.id}};
+  if (ctx.peer) headers.emplace_back("x-kvf-source", ctx.peer->config.id);
+  if (!ctx.offload_prefill.empty())
+    headers.emplace_back("x-kvf-offload-prefill", ctx.offload_prefill);
   std::string content_type(upstream->header("content-type"));
   if (content_type.empty()) content_type = "application/json";
   ctx.status = upstream->status();
@@ -223,23 +228,26 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
     co_await forwardStream(ctx, *upstream, writer, headers);
     co_return ForwardResult::kDone;
   }
-  auto body = co_await upstream->readAll(64u << 20);
-  if (!body.ok()) {
+  auto response_body = co_await upstream->readAll(64u << 20);
+  endPrefillPhase(ctx);
+  if (!response_body.ok()) {
     recordUpstreamFailure(*instance, "read");
     metrics_->requests_upstream_error->inc();
     ctx.status = 502;
-    std::string message =
-        strCat("upstream ", instance->config.id, " failed: ", std::string(body.status().message()));
+    std::string message = strCat("upstream ", instance->config.id,
+                                 " failed: ", std::string(response_body.status().message()));
     co_await writer.sendError(502, message);
     co_return ForwardResult::kDone;
   }
-  ctx.actual_cached_tokens = cachedTokensFromUsage(*body);
+  ResponseReport report = readResponseReport(*response_body);
+  ctx.actual_cached_tokens = report.cached_tokens;
+  if (report.transfer) ctx.transfer = std::move(report.transfer);
   if (ctx.status < 400) {
     metrics_->requests_ok->inc();
   } else {
     metrics_->requests_upstream_error->inc();
   }
-  co_await writer.send(ctx.status, content_type, std::move(*body), headers);
+  co_await writer.send(ctx.status, content_type, std::move(*response_body), headers);
   co_return ForwardResult::kDone;
 }
 
@@ -271,17 +279,16 @@ asio::awaitable<void> Router::forwardStream(RequestContext& ctx, http::ResponseS
       co_return;
     }
     if (!piece->has_value()) break;
-    if (ctx.prefill_pending) {  // first bytes: the prefill is done
-      ctx.instance->pending_prefill_tokens -= ctx.uncached_tokens;
-      ctx.prefill_pending = false;
-    }
+    endPrefillPhase(ctx);  // first bytes: the prefill is done
     if (parser_ok) {
       parser_ok = parser
                       .feed(**piece,
                             [&](sse::Event&& e) {
-                              if (auto c = cachedTokensFromUsage(e.data)) {
-                                ctx.actual_cached_tokens = c;
+                              ResponseReport report = readResponseReport(e.data);
+                              if (report.cached_tokens) {
+                                ctx.actual_cached_tokens = report.cached_tokens;
                               }
+                              if (report.transfer) ctx.transfer = std::move(report.transfer);
                             })
                       .ok();
     }
@@ -294,15 +301,24 @@ asio::awaitable<void> Router::forwardStream(RequestContext& ctx, http::ResponseS
   co_await writer.endStream();
 }
 
+void Router::endPrefillPhase(RequestContext& ctx) {
+  if (ctx.prefill_pending && ctx.instance) {
+    ctx.instance->pending_prefill_tokens -= ctx.uncached_tokens;
+  }
+  ctx.prefill_pending = false;
+  ctx.offload_slot.reset();
+}
+
 void Router::finishRequest(RequestContext& ctx) {
   Instance* instance = ctx.instance.get();
+  endPrefillPhase(ctx);
+  releasePeer(ctx);
   if (instance != nullptr && ctx.load_held) {
-    if (ctx.prefill_pending) instance->pending_prefill_tokens -= ctx.uncached_tokens;
     instance->running -= 1;
     instance->ongoing_tokens -= ctx.parsed.prompt_tokens + ctx.parsed.max_tokens;
-    ctx.prefill_pending = false;
     ctx.load_held = false;
   }
+  recordTransferOutcome(ctx);
   int64_t predicted = ctx.decision.predicted_cached_tokens;
   if (instance != nullptr && ctx.actual_cached_tokens) {
     int64_t actual = *ctx.actual_cached_tokens;
@@ -329,6 +345,19 @@ void Router::finishRequest(RequestContext& ctx) {
   record.status = ctx.status;
   record.duration_s = nanosToSeconds(now - ctx.start);
   record.scores = ctx.scores;
+  record.source = ctx.peer ? ctx.peer->config.id : "";
+  const auto& costs = ctx.decision.predicted;
+  record.predicted_costs = {{"local", costs.local},
+                            {"cold", costs.cold},
+                            {"push_migrate", costs.push},
+                            {"prefill_offload", costs.offload},
+                            {"chosen", costs.chosen}};
+  record.offload_prefill = ctx.offload_prefill;
+  if (ctx.transfer) {
+    record.transfer_status = ctx.transfer->status;
+    record.pushed_tokens = ctx.transfer->pushed_tokens;
+    record.pushed_bytes = ctx.transfer->pushed_bytes;
+  }
   log_->write(record);
 }
 

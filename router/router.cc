@@ -69,6 +69,10 @@ absl::Status Router::init() {
                  "KV events for media other than GPU, or unmappable to our hashes"),
       &r.counter("kvfabric_router_tokenize_fallbacks_total",
                  "Text prompts indexed approximately because /tokenize failed")});
+  r.callback("kvfabric_router_offloads_in_flight",
+             "Prefill offloads whose prefill phase is in flight (against elastic's cap)",
+             metrics::MetricType::kGauge, {},
+             [this] { return static_cast<double>(policy_->offloadsInFlight()); });
   r.callback("kvfabric_router_index_blocks", "Distinct block hashes in the cache index",
              metrics::MetricType::kGauge, {},
              [this] { return static_cast<double>(index_.stats().blocks); });

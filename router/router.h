@@ -6,6 +6,7 @@
 // runs the router; KV-event subscriber threads post their updates to it.
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@ class context_t;
 namespace kvf::router {
 
 struct Instance;
+struct KvTransferParams;
 struct KvUpdate;
 struct RequestContext;
 
@@ -69,10 +71,26 @@ class Router : public std::enable_shared_from_this<Router> {
   asio::awaitable<bool> tokenize(RequestContext& ctx, const http::Request& request);
   enum class ForwardResult { kDone, kRetry };
   asio::awaitable<ForwardResult> forward(RequestContext& ctx, const http::Request& request,
-                                         http::ResponseWriter& writer);
+                                         std::string body, http::ResponseWriter& writer);
   asio::awaitable<void> forwardStream(RequestContext& ctx, http::ResponseStream& upstream,
                                       http::ResponseWriter& writer, const http::Headers& headers);
   void finishRequest(RequestContext& ctx);
+  // The prefill on the chosen instance is over (first bytes arrived, or the attempt ended):
+  // its pending prefill tokens and the offload cap are released.
+  void endPrefillPhase(RequestContext& ctx);
+
+  // KV push and prefill offload (migration.cc).
+  // Takes the peer's load and the offload cap for a decision with a peer.
+  void holdPeer(RequestContext& ctx, Instance& peer, int64_t peer_matched_tokens);
+  void releasePeer(RequestContext& ctx);
+  // The body for the decode instance: the client's (its kv_transfer_params stripped), plus
+  // {source} for a push-migrate, or P's params once the offload's prefill succeeded.
+  asio::awaitable<std::string> upstreamBody(RequestContext& ctx, const http::Request& request);
+  // The prefill half of an offload on ctx.peer; false when D must prefill locally.
+  asio::awaitable<bool> remotePrefill(RequestContext& ctx, const http::Request& request,
+                                      KvTransferParams* params);
+  // Counts the transfer outcome of a finished push-migrate / offload attempt.
+  void recordTransferOutcome(const RequestContext& ctx);
   void recordUpstreamFailure(Instance& instance, std::string_view kind);
   void recordUpstreamSuccess(Instance& instance);
   bool admitted(const Instance& instance) const;
@@ -100,6 +118,7 @@ class Router : public std::enable_shared_from_this<Router> {
   std::vector<std::shared_ptr<Instance>> slots_;  // index = cache-index instance number
   uint64_t next_generation_ = 1;
   uint64_t next_request_ = 1;
+  std::array<uint64_t, 3> decisions_by_mode_ = {};  // indexed by policy::Mode
   bool stopped_ = false;
 
   struct Metrics;

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,9 +12,37 @@
 #include "common/metrics.h"
 #include "policy/policy.h"
 #include "router/instance.h"
+#include "router/kv_transfer.h"
 #include "router/request_parse.h"
 
 namespace kvf::router {
+
+// One unit of the policy's offload cap, given back exactly once (explicitly, or when the
+// request's context goes away on any path).
+class OffloadSlot {
+ public:
+  OffloadSlot() = default;
+  explicit OffloadSlot(std::function<void()> release) : release_(std::move(release)) {}
+  OffloadSlot(const OffloadSlot&) = delete;
+  OffloadSlot& operator=(const OffloadSlot&) = delete;
+  OffloadSlot& operator=(OffloadSlot&& other) noexcept {
+    reset();
+    release_ = std::move(other.release_);
+    other.release_ = nullptr;
+    return *this;
+  }
+  ~OffloadSlot() { reset(); }
+  bool held() const { return static_cast<bool>(release_); }
+  void reset() {
+    if (!release_) return;
+    auto release = std::move(release_);
+    release_ = nullptr;
+    release();
+  }
+
+ private:
+  std::function<void()> release_;
+};
 
 struct RequestContext {
   std::string id;
@@ -33,6 +62,16 @@ struct RequestContext {
   std::optional<int64_t> actual_cached_tokens;
   int status = 0;
   std::vector<std::pair<std::string, double>> scores;
+
+  // KV movement of the current attempt: the holder that pushes (push-migrate) or the instance
+  // that prefills (offload), and what the decode instance reported about the transfer.
+  std::shared_ptr<Instance> peer;
+  int64_t own_matched_tokens = 0;    // the decode instance's own cached prefix
+  int64_t peer_uncached_tokens = 0;  // prefill tokens accounted on the offload's P
+  bool peer_load_held = false;
+  OffloadSlot offload_slot;
+  std::string offload_prefill;  // P's outcome: ok, error, timeout, bad_response; "" if none
+  std::optional<KvTransferResult> transfer;
 };
 
 struct Router::Metrics {

@@ -129,6 +129,36 @@ void BM_Decide(benchmark::State& s) { runSteps(s, Step::kDecide); }
 void BM_MatchDecide(benchmark::State& s) { runSteps(s, Step::kMatchDecide); }
 void BM_HashMatchDecide(benchmark::State& s) { runSteps(s, Step::kAll); }
 
+// One decision per kind on `instances` push-capable instances, half of them holding part of
+// the prompt (unified looks at every target x holder pair).
+void BM_DecideKind(benchmark::State& state) {
+  PolicyConfig config;
+  config.kind = static_cast<PolicyKind>(state.range(0));
+  config.elastic.max_concurrent_offloads = int64_t{1} << 40;
+  auto policy = createPolicy(config);
+  int n = static_cast<int>(state.range(1));
+  std::vector<InstanceSnapshot> snapshots(n);
+  for (int i = 0; i < n; ++i) {
+    snapshots[i].push_capable = true;
+    snapshots[i].running = 1 + i % 3;
+    snapshots[i].pending_prefill_tokens = 1000 * i;
+    snapshots[i].matched_tokens = i % 2 == 0 ? 16 * (100 + i) : 0;
+  }
+  RouteRequest request;
+  request.prompt_tokens = 32768;
+  request.session = "bench-session";
+  kvf::Nanos now = 0;
+  for (auto _ : state) {
+    auto decision = policy->decide(request, snapshots, ++now);
+    benchmark::DoNotOptimize(decision);
+  }
+  state.SetLabel(std::string(policyKindName(config.kind)));
+}
+
+BENCHMARK(BM_DecideKind)
+    ->ArgsProduct({{static_cast<int>(PolicyKind::kHybrid), static_cast<int>(PolicyKind::kUnified),
+                    static_cast<int>(PolicyKind::kElastic)},
+                   {8, 64}});
 BENCHMARK(BM_Hash)->Arg(1024)->Arg(32768)->Arg(131072);
 BENCHMARK(BM_Match)->Arg(1024)->Arg(32768)->Arg(131072);
 BENCHMARK(BM_Decide)->Arg(1024)->Arg(32768)->Arg(131072);

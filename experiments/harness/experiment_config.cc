@@ -61,6 +61,7 @@ void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::
     out->cluster.engine_config = resolve(dir, out->cluster.engine_config);
     c->get("engine_time_scale", &out->cluster.engine_time_scale, 0.001, 1000.0);
     c->get("startup_timeout_s", &out->cluster.startup_timeout_s, 1.0, 3600.0);
+    c->get("workers", &out->cluster.workers);
     c->rejectUnknownKeys();
   } else {
     root.fail("cluster", "is required");

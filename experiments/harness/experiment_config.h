@@ -30,6 +30,9 @@ struct ClusterConfig {
   std::string engine_config;       // resolved; a kvf-engine YAML used for every engine
   double engine_time_scale = 1.0;  // written into each engine's config copy
   double startup_timeout_s = 60;
+  // Start every engine with a worker control server (--worker_port) and give the router its
+  // worker_url, so push-migrate and prefill offload can happen (policies unified, elastic).
+  bool workers = false;
 };
 
 struct ArmConfig {

@@ -115,6 +115,7 @@ namespace {
 
 struct EnginePorts {
   uint16_t http = 0, events = 0, replay = 0;
+  uint16_t worker = 0;  // 0: no worker control server
 };
 
 std::string tail(const std::string& path, size_t bytes = 2000) {
@@ -156,6 +157,9 @@ absl::Status writeRouterConfig(const ExperimentConfig& config, const ArmConfig& 
     instance["url"] = strCat("http://127.0.0.1:", engines[i].http);
     instance["kv_events"]["endpoint"] = strCat("tcp://127.0.0.1:", engines[i].events);
     instance["kv_events"]["replay_endpoint"] = strCat("tcp://127.0.0.1:", engines[i].replay);
+    if (engines[i].worker != 0) {
+      instance["worker_url"] = strCat("http://127.0.0.1:", engines[i].worker);
+    }
     root["instances"].push_back(instance);
   }
   root["policy"] = arm.policy;
@@ -199,6 +203,9 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
     KVF_ASSIGN_OR_RETURN(p.http, pickFreePort());
     KVF_ASSIGN_OR_RETURN(p.events, pickFreePort());
     KVF_ASSIGN_OR_RETURN(p.replay, pickFreePort());
+    if (config_.cluster.workers) {
+      KVF_ASSIGN_OR_RETURN(p.worker, pickFreePort());
+    }
   }
   KVF_ASSIGN_OR_RETURN(uint16_t router_port, pickFreePort());
   KVF_RETURN_IF_ERROR(writeEngineConfig(config_.cluster, rep_dir + "/engine.yaml"));
@@ -216,6 +223,10 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
                                      strCat("tcp://127.0.0.1:", ports[i].events),
                                      "--kv_replay_endpoint",
                                      strCat("tcp://127.0.0.1:", ports[i].replay)};
+    if (ports[i].worker != 0) {
+      argv.push_back("--worker_port");
+      argv.push_back(std::to_string(ports[i].worker));
+    }
     KVF_ASSIGN_OR_RETURN(auto child,
                          ChildProcess::spawn(argv, strCat(rep_dir, "/logs/engine_", i, ".log")));
     engines.push_back(std::move(child));

@@ -5,6 +5,9 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/json.hpp>
 
+#include <optional>
+
+#include "absl/container/flat_hash_map.h"
 #include "common/json.h"
 
 // GCC 12 reports a false -Wmismatched-new-delete on Asio's coroutine frame deallocation for
@@ -52,6 +55,14 @@ std::vector<uint32_t> promptTokens(bool chat, const bj::object& body) {
     }
   }
   return tokens;
+}
+
+// In-process engines by worker URL, so a receiver can see what its source holds (every fake of
+// one test process runs on the same io thread). Engines in other processes are not found.
+std::mutex registry_mutex;
+absl::flat_hash_map<std::string, FakeEngine*>& registry() {
+  static auto* engines = new absl::flat_hash_map<std::string, FakeEngine*>();
+  return *engines;
 }
 
 }  // namespace
@@ -110,12 +121,77 @@ FakeEngine::FakeEngine(asio::io_context& ioc, FakeEngineOptions options)
                    co_await w.send(200, "text/plain; version=0.0.4", std::move(body));
                  });
   server_->start();
+  std::lock_guard lock(registry_mutex);
+  registry()[workerUrl()] = this;
 }
 
-FakeEngine::~FakeEngine() { stop(); }
+FakeEngine::~FakeEngine() {
+  {
+    std::lock_guard lock(registry_mutex);
+    registry().erase(workerUrl());
+  }
+  stop();
+}
+
+bool FakeEngine::holds(uint64_t hash) const { return cached_.contains(hash); }
 
 void FakeEngine::stop() {
   if (server_) server_->stop();
+}
+
+std::string FakeEngine::workerUrl() const {
+  return options_.worker_url.empty() ? url() : options_.worker_url;
+}
+
+std::vector<std::string> FakeEngine::receivedBodies() const {
+  std::lock_guard lock(bodies_mutex_);
+  return bodies_;
+}
+
+std::vector<uint64_t> FakeEngine::blockHashes(const std::vector<uint32_t>& tokens) const {
+  std::vector<uint64_t> out;
+  uint64_t parent = 0;
+  for (size_t b = 0; b < tokens.size() / options_.block_size; ++b) {
+    parent = engineHash(parent, tokens.data() + b * options_.block_size, options_.block_size);
+    out.push_back(parent);
+  }
+  return out;
+}
+
+int64_t FakeEngine::simulatePush(const bj::object& params, const std::vector<uint32_t>& tokens,
+                                 int64_t local, bj::object* result) {
+  std::vector<uint64_t> prompt = blockHashes(tokens);
+  // The blocks wanted: block_hashes if given, else the receiver's own prompt blocks.
+  std::optional<absl::flat_hash_set<uint64_t>> offered;
+  if (const auto* h = params.if_contains("block_hashes"); h && h->is_array()) {
+    offered.emplace();
+    for (const auto& v : h->as_array()) {
+      if (v.is_uint64()) offered->insert(v.as_uint64());
+      if (v.is_int64()) offered->insert(static_cast<uint64_t>(v.as_int64()));
+    }
+  }
+  std::string source;
+  if (const auto* s = params.if_contains("source"); s && s->is_string()) source = s->as_string();
+  const FakeEngine* holder = nullptr;
+  {
+    std::lock_guard lock(registry_mutex);
+    auto it = registry().find(source);
+    if (it != registry().end()) holder = it->second;
+  }
+  std::string failure = remote_kv_fails.load() ? "source unreachable (fake)"
+                        : holder == nullptr    ? "unknown source " + source
+                                               : "";
+  size_t run = 0;  // the leading run of wanted blocks that the source holds
+  while (failure.empty() && run < prompt.size() && (!offered || offered->contains(prompt[run])) &&
+         holder->holds(prompt[run])) {
+    ++run;
+  }
+  int64_t pushed = std::max<int64_t>(0, static_cast<int64_t>(run * options_.block_size) - local);
+  (*result)["status"] = failure.empty() ? "ok" : "fallback";
+  (*result)["pushed_tokens"] = pushed;
+  (*result)["pushed_bytes"] = pushed * 1024;
+  if (!failure.empty()) (*result)["reason"] = failure;
+  return pushed;
 }
 
 int64_t FakeEngine::cacheLookupAndInsert(const std::vector<uint32_t>& tokens) {
@@ -180,8 +256,23 @@ asio::awaitable<void> FakeEngine::completion(bool chat, const http::Request& r,
     co_await w.sendStatus(body.status());
     co_return;
   }
+  {
+    std::lock_guard lock(bodies_mutex_);
+    bodies_.push_back(r.body);
+  }
   std::vector<uint32_t> tokens = promptTokens(chat, *body);
   int64_t cached = cacheLookupAndInsert(tokens);
+  bj::object transfer;
+  bool remote_decode = false;
+  if (const auto* p = body->if_contains("kv_transfer_params"); p && p->is_object()) {
+    const bj::object& params = p->as_object();
+    if (const auto* d = params.if_contains("do_remote_decode"); d && d->is_bool()) {
+      remote_decode = d->as_bool();
+    }
+    if (const auto* src = params.if_contains("source"); src && src->is_string()) {
+      cached += simulatePush(params, tokens, cached, &transfer);
+    }
+  }
   bool stream = false;
   if (const auto* s = body->if_contains("stream"); s && s->is_bool()) stream = s->as_bool();
   int64_t max_tokens = 16;
@@ -195,7 +286,16 @@ asio::awaitable<void> FakeEngine::completion(bool chat, const http::Request& r,
   usage["prompt_tokens_details"] = bj::object{{"cached_tokens", cached}};
   std::string object = chat ? "chat.completion" : "text_completion";
   std::string served_by = options_.id;
-  if (!stream) {
+  if (remote_decode) {
+    asio::steady_timer delay(co_await asio::this_coro::executor);
+    delay.expires_after(std::chrono::milliseconds(remote_decode_delay_ms.load()));
+    co_await delay.async_wait(asio::as_tuple(asio::use_awaitable));
+    if (remote_decode_status.load() != 200) {
+      co_await w.sendError(remote_decode_status.load(), "remote decode refused (fake)");
+      co_return;
+    }
+  }
+  if (!stream || remote_decode) {
     bj::object out{{"id", "cmpl-fake"}, {"object", object}, {"model", "fake-model"}};
     bj::object choice{{"index", 0}, {"finish_reason", "length"}};
     if (chat) {
@@ -205,6 +305,17 @@ asio::awaitable<void> FakeEngine::completion(bool chat, const http::Request& r,
     }
     out["choices"] = bj::array{choice};
     out["usage"] = usage;
+    if (!transfer.empty()) out["kv_transfer_result"] = transfer;
+    if (remote_decode) {
+      bj::object params{{"source", workerUrl()},
+                        {"lease_id", "lease-" + std::to_string(++leases_)}};
+      if (!remote_decode_bad_params.load()) {
+        bj::array hashes;
+        for (uint64_t h : blockHashes(tokens)) hashes.push_back(h);
+        params["block_hashes"] = std::move(hashes);
+      }
+      out["kv_transfer_params"] = std::move(params);
+    }
     std::string text = bj::serialize(out);
     co_await w.sendJson(200, std::move(text));
     co_return;
@@ -241,6 +352,7 @@ asio::awaitable<void> FakeEngine::completion(bool chat, const http::Request& r,
   if (s.ok() && include_usage) {
     bj::object last{{"id", "cmpl-fake"}, {"object", object + ".chunk"}, {"choices", bj::array{}}};
     last["usage"] = usage;
+    if (!transfer.empty()) last["kv_transfer_result"] = transfer;
     std::string text = bj::serialize(last);
     s = co_await w.writeEvent(text);
   }

@@ -9,10 +9,12 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/json.hpp>
 
 #include "absl/container/flat_hash_set.h"
 #include "common/http_server.h"
@@ -28,6 +30,8 @@ struct FakeEngineOptions {
   bool publish_kv_events = false;
   int output_tokens = 4;  // tokens generated per request (at most max_tokens)
   std::chrono::milliseconds token_delay{1};
+  // Advertised worker URL in do_remote_decode answers; empty: this engine's own URL.
+  std::string worker_url;
 };
 
 class FakeEngine {
@@ -45,6 +49,18 @@ class FakeEngine {
   std::atomic<int> cut_stream_after_chunks{-1};  // >= 0: close the connection mid-stream
   std::atomic<int> requests{0};
   std::atomic<int> running{0};
+  // KV push contract (docs/protocols.md), simulated: a request with kv_transfer_params.source
+  // gets the source's blocks (block_hashes, or the whole prompt when absent) as if pushed and
+  // answers with kv_transfer_result; do_remote_decode answers with 1 token and
+  // kv_transfer_params {source: workerUrl(), block_hashes, lease_id}.
+  std::atomic<bool> remote_kv_fails{false};           // receiver falls back to local prefill
+  std::atomic<int> remote_decode_status{200};         // != 200: P answers this error
+  std::atomic<int> remote_decode_delay_ms{0};         // P answers after this delay
+  std::atomic<bool> remote_decode_bad_params{false};  // P answers without block_hashes
+  std::string workerUrl() const;
+  bool holds(uint64_t hash) const;  // on the engine's io thread
+  // Every completion body received, in order (thread-safe copy).
+  std::vector<std::string> receivedBodies() const;
   // Evicts every cached block and announces it (as vLLM does on reset_prefix_cache).
   void clearCache();
   void stop();
@@ -57,8 +73,17 @@ class FakeEngine {
   FakeEngineOptions options_;
   std::unique_ptr<http::HttpServer> server_;
   std::unique_ptr<FakeKvPublisher> publisher_;
+  // kv_transfer_params.source: the tokens "pushed" on top of `local` cached ones, and the
+  // kv_transfer_result to report.
+  int64_t simulatePush(const boost::json::object& params, const std::vector<uint32_t>& tokens,
+                       int64_t local, boost::json::object* result);
+  std::vector<uint64_t> blockHashes(const std::vector<uint32_t>& tokens) const;
+
   absl::flat_hash_set<uint64_t> cached_;
   std::deque<uint64_t> fifo_;
+  mutable std::mutex bodies_mutex_;
+  std::vector<std::string> bodies_;
+  int leases_ = 0;
 };
 
 }  // namespace kvf::fakes

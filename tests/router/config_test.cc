@@ -70,4 +70,24 @@ TEST(RouterConfigTest, RequiresInstances) {
 }
 
 }  // namespace
+TEST(RouterConfigTest, WorkerUrlAndMigrationPolicies) {
+  auto config = parseRouterConfig(R"(
+instances:
+  - {id: a, url: "http://127.0.0.1:8100", worker_url: "http://127.0.0.1:9100/"}
+  - {id: b, url: "http://127.0.0.1:8101"}
+policy: {kind: unified, unified: {link_bandwidth_gbps: 100}}
+)",
+                                  "<test>");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->instances[0].worker_url, "http://127.0.0.1:9100");
+  EXPECT_EQ(config->instances[1].worker_url, "");
+  EXPECT_EQ(config->policy.kind, policy::PolicyKind::kUnified);
+  EXPECT_DOUBLE_EQ(config->policy.unified.link_bandwidth_gbps, 100);
+  auto bad = parseRouterConfig(
+      "instances:\n  - {id: a, url: \"http://127.0.0.1:1\", worker_url: \"tcp://x\"}\n", "<test>");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("instances[0].worker_url"), std::string::npos)
+      << bad.status();
+}
+
 }  // namespace kvf::router
