@@ -172,6 +172,9 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
   const int64_t bs = pool_->blockSize();
   while (budget > 0 && !waiting_.empty() &&
          static_cast<int>(running_.size()) < config_.max_num_seqs) {
+    // Admission always needs a fresh block (the last token is computed), so with none free the
+    // head waits: skip its prefix lookup, which under overload would repeat every step.
+    if (pool_->numFreeBlocks() == 0) break;
     Request& r = *waiting_.front();
     ensureHashes(r);
     // A request back from a remote-KV fetch already holds its blocks (local hits + pushed).

@@ -91,6 +91,8 @@ void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::
     out->arms.push_back(std::move(arm));
   }
   if (out->arms.empty()) root.fail("arms", "at least one arm is required");
+  if (auto sim = root.raw("sim")) out->sim = *sim;
+  if (auto sweep = root.raw("sweep")) out->sweep = *sweep;
 }
 
 }  // namespace

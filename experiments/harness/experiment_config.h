@@ -51,6 +51,10 @@ struct ExperimentConfig {
   YAML::Node router;            // extra router settings (index, health, upstream), written verbatim
   std::vector<ArmConfig> arms;  // the first is the baseline
   int repetitions = 1;
+  // Read by `kvf-experiment sim` only (experiments/sim/sim_config.h validates them); `run`
+  // ignores `sim:` and refuses a file with `sweep:`.
+  YAML::Node sim;
+  YAML::Node sweep;
 };
 
 absl::StatusOr<ExperimentConfig> loadExperimentConfig(const std::string& path);

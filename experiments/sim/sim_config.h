@@ -1,0 +1,85 @@
+// Settings of `kvf-experiment sim`: the experiment file's `sim:` section (modelled HTTP and
+// KV-event latencies, engine failures, parallel jobs) and its `sweep:` section, which expands
+// arms into one derived arm per swept value. Parsed from the raw YAML nodes that
+// loadExperimentConfig() keeps; plain values, see docs/experiments.md.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <yaml-cpp/yaml.h>
+
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "experiments/harness/experiment_config.h"
+
+namespace kvf::experiments::sim {
+
+// An engine instance going down at `at` (virtual seconds since the first request); it comes
+// back cold after `down_for` (0: stays down).
+struct Failure {
+  int instance = 0;
+  Nanos at = 0;
+  Nanos down_for = 0;
+};
+
+// Wall-clock latencies of the live path that the engine core does not model. Defaults are the
+// calibration against the live cluster (docs/results.md, "Simulator vs live cluster").
+struct Overheads {
+  double request_ms = 4.0;             // client send -> router decision (HTTP, parse, hashing)
+  double request_per_ktoken_ms = 0.3;  // + per 1,000 prompt tokens (body build, send, parse)
+  double forward_ms = 4.0;             // router decision -> request queued in the engine core
+  double forward_per_ktoken_ms = 0.0;  // + per 1,000 prompt tokens
+  double response_ms = 5.0;            // engine step end -> token at the router and client
+  double kv_event_delay_ms = 2.0;      // engine step end -> event applied to the cache index
+  double step_overhead_ms = 0.0;       // added to every engine step (loop lateness)
+  double jitter_ms = 0.0;              // uniform [0, jitter) added to request_ms, seeded
+};
+
+struct SimOptions {
+  Overheads overheads;
+  uint64_t seed = 1;  // jitter draws; repetition k uses seed + k
+  int jobs = 0;       // arm processes at once; 0 = hardware threads
+  bool decision_log = true;
+  std::vector<Failure> failures;
+  // Overrides merged over the cluster's engine config file, for the simulator only (e.g.
+  // `engine: {cache: {block_size: 64}}`; set router.index.block_size to match).
+  YAML::Node engine;
+};
+
+// One swept parameter: `param` is a dotted path into an arm's `policy`, `sim` or `router`
+// section, or into the engine config (`engine.`), e.g. policy.hybrid.gate_fraction.
+struct Sweep {
+  std::string param;
+  std::vector<YAML::Node> values;  // scalars
+  std::vector<std::string> arms;   // arms it applies to; empty = every arm
+};
+
+// An arm as the simulator runs it: the experiment's arm plus per-arm overrides.
+struct SimArm {
+  std::string name;
+  YAML::Node policy;
+  YAML::Node sim;     // the experiment's `sim:` with this arm's overrides applied
+  YAML::Node router;  // the experiment's `router:` with overrides
+  YAML::Node engine;  // overrides of the engine config file (merged over it)
+  // Sweep origin (empty for a plain arm).
+  int sweep_index = -1;
+  std::string base_arm;
+  std::string value;
+};
+
+absl::StatusOr<SimOptions> parseSimOptions(const YAML::Node& node, const std::string& source);
+absl::StatusOr<std::vector<Sweep>> parseSweeps(const YAML::Node& node,
+                                               const std::vector<ArmConfig>& arms,
+                                               const std::string& source);
+
+// The plain arms followed by, for each sweep, each target arm and each value, an arm named
+// "<arm>@<last path element>=<value>". Deterministic.
+absl::StatusOr<std::vector<SimArm>> expandArms(const ExperimentConfig& config,
+                                               const std::vector<Sweep>& sweeps);
+
+// Sets `value` at dotted `path` inside `root` (creating maps on the way).
+void setPath(YAML::Node& root, const std::string& path, const YAML::Node& value);
+
+}  // namespace kvf::experiments::sim

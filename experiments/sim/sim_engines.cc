@@ -1,0 +1,258 @@
+// The engine side of the simulator: engine::EngineCore instances stepped in virtual time the way
+// engine/engine_server.cc's loop steps them (a step starts when the previous one ends, or at
+// the arrival that wakes an idle engine), KV events published at step end, /metrics values as
+// the health loop scrapes them, and injected failures (in-flight requests fail mid-stream; a
+// restarted engine is cold and announces AllBlocksCleared).
+#include <charconv>
+
+#include <fmt/format.h>
+
+#include "common/strings.h"
+#include "experiments/sim/sim_internal.h"
+
+namespace kvf::experiments::sim {
+
+absl::StatusOr<std::unique_ptr<engine::EngineCore>> Sim::makeCore(SimEngine& e) {
+  return engine::EngineCore::create(setup_.engine, &e.sink);
+}
+
+Nanos Sim::engineTime(Nanos wall) const {
+  if (setup_.engine_time_scale == 1.0) return wall;
+  return static_cast<Nanos>(static_cast<double>(wall) * setup_.engine_time_scale);
+}
+
+Nanos Sim::wallDuration(Nanos engine_duration) const {
+  if (setup_.engine_time_scale == 1.0) return engine_duration;
+  return static_cast<Nanos>(static_cast<double>(engine_duration) / setup_.engine_time_scale);
+}
+
+void Sim::publish(SimEngine& e) {
+  engine::SchedulerStats s = e.core->stats();
+  e.published_waiting = s.num_waiting;
+  e.published_usage = e.core->pool().usage();
+}
+
+void Sim::onEngineArrive(uint32_t index, Nanos t) {
+  Flight* f = flights_[index].get();
+  if (f == nullptr) return;
+  SimEngine& e = engines_[f->instance];
+  Nanos back = t + ms(setup_.sim.overheads.response_ms);
+  if (!e.up || e.incarnation != f->incarnation) {
+    f->status = 502;
+    finishAttempt(*f, t);
+    failAtClient(
+        *f, back, 502,
+        strCat("HTTP 502: upstream ", instance_ids_[f->instance], " failed: connection lost"));
+    return;
+  }
+  engine::RequestSpec spec;
+  spec.id = std::to_string(index);
+  spec.prompt.assign(f->prompt.begin(), f->prompt.end());
+  f->prompt = {};
+  spec.sampling.max_tokens = f->max_tokens;
+  spec.sampling.min_tokens = f->max_tokens;
+  spec.sampling.ignore_eos = true;
+  absl::Status valid = e.core->validate(spec);
+  if (valid.ok()) valid = e.core->add(std::move(spec), engineTime(t));
+  if (!valid.ok()) {  // the engine answers 400; the router passes it on
+    f->status = 400;
+    finishAttempt(*f, back);
+    failAtClient(*f, back, 400, strCat("HTTP 400: ", std::string(valid.message())));
+    return;
+  }
+  f->in_engine = true;
+  f->last_byte = t;  // the engine answers with response headers at once
+  push(t + setup_.router.read_timeout, Ev::kReadTimeout, index);
+  publish(e);
+  if (!e.busy) startStep(f->instance, t);
+}
+
+void Sim::startStep(int instance, Nanos t) {
+  SimEngine& e = engines_[instance];
+  engine::StepResult result = e.core->step(engineTime(t));
+  if (result.empty()) {
+    e.busy = false;
+    return;
+  }
+  ++stats_.steps;
+  e.busy = true;
+  Nanos end = t + wallDuration(result.duration) + ms(setup_.sim.overheads.step_overhead_ms);
+  e.current = std::move(result);
+  push(end, Ev::kStepEnd, static_cast<uint32_t>(instance), e.incarnation);
+}
+
+void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
+  SimEngine& e = engines_[instance];
+  if (!e.up || e.incarnation != incarnation) return;
+  e.busy = false;
+  Nanos client_t = t + ms(setup_.sim.overheads.response_ms);
+  for (engine::RequestOutput& out : e.current.outputs) {
+    uint32_t index = 0;
+    std::from_chars(out.id.data(), out.id.data() + out.id.size(), index);
+    Flight* f = index < flights_.size() ? flights_[index].get() : nullptr;
+    if (f == nullptr || !f->in_engine || f->instance != instance) continue;
+    CompletionOutcome& o = f->outcome;
+    o.prompt_tokens = out.prompt_tokens;
+    o.cached_tokens = out.cached_tokens;
+    if (!out.new_tokens.empty()) {
+      if (o.ttft_s < 0) {
+        o.ttft_s = nanosToSeconds(client_t - f->sent);
+        push(client_t, Ev::kFirstToken, index);
+      } else {
+        o.itl_s.push_back(nanosToSeconds(client_t - f->last_token));
+      }
+      f->last_token = client_t;
+      f->last_byte = client_t;
+      o.output_tokens += static_cast<int64_t>(out.new_tokens.size());
+    }
+    if (out.finish) {
+      f->finishing = true;
+      ++e.finished;
+      push(client_t, Ev::kFinish, index);
+    }
+  }
+  e.current = {};
+  std::vector<worker::KvEvent> events = e.sink.take();
+  if (!events.empty()) {
+    e.kv_batches.push_back(std::move(events));
+    push(t + ms(setup_.sim.overheads.kv_event_delay_ms), Ev::kKvDeliver,
+         static_cast<uint32_t>(instance));
+  }
+  publish(e);
+  if (e.core->hasWork()) startStep(instance, t);
+}
+
+// The router's upstream read timeout (router/config.h read_timeout): no byte from the engine for
+// that long ends the client's stream with an error, and the engine aborts the request. Under
+// overload this is what fails requests whose first token takes longer.
+void Sim::onReadTimeout(uint32_t index, Nanos t) {
+  Flight* f = flights_[index].get();
+  if (f == nullptr || !f->in_engine || f->finishing) return;
+  Nanos deadline = f->last_byte + setup_.router.read_timeout;
+  if (t < deadline) {
+    push(deadline, Ev::kReadTimeout, index);
+    return;
+  }
+  SimEngine& e = engines_[f->instance];
+  if (e.up && e.incarnation == f->incarnation) {
+    e.core->abort(std::to_string(index));
+    publish(e);
+  }
+  f->in_engine = false;
+  upstreamFailure(e, t);
+  f->status = 502;
+  finishAttempt(*f, t);
+  failAtClient(*f, t + ms(setup_.sim.overheads.response_ms), 200,
+               strCat("stream error: upstream ", instance_ids_[f->instance],
+                      " failed mid-stream: no response byte for ",
+                      nanosToSeconds(setup_.router.read_timeout), " s"));
+}
+
+void Sim::onHealthTick(int instance, Nanos t) {
+  SimEngine& e = engines_[instance];
+  const router::HealthConfig& h = setup_.router.health;
+  if (e.up) {
+    e.check_failures = 0;
+    if (!e.check_healthy && ++e.check_passes >= h.healthy_threshold) e.check_healthy = true;
+    if (h.scrape_metrics) {
+      e.waiting = e.published_waiting;
+      e.kv_usage = e.published_usage;
+    }
+  } else {
+    e.check_passes = 0;
+    if (e.check_healthy && ++e.check_failures >= h.unhealthy_threshold) e.check_healthy = false;
+  }
+  if (unfinished_ > 0) push(t + h.interval, Ev::kHealthTick, static_cast<uint32_t>(instance));
+}
+
+void Sim::onEngineDown(int instance, Nanos t) {
+  SimEngine& e = engines_[instance];
+  if (!e.up) return;
+  engine::SchedulerStats s = e.core->stats();
+  e.previous.prefix_cache_queries += s.prefix_cache_queries;
+  e.previous.prefix_cache_hits += s.prefix_cache_hits;
+  e.previous.prompt_tokens += s.prompt_tokens;
+  e.previous.generation_tokens += s.generation_tokens;
+  e.previous.num_preemptions += s.num_preemptions;
+  e.up = false;
+  ++e.incarnation;
+  e.busy = false;
+  e.current = {};
+  e.core.reset();
+  e.sink.take();  // never published
+  Nanos back = t + ms(setup_.sim.overheads.response_ms);
+  for (auto& slot : flights_) {
+    Flight* f = slot.get();
+    if (f == nullptr || f->instance != instance || !f->load_held || f->finishing) continue;
+    // Response headers are out: the router ends the client's stream with an error event.
+    upstreamFailure(e, t);
+    f->status = 502;
+    f->in_engine = false;
+    finishAttempt(*f, t);
+    failAtClient(*f, back, 200,
+                 strCat("stream error: upstream ", instance_ids_[instance], " failed mid-stream"));
+  }
+}
+
+void Sim::onEngineUp(int instance, Nanos t) {
+  SimEngine& e = engines_[instance];
+  if (e.up) return;
+  auto core = makeCore(e);
+  if (!core.ok()) {
+    write_status_ = core.status();
+    return;
+  }
+  e.core = std::move(*core);
+  e.up = true;
+  e.published_waiting = 0;
+  e.published_usage = 0;
+  // A started engine publishes AllBlocksCleared first; the router resets its index entries.
+  std::vector<worker::KvEvent> cleared;
+  cleared.emplace_back(worker::AllBlocksCleared{});
+  e.kv_batches.push_back(std::move(cleared));
+  push(t + ms(setup_.sim.overheads.kv_event_delay_ms), Ev::kKvDeliver,
+       static_cast<uint32_t>(instance));
+}
+
+absl::Status Sim::writeMetrics(const std::string& rep_dir) const {
+  const std::string& model = setup_.engine.served_model_name;
+  for (size_t i = 0; i < engines_.size(); ++i) {
+    const SimEngine& e = engines_[i];
+    engine::SchedulerStats s = e.previous;
+    if (e.core) {
+      engine::SchedulerStats now = e.core->stats();
+      s.prefix_cache_queries += now.prefix_cache_queries;
+      s.prefix_cache_hits += now.prefix_cache_hits;
+      s.prompt_tokens += now.prompt_tokens;
+      s.generation_tokens += now.generation_tokens;
+      s.num_preemptions += now.num_preemptions;
+    }
+    std::string text;
+    auto metric = [&](const char* name, const char* type, const char* help, double v) {
+      text += fmt::format("# HELP {} {}\n# TYPE {} {}\n{}{{model_name=\"{}\"}} {}\n", name, help,
+                          name, type, name, model, v);
+    };
+    metric("vllm:prefix_cache_queries_total", "counter",
+           "Prompt tokens looked up in the prefix cache",
+           static_cast<double>(s.prefix_cache_queries));
+    metric("vllm:prefix_cache_hits_total", "counter", "Prompt tokens found in the prefix cache",
+           static_cast<double>(s.prefix_cache_hits));
+    metric("vllm:prompt_tokens_total", "counter", "Prompt tokens of admitted requests",
+           static_cast<double>(s.prompt_tokens));
+    metric("vllm:generation_tokens_total", "counter", "Generated tokens",
+           static_cast<double>(s.generation_tokens));
+    metric("vllm:num_preemptions_total", "counter", "Preemptions (recompute)",
+           static_cast<double>(s.num_preemptions));
+    metric("vllm:request_success_total", "counter", "Finished requests",
+           static_cast<double>(e.finished));
+    std::string path = fmt::format("{}/engine_{}.metrics", rep_dir, i);
+    std::FILE* out = std::fopen(path.c_str(), "wb");
+    if (!out) return absl::InternalError(strCat("cannot write ", path));
+    bool ok = std::fwrite(text.data(), 1, text.size(), out) == text.size();
+    ok = std::fclose(out) == 0 && ok;
+    if (!ok) return absl::InternalError(strCat("cannot write ", path));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvf::experiments::sim

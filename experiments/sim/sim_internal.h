@@ -1,0 +1,189 @@
+// Internal to experiments/sim/: the simulator's state (event queue, client flights, router
+// view of each instance, engine cores) shared by cluster_sim.cc (event loop and client),
+// sim_router.cc (routing and load accounting) and sim_engines.cc (engine steps, KV events,
+// health and failures). Single-threaded.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <queue>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/engine_core.h"
+#include "experiments/replay/result_log.h"
+#include "experiments/sim/cluster_sim.h"
+#include "policy/cache_index.h"
+#include "policy/policy.h"
+#include "router/decision_log.h"
+#include "worker/kv_events.h"
+
+namespace kvf::experiments::sim {
+
+enum class Ev : uint8_t {
+  kArrival,       // a = request index: the client sends it (or queues it at max_in_flight)
+  kRoute,         // a = request: the router receives it and decides
+  kEngineArrive,  // a = request: the engine core queues it
+  kStepEnd,       // a = engine, b = incarnation: the step in progress ends
+  kFirstToken,    // a = request: the first token reaches the router and the client
+  kFinish,        // a = request: the end of the stream reaches the router and the client
+  kKvDeliver,     // a = engine: the oldest published KV batch reaches the cache index
+  kHealthTick,    // a = engine: health check and /metrics scrape
+  kEngineDown,    // a = engine
+  kEngineUp,      // a = engine
+  kTimeout,       // a = request: the client gives up
+  kReadTimeout,   // a = request: the router's upstream read deadline (no byte for read_timeout)
+};
+
+struct Event {
+  Nanos t = 0;
+  uint64_t seq = 0;  // insertion order: ties at equal t keep it
+  Ev kind = Ev::kArrival;
+  uint32_t a = 0;
+  uint64_t b = 0;
+};
+
+struct EventLater {
+  bool operator()(const Event& x, const Event& y) const {
+    return x.t != y.t ? x.t > y.t : x.seq > y.seq;
+  }
+};
+
+// One request from the client's send to its result line.
+struct Flight {
+  uint32_t index = 0;
+  Nanos sent = 0;
+  std::vector<int32_t> prompt;            // until the engine has it
+  std::vector<policy::BlockHash> hashes;  // until routed
+  int64_t prompt_tokens = 0;
+  int64_t max_tokens = 1;
+  // Router side (the current attempt).
+  int attempt = 0;
+  std::vector<bool> excluded;
+  int instance = -1;
+  uint32_t incarnation = 0;
+  policy::Decision decision;
+  Nanos decided_at = 0;
+  int64_t uncached = 0;
+  bool prefill_pending = false;
+  bool load_held = false;
+  bool in_engine = false;
+  bool finishing = false;  // the last token left the engine
+  int status = 0;
+  // Client side.
+  CompletionOutcome outcome;
+  Nanos last_token = -1;
+  Nanos last_byte = 0;  // when the router last received a byte of the engine's response
+};
+
+// One engine instance: its core and the router's view of it.
+struct SimEngine {
+  // The sink must outlive the core that points to it.
+  worker::VectorEventSink sink;
+  std::unique_ptr<engine::EngineCore> core;
+  bool up = true;
+  uint32_t incarnation = 0;
+  bool busy = false;
+  engine::StepResult current;                           // the step in progress
+  std::deque<std::vector<worker::KvEvent>> kv_batches;  // published, not yet applied
+  // /metrics as last published by the engine (after each step and add).
+  int64_t published_waiting = 0;
+  double published_usage = 0;
+  // Counters of earlier incarnations (a restarted engine starts from zero; totals are summed).
+  engine::SchedulerStats previous;
+  uint64_t finished = 0;
+
+  // Router side.
+  int64_t running = 0, pending_prefill = 0, ongoing = 0, waiting = 0;
+  double kv_usage = 0;
+  bool check_healthy = true;
+  int check_failures = 0, check_passes = 0;
+  int request_failures = 0;
+  Nanos circuit_open_until = 0;
+};
+
+class Sim {
+ public:
+  Sim(const ClusterSetup& setup, const std::vector<trace::Request>& requests);
+  absl::Status init(const std::string& rep_dir);
+  absl::StatusOr<SimStats> run();
+  absl::Status writeMetrics(const std::string& rep_dir) const;
+
+ private:
+  friend class SimTestPeer;
+  void push(Nanos t, Ev kind, uint32_t a, uint64_t b = 0);
+  void dispatch(const Event& e);
+
+  // Client (cluster_sim.cc).
+  void onArrival(uint32_t index, Nanos t);
+  void send(uint32_t index, Nanos t);
+  void complete(Flight& f, Nanos client_t);
+  void failAtClient(Flight& f, Nanos client_t, int http_status, const std::string& error);
+  void release(Flight& f, Nanos client_t);
+  void onTimeout(uint32_t index, Nanos t);
+  void onReadTimeout(uint32_t index, Nanos t);
+  Nanos wallOfArrival(const trace::Request& r) const;
+
+  // Router (sim_router.cc).
+  void onRoute(uint32_t index, Nanos t);
+  bool decide(Flight& f, Nanos t);
+  void finishAttempt(Flight& f, Nanos t);
+  bool admitted(const SimEngine& e, Nanos t) const;
+  void upstreamFailure(SimEngine& e, Nanos t);
+  void onFirstToken(uint32_t index, Nanos t);
+  void onFinish(uint32_t index, Nanos t);
+  void applyKv(int instance, std::vector<worker::KvEvent>& batch);
+
+  // Engines (sim_engines.cc).
+  absl::StatusOr<std::unique_ptr<engine::EngineCore>> makeCore(SimEngine& e);
+  void onEngineArrive(uint32_t index, Nanos t);
+  void startStep(int instance, Nanos t);
+  void onStepEnd(int instance, uint64_t incarnation, Nanos t);
+  void publish(SimEngine& e);
+  void onHealthTick(int instance, Nanos t);
+  void onEngineDown(int instance, Nanos t);
+  void onEngineUp(int instance, Nanos t);
+  Nanos engineTime(Nanos wall) const;
+  Nanos wallDuration(Nanos engine_duration) const;
+
+  Nanos ms(double v) const { return static_cast<Nanos>(v * 1e6); }
+
+  const ClusterSetup& setup_;
+  const std::vector<trace::Request>& requests_;
+  std::priority_queue<Event, std::vector<Event>, EventLater> queue_;
+  uint64_t next_seq_ = 0;
+  Nanos now_ = 0;
+
+  std::optional<trace::TokenSynthesizer> synth_;
+  std::mt19937_64 jitter_rng_;
+  std::vector<std::unique_ptr<Flight>> flights_;  // by request index; null when not in flight
+  std::vector<std::string> instance_ids_;
+  // Session dispatch: next request of the same session, or -1.
+  std::vector<int64_t> next_in_session_;
+  size_t next_arrival_ = 0;       // timestamp dispatch cursor
+  std::deque<uint32_t> blocked_;  // waiting for a max_in_flight slot
+  int64_t in_flight_ = 0;
+  int64_t unfinished_ = 0;
+  Nanos origin_ = 0;
+
+  policy::CacheIndex index_;
+  std::unique_ptr<policy::Policy> policy_;
+  std::vector<SimEngine> engines_;
+  std::unique_ptr<router::DecisionLog> decisions_;
+  std::FILE* results_ = nullptr;
+  std::vector<char> results_buffer_;
+  std::vector<uint32_t> matched_;
+  std::vector<policy::InstanceSnapshot> snaps_;
+  std::string scratch_;
+  SimStats stats_;
+  absl::Status write_status_;
+
+ public:
+  ~Sim();
+};
+
+}  // namespace kvf::experiments::sim

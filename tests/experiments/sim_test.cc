@@ -1,0 +1,364 @@
+// The simulator (`kvf-experiment sim`): TTFT and TPOT that follow from a hand-made profile by
+// arithmetic, prefix hits, byte-identical results for a seed (in-process and through parallel
+// arm processes), engine failures, session dispatch, and sweep expansion and report.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "experiments/replay/result_log.h"
+#include "experiments/sim/sim_config.h"
+#include "experiments/sim/sim_runner.h"
+
+namespace kvf::experiments::sim {
+namespace {
+
+namespace fs = std::filesystem;
+
+fs::path tempDir(const std::string& name) {
+  fs::path dir = fs::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir;
+}
+
+std::string readFile(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A dense toy model whose step time is easy to compute by hand: one layer, one head of size 1,
+// 1e9 parameters on a 1 TFLOP/s GPU at full efficiency, 10 ms per step. A step of n new tokens
+// over ctx cached ones takes 0.010 + 2e9 n / 1e12 + 4 (n ctx + n (n + 1) / 2) / 1e12 seconds
+// (compute-bound: memory time is 2e9 bytes / 1e15 B/s = 2 us).
+void writeCluster(const fs::path& dir, int batched_tokens = 8192) {
+  std::ofstream(dir / "profile.yaml") << R"(name: toy
+kv_cache_tokens: 160000
+model: {name: toy, num_layers: 1, hidden_size: 1, num_attention_heads: 1, num_kv_heads: 1,
+        head_dim: 1, total_params: 1.0e9, active_params: 1.0e9, dtype_bytes: 2,
+        vocab_size: 50000, max_model_len: 100000}
+gpu: {name: toy, peak_flops: 1.0e12, hbm_bytes_per_s: 1.0e15, matmul_efficiency: 1.0,
+      attention_efficiency: 1.0, bandwidth_efficiency: 1.0, step_overhead_ms: 10,
+      per_seq_overhead_us: 0}
+)";
+  std::ofstream(dir / "engine.yaml")
+      << "profile: profile.yaml\ncache: {block_size: 16}\n"
+      << "scheduler: {max_num_batched_tokens: " << batched_tokens << "}\n";
+}
+
+double stepSeconds(double n, double ctx) {
+  return 0.010 + 2e9 * n / 1e12 + 4.0 * (n * ctx + n * (n + 1) / 2) / 1e12;
+}
+
+std::map<std::string, RequestResult> loadById(const fs::path& path) {
+  auto results = loadResults(path.string());
+  EXPECT_TRUE(results.ok()) << results.status();
+  std::map<std::string, RequestResult> out;
+  if (results.ok()) {
+    for (auto& r : *results) out[r.request_id] = r;
+  }
+  return out;
+}
+
+absl::Status runSim(const fs::path& exp, const fs::path& out, int jobs = 1) {
+  SimRunOptions options;
+  options.output_dir = out.string();
+  options.jobs = jobs;
+  options.plots = false;
+  return runSimExperiment(exp.string(), options);
+}
+
+TEST(SimTiming, TtftAndTpotFollowFromTheProfile) {
+  fs::path dir = tempDir("kvf_sim_timing");
+  writeCluster(dir);
+  // r0: 1000 cold tokens, 1 output token. r1 (t = 10 s, r0 long done): the same prompt, 2
+  // output tokens: 62 blocks (992 tokens) hit, 8 computed. Mooncake lines: 512-token blocks.
+  std::ofstream(dir / "trace.jsonl")
+      << R"({"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1, 2]})"
+      << "\n"
+      << R"({"timestamp": 10000, "input_length": 1000, "output_length": 2, "hash_ids": [1, 2]})"
+      << "\n";
+  std::ofstream(dir / "exp.yaml") << R"(name: timing
+trace: {path: trace.jsonl}
+cluster: {engines: 1, engine_config: engine.yaml}
+sim:
+  overheads: {request_ms: 1, request_per_ktoken_ms: 0, forward_ms: 2, response_ms: 3,
+              kv_event_delay_ms: 1}
+arms: [{name: rr, policy: {kind: round_robin}}]
+)";
+  ASSERT_TRUE(runSim(dir / "exp.yaml", dir / "out").ok());
+  auto results = loadById(dir / "out/arms/rr/rep0/results.jsonl");
+  ASSERT_EQ(results.size(), 2u);
+  const double overhead = 0.001 + 0.002 + 0.003;
+  const RequestResult& r0 = results["r0"];
+  ASSERT_TRUE(r0.outcome.ok) << r0.outcome.error;
+  EXPECT_NEAR(r0.outcome.ttft_s, overhead + stepSeconds(1000, 0), 2e-9);  // 2.016002002 s
+  EXPECT_NEAR(r0.outcome.e2e_s, r0.outcome.ttft_s, 1e-12);
+  EXPECT_EQ(r0.outcome.cached_tokens, 0);
+  EXPECT_EQ(r0.outcome.output_tokens, 1);
+  const RequestResult& r1 = results["r1"];
+  ASSERT_TRUE(r1.outcome.ok) << r1.outcome.error;
+  EXPECT_EQ(r1.outcome.cached_tokens, 992);
+  EXPECT_NEAR(r1.outcome.ttft_s, overhead + stepSeconds(8, 992), 2e-9);  // 0.032000031888 s
+  // The second token is one decode step over 1000 tokens.
+  EXPECT_NEAR(r1.outcome.tpot_s, stepSeconds(1, 1000), 2e-9);
+  EXPECT_NEAR(r1.outcome.e2e_s - r1.outcome.ttft_s, stepSeconds(1, 1000), 2e-9);
+  // The engine's counters: 2000 tokens looked up, 992 found.
+  std::string metrics = readFile(dir / "out/arms/rr/rep0/engine_0.metrics");
+  EXPECT_NE(metrics.find("vllm:prefix_cache_queries_total{model_name=\"toy\"} 2000"),
+            std::string::npos)
+      << metrics;
+  EXPECT_NE(metrics.find("vllm:prefix_cache_hits_total{model_name=\"toy\"} 992"),
+            std::string::npos);
+  EXPECT_TRUE(fs::exists(dir / "out/arms/rr/rep0/DONE"));
+  EXPECT_TRUE(fs::exists(dir / "out/report.md"));
+}
+
+TEST(SimTiming, ChunkedPrefillAndQueueing) {
+  fs::path dir = tempDir("kvf_sim_chunks");
+  writeCluster(dir, /*batched_tokens=*/512);
+  // Two cold 1000-token requests at t = 0 on one engine with a 512-token budget: r0 prefills
+  // in chunks 512 + 488; r1 is admitted in step 2 with the 24 tokens left (FCFS), then 512,
+  // then 464. r0's first token ends step 2; r1's ends step 4.
+  std::ofstream(dir / "trace.jsonl")
+      << R"({"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1, 2]})"
+      << "\n"
+      << R"({"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [3, 4]})"
+      << "\n";
+  std::ofstream(dir / "exp.yaml") << R"(name: chunks
+trace: {path: trace.jsonl}
+cluster: {engines: 1, engine_config: engine.yaml}
+sim: {overheads: {request_ms: 0, request_per_ktoken_ms: 0, forward_ms: 0, response_ms: 0}}
+arms: [{name: rr, policy: {kind: round_robin}}]
+)";
+  ASSERT_TRUE(runSim(dir / "exp.yaml", dir / "out").ok());
+  auto results = loadById(dir / "out/arms/rr/rep0/results.jsonl");
+  ASSERT_EQ(results.size(), 2u);
+  // Step k's batch, as (new tokens, context) per request; attention terms add per request.
+  auto step = [](std::vector<std::pair<double, double>> batch) {
+    double n = 0, attn = 0;
+    for (auto [t, c] : batch) {
+      n += t;
+      attn += 4.0 * (t * c + t * (t + 1) / 2);
+    }
+    return 0.010 + 2e9 * n / 1e12 + attn / 1e12;
+  };
+  double s1 = step({{512, 0}});
+  double s2 = step({{488, 512}, {24, 0}});
+  double s3 = step({{512, 24}});
+  double s4 = step({{464, 536}});
+  EXPECT_NEAR(results["r0"].outcome.ttft_s, s1 + s2, 4e-9);
+  EXPECT_NEAR(results["r1"].outcome.ttft_s, s1 + s2 + s3 + s4, 4e-9);
+}
+
+// A synthetic trace with shared prefixes and sessions, deterministic from `seed`.
+void writeTrace(const fs::path& path, int requests, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::ofstream out(path);
+  for (int i = 0; i < requests; ++i) {
+    int session = static_cast<int>(rng() % 12);
+    int blocks = 2 + static_cast<int>(rng() % 6);
+    out << "{\"timestamp\": " << i * 150 << ", \"input_length\": " << blocks * 512 - 100
+        << ", \"output_length\": " << 1 + rng() % 60 << ", \"session_id\": \"s" << session
+        << "\", \"id\": \"q" << i << "\", \"block_size\": 512, \"hash_ids\": [";
+    for (int b = 0; b < blocks; ++b) {
+      out << (b == 0 ? "" : ", ") << (b < 2 ? session * 100 + b : 100000 + i * 10 + b);
+    }
+    out << "]}\n";
+  }
+}
+
+void writeAbExperiment(const fs::path& dir, const std::string& extra) {
+  std::ofstream(dir / "exp.yaml") << R"(name: ab
+trace: {path: trace.jsonl}
+replay: {timeout_s: 600}
+cluster: {engines: 3, engine_config: engine.yaml}
+sim: {seed: 7, overheads: {jitter_ms: 5}}
+arms:
+  - {name: round_robin, policy: {kind: round_robin}}
+  - {name: hybrid, policy: {kind: hybrid}}
+)" << extra;
+}
+
+TEST(SimDeterminism, SameSeedGivesIdenticalBytes) {
+  fs::path dir = tempDir("kvf_sim_det");
+  writeCluster(dir);
+  writeTrace(dir / "trace.jsonl", 120, 3);
+  writeAbExperiment(dir, "");
+  ASSERT_TRUE(runSim(dir / "exp.yaml", dir / "a").ok());
+  ASSERT_TRUE(runSim(dir / "exp.yaml", dir / "b").ok());
+  for (const char* arm : {"round_robin", "hybrid"}) {
+    for (const char* file : {"results.jsonl", "decisions.jsonl", "engine_1.metrics"}) {
+      fs::path rel = fs::path("arms") / arm / "rep0" / file;
+      std::string a = readFile(dir / "a" / rel);
+      EXPECT_FALSE(a.empty()) << rel;
+      EXPECT_EQ(a, readFile(dir / "b" / rel)) << rel;
+    }
+  }
+  // Another seed draws other jitter, so the bytes differ (the test can fail).
+  std::string text = readFile(dir / "exp.yaml");
+  text.replace(text.find("seed: 7"), 7, "seed: 8");
+  std::ofstream(dir / "exp8.yaml") << text;
+  ASSERT_TRUE(runSim(dir / "exp8.yaml", dir / "c").ok());
+  EXPECT_NE(readFile(dir / "a/arms/hybrid/rep0/results.jsonl"),
+            readFile(dir / "c/arms/hybrid/rep0/results.jsonl"));
+}
+
+TEST(SimDeterminism, ParallelArmProcessesMatchInProcess) {
+  fs::path dir = tempDir("kvf_sim_par");
+  writeCluster(dir);
+  writeTrace(dir / "trace.jsonl", 80, 5);
+  writeAbExperiment(dir, "");
+  ASSERT_TRUE(runSim(dir / "exp.yaml", dir / "inproc", 1).ok());
+  std::string cmd = std::string(KVF_EXPERIMENT_BIN) + " sim " + (dir / "exp.yaml").string() +
+                    " --jobs 2 --plots=false --output_dir " + (dir / "forked").string() + " > " +
+                    (dir / "forked.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << readFile(dir / "forked.log");
+  for (const char* arm : {"round_robin", "hybrid"}) {
+    fs::path rel = fs::path("arms") / arm / "rep0/results.jsonl";
+    EXPECT_EQ(readFile(dir / "inproc" / rel), readFile(dir / "forked" / rel)) << arm;
+  }
+  // The report names its directory in the title; the rest is identical.
+  std::string a = readFile(dir / "inproc/report.md"), b = readFile(dir / "forked/report.md");
+  EXPECT_EQ(a.substr(a.find('\n')), b.substr(b.find('\n')));
+}
+
+TEST(SimFailures, InFlightRequestsFailAndTrafficMovesAway) {
+  fs::path dir = tempDir("kvf_sim_fail");
+  writeCluster(dir);
+  // 40 requests, one every 0.5 s, 100 cold tokens and 50 output tokens each: 0.21 s of
+  // prefill and 49 decode steps of 12 ms, about 0.8 s.
+  {
+    std::ofstream out(dir / "trace.jsonl");
+    for (int i = 0; i < 40; ++i) {
+      out << "{\"timestamp\": " << i * 500 << ", \"input_length\": 100, \"output_length\": 50, "
+          << "\"hash_ids\": [" << i + 1 << "]}\n";
+    }
+  }
+  std::ofstream(dir / "exp.yaml") << R"(name: fail
+trace: {path: trace.jsonl}
+cluster: {engines: 2, engine_config: engine.yaml}
+router: {health: {interval_s: 1, unhealthy_threshold: 2}}
+sim: {failures: [{instance: 0, at_s: 4.2, down_s: 6}]}
+arms: [{name: rr, policy: {kind: round_robin}}]
+)";
+  ASSERT_TRUE(runSim(dir / "exp.yaml", dir / "out").ok());
+  auto results = loadById(dir / "out/arms/rr/rep0/results.jsonl");
+  ASSERT_EQ(results.size(), 40u);
+  int failed = 0, on0_while_down = 0, on0_after = 0;
+  for (auto& [id, r] : results) {
+    if (!r.outcome.ok) {
+      ++failed;
+      EXPECT_NE(r.outcome.error.find("failed mid-stream"), std::string::npos) << r.outcome.error;
+      EXPECT_EQ(r.outcome.instance, "0");
+      continue;
+    }
+    if (r.outcome.instance != "0") continue;
+    if (r.sent_s > 4.2 && r.sent_s < 10.2) ++on0_while_down;
+    if (r.sent_s > 12) ++on0_after;
+  }
+  // Request r8 (sent at 4.0 s, running at 4.2 s) fails; r9 and later are retried on
+  // instance 1 until the health check ejects 0; it comes back (cold) after 10.2 s.
+  EXPECT_EQ(failed, 1);
+  EXPECT_FALSE(results["r8"].outcome.ok);
+  EXPECT_EQ(on0_while_down, 0);
+  EXPECT_GT(on0_after, 5);
+  std::string decisions = readFile(dir / "out/arms/rr/rep0/decisions.jsonl");
+  EXPECT_NE(decisions.find("\"attempt\":2"), std::string::npos);  // a connection retry
+}
+
+TEST(SimDispatch, SessionTurnsWaitForThePreviousTurnAndThinkTime) {
+  fs::path dir = tempDir("kvf_sim_session");
+  writeCluster(dir);
+  // Turn 2 is stamped 0.1 s after turn 1 but must wait for turn 1 (about 2 s) + 0.5 s think.
+  std::ofstream(dir / "trace.jsonl")
+      << R"({"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1, 2], )"
+      << R"("session_id": "a", "id": "a#1", "turn": 1, "block_size": 512})"
+      << "\n"
+      << R"({"timestamp": 100, "input_length": 1000, "output_length": 1, "hash_ids": [1, 2], )"
+      << R"("session_id": "a", "id": "a#2", "turn": 2, "think_time_ms": 500, "block_size": 512})"
+      << "\n";
+  std::ofstream(dir / "exp.yaml") << R"(name: session
+trace: {path: trace.jsonl}
+replay: {dispatch: session}
+cluster: {engines: 2, engine_config: engine.yaml}
+arms: [{name: hybrid, policy: {kind: hybrid}}]
+)";
+  ASSERT_TRUE(runSim(dir / "exp.yaml", dir / "out").ok());
+  auto results = loadById(dir / "out/arms/hybrid/rep0/results.jsonl");
+  ASSERT_EQ(results.size(), 2u);
+  const auto& t1 = results["a#1"];
+  const auto& t2 = results["a#2"];
+  EXPECT_NEAR(t2.sent_s, t1.sent_s + t1.outcome.e2e_s + 0.5, 1e-6);
+  // The session's prefix is on the instance of turn 1: the hybrid gate keeps it there.
+  EXPECT_EQ(t2.outcome.instance, t1.outcome.instance);
+  EXPECT_EQ(t2.outcome.cached_tokens, 992);
+  EXPECT_EQ(t2.outcome.reason, "cache_gate");
+}
+
+TEST(SimSweep, ExpandsArmsAndWritesOnePlotTablePerSweep) {
+  fs::path dir = tempDir("kvf_sim_sweep");
+  writeCluster(dir);
+  writeTrace(dir / "trace.jsonl", 60, 9);
+  writeAbExperiment(dir, R"(sweep:
+  - {param: policy.hybrid.gate_fraction, values: [0.3, 0.9], arms: [hybrid]}
+  - {param: sim.overheads.kv_event_delay_ms, values: [1, 5000]}
+)");
+  auto config = loadExperimentConfig((dir / "exp.yaml").string());
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto sweeps = parseSweeps(config->sweep, config->arms, config->source);
+  ASSERT_TRUE(sweeps.ok()) << sweeps.status();
+  auto arms = expandArms(*config, *sweeps);
+  ASSERT_TRUE(arms.ok()) << arms.status();
+  std::vector<std::string> names;
+  for (const auto& a : *arms) names.push_back(a.name);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{
+                "round_robin", "hybrid", "hybrid@gate_fraction=0.3", "hybrid@gate_fraction=0.9",
+                "round_robin@kv_event_delay_ms=1", "round_robin@kv_event_delay_ms=5000",
+                "hybrid@kv_event_delay_ms=1", "hybrid@kv_event_delay_ms=5000"}));
+  EXPECT_EQ((*arms)[3].policy["hybrid"]["gate_fraction"].as<double>(), 0.9);
+  EXPECT_EQ((*arms)[3].policy["kind"].as<std::string>(), "hybrid");
+  EXPECT_FALSE((*arms)[1].policy["hybrid"]);  // the base arm is untouched
+  EXPECT_EQ((*arms)[7].sim["overheads"]["kv_event_delay_ms"].as<int>(), 5000);
+  EXPECT_EQ((*arms)[7].sim["seed"].as<int>(), 7);
+
+  ASSERT_TRUE(runSim(dir / "exp.yaml", dir / "out").ok());
+  std::string csv = readFile(dir / "out/data/sweep.csv");
+  EXPECT_NE(csv.find("0,policy.hybrid.gate_fraction,hybrid,0.9,hybrid@gate_fraction=0.9,60,"),
+            std::string::npos)
+      << csv;
+  EXPECT_NE(csv.find("1,sim.overheads.kv_event_delay_ms,round_robin,base,round_robin,60,"),
+            std::string::npos);
+  std::string report = readFile(dir / "out/report.md");
+  EXPECT_NE(report.find("### Sweep 1: `sim.overheads.kv_event_delay_ms`"), std::string::npos);
+}
+
+TEST(SimSweep, BadSweepsNameTheField) {
+  std::vector<ArmConfig> arms(1);
+  arms[0].name = "hybrid";
+  auto bad_param = parseSweeps(YAML::Load("{param: gate_fraction, values: [1]}"), arms, "x.yaml");
+  ASSERT_FALSE(bad_param.ok());
+  EXPECT_NE(std::string(bad_param.status().message()).find("sweep[0].param"), std::string::npos)
+      << bad_param.status();
+  auto bad_arm =
+      parseSweeps(YAML::Load("{param: policy.kind, values: [lmetric], arms: [nope]}"), arms, "x");
+  ASSERT_FALSE(bad_arm.ok());
+  EXPECT_NE(std::string(bad_arm.status().message()).find("no arm named 'nope'"), std::string::npos)
+      << bad_arm.status();
+  auto bad_sim = parseSimOptions(YAML::Load("{overheads: {request_ms: -1}}"), "x.yaml");
+  ASSERT_FALSE(bad_sim.ok());
+  EXPECT_NE(std::string(bad_sim.status().message()).find("sim.overheads.request_ms"),
+            std::string::npos)
+      << bad_sim.status();
+}
+
+}  // namespace
+}  // namespace kvf::experiments::sim
