@@ -165,6 +165,43 @@ void CacheIndex::matchLengths(std::span<const BlockHash> hashes, std::span<uint3
   }
 }
 
+void CacheIndex::hashAndMatch(std::span<const TokenId> tokens, std::vector<BlockHash>* hashes,
+                              std::span<uint32_t> out) const {
+  std::fill(out.begin(), out.end(), 0u);
+  hashes->clear();
+  size_t bs = config_.block_size;
+  size_t blocks = bs == 0 ? 0 : tokens.size() / bs;
+  hashes->reserve(blocks);
+  size_t n = std::min<size_t>(out.size(), kMaxInstances);
+  InstanceMask alive = n == kMaxInstances ? ~InstanceMask{0} : (bit(static_cast<int>(n)) - 1);
+  // Hashes run kAhead blocks ahead of the lookups so each probe's cache line is prefetched.
+  constexpr size_t kAhead = 32;
+  auto extend = [&](size_t upto) {
+    size_t have = hashes->size();
+    if (upto <= have) return;
+    completeBlockHashes(tokens.first(upto * bs), bs, hashes);
+    for (size_t j = have; j < upto; ++j) entries_.prefetch((*hashes)[j]);
+  };
+  for (size_t i = 0; i < blocks; ++i) {
+    if (i % kAhead == 0) extend(std::min(blocks, i + 2 * kAhead));
+    auto it = entries_.find((*hashes)[i]);
+    InstanceMask held = it == entries_.end() ? 0 : (it->second.exact | it->second.soft);
+    InstanceMask ended = alive & ~held;
+    while (ended) {
+      int instance = std::countr_zero(ended);
+      out[instance] = static_cast<uint32_t>(i);
+      ended &= ended - 1;
+    }
+    alive &= held;
+    if (alive == 0) return;
+  }
+  while (alive) {
+    int instance = std::countr_zero(alive);
+    out[instance] = static_cast<uint32_t>(blocks);
+    alive &= alive - 1;
+  }
+}
+
 InstanceMask CacheIndex::holders(BlockHash hash) const {
   auto it = entries_.find(hash);
   return it == entries_.end() ? 0 : (it->second.exact | it->second.soft);
