@@ -4,7 +4,22 @@
 #include <bit>
 
 namespace kvf::policy {
+
 namespace {
+
+uint64_t processSalt() {
+  // ASLR places this variable differently in every process; the mix spreads its few random
+  // bits over the word, and | 1 keeps the multiply a bijection.
+  static const uint64_t kSalt = [] {
+    static const char anchor = 0;
+    uint64_t x = reinterpret_cast<uintptr_t>(&anchor) ^ 0x9e3779b97f4a7c15ULL;
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 29;
+    return x | 1;
+  }();
+  return kSalt;
+}
 
 InstanceMask bit(int instance) { return InstanceMask{1} << instance; }
 
@@ -12,7 +27,8 @@ bool validInstance(int instance) { return instance >= 0 && instance < kMaxInstan
 
 }  // namespace
 
-CacheIndex::CacheIndex(CacheIndexConfig config) : config_(config), instances_(kMaxInstances) {}
+CacheIndex::CacheIndex(CacheIndexConfig config)
+    : config_(config), entries_(0, UniformHash{processSalt()}), instances_(kMaxInstances) {}
 
 bool CacheIndex::storeBlocks(int instance, const StoredBlocks& event) {
   if (!validInstance(instance) || event.engine_hashes.empty()) return false;

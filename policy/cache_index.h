@@ -109,7 +109,14 @@ class CacheIndex {
   void dropSoft(const SoftKey& key);
 
   CacheIndexConfig config_;
-  absl::flat_hash_map<BlockHash, Entry> entries_;
+  // Block hashes are already uniform 64-bit values: one multiply by a per-process odd salt
+  // spreads them over the table (cheaper than absl::Hash's mixing on every probe), and the
+  // salt keeps crafted prompts from aiming at one probe sequence (our hash is public).
+  struct UniformHash {
+    size_t operator()(BlockHash h) const { return static_cast<size_t>(h * salt); }
+    uint64_t salt = 1;
+  };
+  absl::flat_hash_map<BlockHash, Entry, UniformHash> entries_;
   std::vector<InstanceState> instances_;
   absl::flat_hash_map<SoftKey, Nanos> soft_expiry_;
   // Two queues, each ordered by expiry because each has one TTL.
