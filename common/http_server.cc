@@ -341,7 +341,9 @@ void HttpServer::Impl::closeConnection(const std::shared_ptr<Connection>& conn) 
 asio::awaitable<void> HttpServer::Impl::acceptLoop() {
   auto self = shared_from_this();
   while (!stopping) {
-    auto [ec, socket] = co_await acceptor.async_accept(asio::make_strand(ioc), kUseTuple);
+    asio::any_io_executor conn_ex = ioc.get_executor();
+    if (options.strand_per_connection) conn_ex = asio::make_strand(ioc);
+    auto [ec, socket] = co_await acceptor.async_accept(conn_ex, kUseTuple);
     if (ec) {
       if (ec == asio::error::operation_aborted || !acceptor.is_open()) break;
       log::warn("accept failed", "error", ec.message());

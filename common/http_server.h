@@ -30,6 +30,9 @@ struct ServerOptions {
   std::chrono::milliseconds read_timeout{30'000};   // a started request must arrive in this
   std::chrono::milliseconds write_timeout{30'000};  // one write (one chunk) must finish in this
   size_t max_connections = 4096;                    // further connections are closed at accept
+  // Each connection's handlers run on a strand. A server whose io_context is run by a single
+  // thread can turn this off: the strand only adds dispatch work there.
+  bool strand_per_connection = true;
 };
 
 class ResponseWriter;

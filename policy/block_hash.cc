@@ -13,23 +13,46 @@ constexpr uint64_t kTokenSeed = 0x9e3779b97f4a7c15ULL;
 constexpr uint64_t kTextSeed = 0xc2b2ae3d27d4eb4fULL;
 constexpr uint64_t kEngineSeed = 0x165667b19e3779f9ULL;
 constexpr BlockHash kTextRoot = 0x6b7666746578742dULL;
+constexpr uint64_t kChainParentKey = 0x27d4eb2f165667c5ULL;
+constexpr uint64_t kChainContentKey = 0x85ebca77c2b2ae63ULL;
+
+// The chain step: XXH3's 16-byte mixer over (parent, content hash). Its latency (~6 cycles) is
+// the only serial part, so the content hashes of consecutive blocks overlap in the CPU.
+inline BlockHash chain(BlockHash parent, uint64_t content) {
+  return XXH3_mul128_fold64(parent ^ kChainParentKey, content ^ kChainContentKey);
+}
+
+inline uint64_t contentHash(const TokenId* tokens, size_t bytes) {
+  return XXH3_64bits_withSeed(tokens, bytes, kTokenSeed);
+}
 
 }  // namespace
 
 BlockHash hashBlock(BlockHash parent, std::span<const TokenId> tokens) {
-  // The parent goes through the seed so the token bytes are hashed in place without a copy;
-  // mixing it with our constant keeps the chain independent of any engine's scheme.
-  return XXH3_64bits_withSeed(tokens.data(), tokens.size_bytes(), parent ^ kTokenSeed);
+  return chain(parent, contentHash(tokens.data(), tokens.size_bytes()));
 }
 
 void hashTokenBlocks(std::span<const TokenId> tokens, size_t block_size,
                      std::vector<BlockHash>* out, BlockHash parent) {
   if (block_size == 0) return;
   size_t blocks = tokens.size() / block_size;
-  out->reserve(out->size() + blocks);
-  for (size_t i = 0; i < blocks; ++i) {
-    parent = hashBlock(parent, tokens.subspan(i * block_size, block_size));
-    out->push_back(parent);
+  size_t first = out->size();
+  out->resize(first + blocks);
+  BlockHash* dst = out->data() + first;
+  const TokenId* src = tokens.data();
+  if (block_size == kDefaultBlockSize) {
+    // A constant length lets the compiler drop xxh3's length dispatch.
+    constexpr size_t kBytes = kDefaultBlockSize * sizeof(TokenId);
+    for (size_t i = 0; i < blocks; ++i, src += kDefaultBlockSize) {
+      parent = chain(parent, contentHash(src, kBytes));
+      dst[i] = parent;
+    }
+    return;
+  }
+  size_t bytes = block_size * sizeof(TokenId);
+  for (size_t i = 0; i < blocks; ++i, src += block_size) {
+    parent = chain(parent, contentHash(src, bytes));
+    dst[i] = parent;
   }
 }
 
@@ -37,6 +60,15 @@ std::vector<BlockHash> hashTokenBlocks(std::span<const TokenId> tokens, size_t b
   std::vector<BlockHash> out;
   hashTokenBlocks(tokens, block_size, &out);
   return out;
+}
+
+void completeBlockHashes(std::span<const TokenId> tokens, size_t block_size,
+                         std::vector<BlockHash>* hashes) {
+  if (block_size == 0) return;
+  size_t done = hashes->size();
+  if (done >= tokens.size() / block_size) return;
+  BlockHash parent = done == 0 ? kRootBlockHash : hashes->back();
+  hashTokenBlocks(tokens.subspan(done * block_size), block_size, hashes, parent);
 }
 
 std::vector<BlockHash> hashTextBlocks(std::string_view text, size_t bytes_per_block) {

@@ -26,6 +26,10 @@ BlockHash hashBlock(BlockHash parent, std::span<const TokenId> tokens);
 void hashTokenBlocks(std::span<const TokenId> tokens, size_t block_size,
                      std::vector<BlockHash>* out, BlockHash parent = kRootBlockHash);
 std::vector<BlockHash> hashTokenBlocks(std::span<const TokenId> tokens, size_t block_size);
+// Appends the hashes of the full blocks of `tokens` that `hashes` (a prefix of the prompt's
+// chained hashes, possibly empty) does not cover yet.
+void completeBlockHashes(std::span<const TokenId> tokens, size_t block_size,
+                         std::vector<BlockHash>* hashes);
 
 // Approximate index for prompts the router cannot tokenize: chained hashes over full blocks of
 // `bytes_per_block` bytes of text. Separate domain from token hashes (different root).

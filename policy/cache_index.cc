@@ -4,7 +4,22 @@
 #include <bit>
 
 namespace kvf::policy {
+
 namespace {
+
+uint64_t processSalt() {
+  // ASLR places this variable differently in every process; the mix spreads its few random
+  // bits over the word, and | 1 keeps the multiply a bijection.
+  static const uint64_t kSalt = [] {
+    static const char anchor = 0;
+    uint64_t x = reinterpret_cast<uintptr_t>(&anchor) ^ 0x9e3779b97f4a7c15ULL;
+    x ^= x >> 31;
+    x *= 0xbf58476d1ce4e5b9ULL;
+    x ^= x >> 29;
+    return x | 1;
+  }();
+  return kSalt;
+}
 
 InstanceMask bit(int instance) { return InstanceMask{1} << instance; }
 
@@ -12,7 +27,8 @@ bool validInstance(int instance) { return instance >= 0 && instance < kMaxInstan
 
 }  // namespace
 
-CacheIndex::CacheIndex(CacheIndexConfig config) : config_(config), instances_(kMaxInstances) {}
+CacheIndex::CacheIndex(CacheIndexConfig config)
+    : config_(config), entries_(0, UniformHash{processSalt()}), instances_(kMaxInstances) {}
 
 bool CacheIndex::storeBlocks(int instance, const StoredBlocks& event) {
   if (!validInstance(instance) || event.engine_hashes.empty()) return false;
@@ -161,6 +177,43 @@ void CacheIndex::matchLengths(std::span<const BlockHash> hashes, std::span<uint3
   while (alive) {
     int instance = std::countr_zero(alive);
     out[instance] = static_cast<uint32_t>(hashes.size());
+    alive &= alive - 1;
+  }
+}
+
+void CacheIndex::hashAndMatch(std::span<const TokenId> tokens, std::vector<BlockHash>* hashes,
+                              std::span<uint32_t> out) const {
+  std::fill(out.begin(), out.end(), 0u);
+  hashes->clear();
+  size_t bs = config_.block_size;
+  size_t blocks = bs == 0 ? 0 : tokens.size() / bs;
+  hashes->reserve(blocks);
+  size_t n = std::min<size_t>(out.size(), kMaxInstances);
+  InstanceMask alive = n == kMaxInstances ? ~InstanceMask{0} : (bit(static_cast<int>(n)) - 1);
+  // Hashes run kAhead blocks ahead of the lookups so each probe's cache line is prefetched.
+  constexpr size_t kAhead = 32;
+  auto extend = [&](size_t upto) {
+    size_t have = hashes->size();
+    if (upto <= have) return;
+    completeBlockHashes(tokens.first(upto * bs), bs, hashes);
+    for (size_t j = have; j < upto; ++j) entries_.prefetch((*hashes)[j]);
+  };
+  for (size_t i = 0; i < blocks; ++i) {
+    if (i % kAhead == 0) extend(std::min(blocks, i + 2 * kAhead));
+    auto it = entries_.find((*hashes)[i]);
+    InstanceMask held = it == entries_.end() ? 0 : (it->second.exact | it->second.soft);
+    InstanceMask ended = alive & ~held;
+    while (ended) {
+      int instance = std::countr_zero(ended);
+      out[instance] = static_cast<uint32_t>(i);
+      ended &= ended - 1;
+    }
+    alive &= held;
+    if (alive == 0) return;
+  }
+  while (alive) {
+    int instance = std::countr_zero(alive);
+    out[instance] = static_cast<uint32_t>(blocks);
     alive &= alive - 1;
   }
 }

@@ -69,6 +69,13 @@ class CacheIndex {
   // For each instance i < out.size(): the number of leading blocks of `hashes` it holds
   // (exact or soft). Cost: one lookup per block until no instance continues the run.
   void matchLengths(std::span<const BlockHash> hashes, std::span<uint32_t> out) const;
+  // The same for a token-id prompt whose hashes are not known yet: hashes its blocks (chained
+  // from kRootBlockHash, `config().block_size` tokens each) only as far as the match needs,
+  // a few blocks ahead of the lookups. `hashes` is cleared and receives a prefix of the
+  // prompt's block hashes; finish them with hashTokenBlocks(..., parent = hashes->back()), or
+  // completeBlockHashes(), before writing soft entries.
+  void hashAndMatch(std::span<const TokenId> tokens, std::vector<BlockHash>* hashes,
+                    std::span<uint32_t> out) const;
   // Holders of one block (exact | soft).
   InstanceMask holders(BlockHash hash) const;
   InstanceMask exactHolders(BlockHash hash) const;
@@ -102,7 +109,14 @@ class CacheIndex {
   void dropSoft(const SoftKey& key);
 
   CacheIndexConfig config_;
-  absl::flat_hash_map<BlockHash, Entry> entries_;
+  // Block hashes are already uniform 64-bit values: one multiply by a per-process odd salt
+  // spreads them over the table (cheaper than absl::Hash's mixing on every probe), and the
+  // salt keeps crafted prompts from aiming at one probe sequence (our hash is public).
+  struct UniformHash {
+    size_t operator()(BlockHash h) const { return static_cast<size_t>(h * salt); }
+    uint64_t salt = 1;
+  };
+  absl::flat_hash_map<BlockHash, Entry, UniformHash> entries_;
   std::vector<InstanceState> instances_;
   absl::flat_hash_map<SoftKey, Nanos> soft_expiry_;
   // Two queues, each ordered by expiry because each has one TTL.

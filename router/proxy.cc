@@ -147,12 +147,7 @@ bool Router::decide(RequestContext& ctx) {
   for (size_t i = 0; i < live.size(); ++i) {
     ctx.scores.emplace_back(live[i]->config.id, ctx.decision.scores[i]);
   }
-  registry_
-      .counter("kvfabric_router_decisions_total", "Routing decisions by policy, mode and reason",
-               {{"policy", std::string(policy::policyKindName(policy_->kind()))},
-                {"mode", std::string(policy::modeName(ctx.decision.mode))},
-                {"reason", std::string(ctx.decision.reason)}})
-      .inc();
+  decisionCounter(ctx.decision).inc();
   if (ctx.decision.instance < 0) {
     ctx.instance = nullptr;
     return false;

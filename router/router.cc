@@ -38,6 +38,8 @@ absl::Status Router::init() {
   options.max_body_bytes = config_.max_body_bytes;
   // Long prompts stream out slowly under load; a single write may wait for the client.
   options.write_timeout = std::chrono::milliseconds(120'000);
+  // One thread runs the router's io_context (main.cc, tests' IoThread): no strands needed.
+  options.strand_per_connection = false;
   KVF_ASSIGN_OR_RETURN(server_, http::HttpServer::create(ioc_, options));
   zmq_ = std::make_shared<zmq::context_t>(1);
 
@@ -172,6 +174,23 @@ void Router::removeInstance(const std::shared_ptr<Instance>& instance) {
   index_.clearInstance(instance->slot);
   slots_[instance->slot] = nullptr;
   log::info("instance removed", "id", instance->config.id);
+}
+
+metrics::Counter& Router::decisionCounter(const policy::Decision& decision) {
+  for (const auto& c : decision_counters_) {
+    // Reasons are static strings: compare pointers first, contents only on a miss.
+    if (c.mode == decision.mode &&
+        (c.reason.data() == decision.reason.data() || c.reason == decision.reason)) {
+      return *c.counter;
+    }
+  }
+  auto& counter = registry_.counter(
+      "kvfabric_router_decisions_total", "Routing decisions by policy, mode and reason",
+      {{"policy", std::string(policy::policyKindName(policy_->kind()))},
+       {"mode", std::string(policy::modeName(decision.mode))},
+       {"reason", std::string(decision.reason)}});
+  decision_counters_.push_back({decision.mode, decision.reason, &counter});
+  return counter;
 }
 
 void Router::registerInstanceMetrics(const std::shared_ptr<Instance>& instance) {

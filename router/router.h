@@ -105,6 +105,9 @@ class Router : public std::enable_shared_from_this<Router> {
   std::string instancesJson() const;
 
   void registerInstanceMetrics(const std::shared_ptr<Instance>& instance);
+  // kvfabric_router_decisions_total{policy, mode, reason} for `decision`, looked up in the
+  // registry once per (mode, reason) and cached: the hot path takes no lock or allocation.
+  metrics::Counter& decisionCounter(const policy::Decision& decision);
 
   asio::io_context& ioc_;
   RouterConfig config_;
@@ -119,6 +122,12 @@ class Router : public std::enable_shared_from_this<Router> {
   uint64_t next_generation_ = 1;
   uint64_t next_request_ = 1;
   std::array<uint64_t, 3> decisions_by_mode_ = {};  // indexed by policy::Mode
+  struct DecisionCounter {
+    policy::Mode mode;
+    std::string_view reason;  // a static string (policy::Decision::reason)
+    metrics::Counter* counter;
+  };
+  std::vector<DecisionCounter> decision_counters_;
   bool stopped_ = false;
 
   struct Metrics;

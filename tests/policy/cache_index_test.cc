@@ -146,5 +146,35 @@ TEST(CacheIndexTest, CapacityBoundsExactAndSoftEntries) {
   EXPECT_EQ(match(index, ours)[1], 3u);
 }
 
+// The fused path hashes only as far as the match needs and agrees with hash-then-match for
+// runs ending at every position, including a run covering the whole prompt and a partial
+// trailing block; the completed hashes equal the full chain.
+TEST(CacheIndexTest, HashAndMatchAgreesWithHashThenMatch) {
+  CacheIndex index;
+  auto t = tokens(200);
+  t.resize(t.size() + 5);  // a trailing partial block is not hashed
+  auto full = hashTokenBlocks(t, kBs);
+  ASSERT_EQ(full.size(), 200u);
+  index.addSoft(0, std::span<const BlockHash>(full).first(3), 0, false);
+  index.addSoft(1, std::span<const BlockHash>(full).first(100), 0, false);
+  index.addSoft(2, full, 0, true);
+  for (size_t upto : {size_t{200}, size_t{100}, size_t{3}, size_t{0}}) {
+    if (upto < 200) index.clearInstance(2);
+    if (upto < 100) index.clearInstance(1);
+    if (upto < 3) index.clearInstance(0);
+    std::vector<BlockHash> hashes = {123};  // cleared by the call
+    std::vector<uint32_t> fused(4);
+    index.hashAndMatch(t, &hashes, fused);
+    EXPECT_EQ(fused, match(index, full)) << "run up to " << upto;
+    EXPECT_LE(hashes.size(), full.size());
+    EXPECT_TRUE(std::equal(hashes.begin(), hashes.end(), full.begin()));
+    if (upto < 100) {
+      EXPECT_LT(hashes.size(), full.size()) << "hashed past the end of the run";
+    }
+    completeBlockHashes(t, kBs, &hashes);
+    EXPECT_EQ(hashes, full);
+  }
+}
+
 }  // namespace
 }  // namespace kvf::policy
