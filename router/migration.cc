@@ -112,6 +112,7 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
   *params = std::move(*parsed);
   // P now caches the prompt's blocks too (its KV events will confirm).
   if (!p->removed) {
+    completeHashes(ctx);
     index_.addSoft(p->slot, ctx.hashes, clock_.now(), !p->hasEvents() || !ctx.parsed.has_token_ids);
   }
   co_return fail("ok", "");

@@ -40,7 +40,10 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
   if (!ctx.parsed.has_token_ids && config_.tokenize && !(co_await tokenize(ctx, request))) {
     metrics_->tokenize_fallbacks->inc();
   }
-  ctx.hashes = requestHashes(ctx.parsed, config_.index.block_size);
+  if (!ctx.parsed.has_token_ids) {
+    ctx.hashes = requestHashes(ctx.parsed, config_.index.block_size);
+    ctx.hashes_complete = true;
+  }
   ctx.excluded.assign(slots_.size(), false);
   for (ctx.attempt = 1; ctx.attempt <= config_.max_attempts; ++ctx.attempt) {
     if (!decide(ctx)) {
@@ -110,11 +113,21 @@ asio::awaitable<bool> Router::tokenize(RequestContext& ctx, const http::Request&
   co_return true;
 }
 
+void Router::completeHashes(RequestContext& ctx) const {
+  if (ctx.hashes_complete) return;
+  policy::completeBlockHashes(ctx.parsed.token_ids, config_.index.block_size, &ctx.hashes);
+  ctx.hashes_complete = true;
+}
+
 bool Router::decide(RequestContext& ctx) {
   Nanos now = clock_.now();
   index_.expire(now);
   std::vector<uint32_t> matched(slots_.size());
-  index_.matchLengths(ctx.hashes, matched);
+  if (ctx.hashes_complete) {
+    index_.matchLengths(ctx.hashes, matched);
+  } else {
+    index_.hashAndMatch(ctx.parsed.token_ids, &ctx.hashes, matched);
+  }
   // The policy sees a dense list of live instances; map its answer back to slots.
   std::vector<policy::InstanceSnapshot> snaps;
   std::vector<Instance*> live;
@@ -207,6 +220,7 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
   // The engine accepted the request: predict that it will hold the prompt's blocks.
   bool approximate = !instance->hasEvents() || !ctx.parsed.has_token_ids;
   // A removed instance's slot may already belong to a new one.
+  completeHashes(ctx);
   if (!instance->removed) index_.addSoft(instance->slot, ctx.hashes, clock_.now(), approximate);
 
   http::Headers headers = {

@@ -67,6 +67,8 @@ class Router : public std::enable_shared_from_this<Router> {
   asio::awaitable<void> handleCompletion(ApiKind kind, const http::Request& request,
                                          http::ResponseWriter& writer);
   bool decide(RequestContext& ctx);
+  // Finishes ctx.hashes (all full blocks of the prompt) if decide() left them partial.
+  void completeHashes(RequestContext& ctx) const;
   // Replaces a text prompt by the engine's token ids (POST /tokenize); false when unavailable.
   asio::awaitable<bool> tokenize(RequestContext& ctx, const http::Request& request);
   enum class ForwardResult { kDone, kRetry };

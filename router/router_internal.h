@@ -49,7 +49,11 @@ struct RequestContext {
   Nanos start = 0;
   ApiKind kind = ApiKind::kCompletions;
   ParsedRequest parsed;
+  // Token-id prompts are hashed lazily: decide() hashes only as far as the index match goes
+  // (the critical path), and completeHashes() finishes the chain before soft entries are
+  // written, after the request was forwarded.
   std::vector<policy::BlockHash> hashes;
+  bool hashes_complete = false;
   std::vector<bool> excluded;  // per slot: failed in an earlier attempt
   int attempt = 0;
 
