@@ -20,6 +20,19 @@ namespace bj = boost::json;
 using detail::kAwait;
 using detail::steadyNanos;
 
+namespace {
+
+// kv_transfer_params are echoed back as given (vLLM does), except a receiver's: those name a
+// peer's internal worker URL and were consumed here; kv_transfer_result reports the outcome.
+std::optional<bj::value> echoedTransferParams(const std::optional<bj::value>& params) {
+  if (params && params->is_object() && params->as_object().contains("source")) {
+    return std::nullopt;
+  }
+  return params;
+}
+
+}  // namespace
+
 EngineServer::EngineServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 EngineServer::~EngineServer() {
@@ -218,7 +231,7 @@ asio::awaitable<void> EngineServer::Impl::handleApi(ApiKind kind, const http::Re
   summary.finish_reason = p->finish_reason;
   summary.kv_transfer_result = p->kv_transfer_result;
   fetch_options.erase(id);
-  std::optional<bj::value> params = parsed->kv_transfer_params;
+  std::optional<bj::value> params = echoedTransferParams(parsed->kv_transfer_params);
   if (p->lease_id) params = leaseParams(*p);
   std::string body = completionBody(kind, summary, params);
   co_await w.sendJson(200, std::move(body));
@@ -230,6 +243,7 @@ asio::awaitable<void> EngineServer::Impl::streamResponse(ApiKind kind, ParsedReq
                                                          const std::string& id,
                                                          http::ResponseWriter& w) {
   http::Headers headers = {{"Cache-Control", "no-cache"}};
+  parsed.kv_transfer_params = echoedTransferParams(parsed.kv_transfer_params);
   absl::Status st = co_await w.beginStream(200, "text/event-stream", headers);
   size_t sent = 0;
   bool first = true;

@@ -185,6 +185,8 @@ TEST_F(KvPushTest, PushedPrefixIsCachedOnTheReceiverAndHitsLocallyLater) {
   bj::object same = complete(start("E"), prefix, source(c));
   EXPECT_EQ(std::string(result(same)["status"].as_string()), "ok") << same;
   EXPECT_EQ(cached(same), 3984);  // the last token is always computed
+  // The peer's worker URL stays inside the cluster: a receiver does not echo its params.
+  EXPECT_FALSE(same.contains("kv_transfer_params")) << same;
   // Streaming: the result rides on the final chunk.
   std::string body = R"({"prompt": )" + tokens(2000, 21) + R"(, "max_tokens": 3, "stream": true)" +
                      source(c) + "}";
@@ -192,6 +194,7 @@ TEST_F(KvPushTest, PushedPrefixIsCachedOnTheReceiverAndHitsLocallyLater) {
   std::string sse = call(d.port, "POST", "/v1/completions", body).body;
   size_t at = sse.find("kv_transfer_result");
   ASSERT_NE(at, std::string::npos) << sse;
+  EXPECT_EQ(sse.find("kv_transfer_params"), std::string::npos) << sse;
   EXPECT_NE(sse.find(R"("status":"ok")", at), std::string::npos) << sse;
   size_t finish = sse.find("finish_reason\":\"length");
   ASSERT_NE(finish, std::string::npos) << sse;
