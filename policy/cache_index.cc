@@ -25,6 +25,35 @@ InstanceMask bit(int instance) { return InstanceMask{1} << instance; }
 
 bool validInstance(int instance) { return instance >= 0 && instance < kMaxInstances; }
 
+// The leading-run bookkeeping of matchLengths / hashAndMatch: which of the first out.size()
+// instances still hold every block so far, and each one's run length once it ends.
+class RunTracker {
+ public:
+  explicit RunTracker(std::span<uint32_t> out) : out_(out) {
+    std::fill(out.begin(), out.end(), 0u);
+    size_t n = std::min<size_t>(out.size(), kMaxInstances);
+    alive_ = n == kMaxInstances ? ~InstanceMask{0} : (bit(static_cast<int>(n)) - 1);
+  }
+  // Block `i` is held by `held`; false once no instance continues the run.
+  bool step(size_t i, InstanceMask held) {
+    record(alive_ & ~held, i);
+    alive_ &= held;
+    return alive_ != 0;
+  }
+  // Every instance still running holds all `blocks` blocks.
+  void finish(size_t blocks) { record(alive_, blocks); }
+
+ private:
+  void record(InstanceMask ended, size_t length) {
+    while (ended) {
+      out_[std::countr_zero(ended)] = static_cast<uint32_t>(length);
+      ended &= ended - 1;
+    }
+  }
+  std::span<uint32_t> out_;
+  InstanceMask alive_ = 0;
+};
+
 }  // namespace
 
 CacheIndex::CacheIndex(CacheIndexConfig config)
@@ -156,40 +185,23 @@ void CacheIndex::clearBits(BlockHash hash, InstanceMask exact_bits, InstanceMask
 }
 
 void CacheIndex::matchLengths(std::span<const BlockHash> hashes, std::span<uint32_t> out) const {
-  std::fill(out.begin(), out.end(), 0u);
-  size_t n = std::min<size_t>(out.size(), kMaxInstances);
-  InstanceMask alive = n == kMaxInstances ? ~InstanceMask{0} : (bit(static_cast<int>(n)) - 1);
+  RunTracker run(out);
   constexpr size_t kPrefetch = 8;
   for (size_t i = 0; i < std::min(kPrefetch, hashes.size()); ++i) entries_.prefetch(hashes[i]);
   for (size_t i = 0; i < hashes.size(); ++i) {
     if (i + kPrefetch < hashes.size()) entries_.prefetch(hashes[i + kPrefetch]);
-    auto it = entries_.find(hashes[i]);
-    InstanceMask held = it == entries_.end() ? 0 : (it->second.exact | it->second.soft);
-    InstanceMask ended = alive & ~held;
-    while (ended) {
-      int instance = std::countr_zero(ended);
-      out[instance] = static_cast<uint32_t>(i);
-      ended &= ended - 1;
-    }
-    alive &= held;
-    if (alive == 0) return;
+    if (!run.step(i, holders(hashes[i]))) return;
   }
-  while (alive) {
-    int instance = std::countr_zero(alive);
-    out[instance] = static_cast<uint32_t>(hashes.size());
-    alive &= alive - 1;
-  }
+  run.finish(hashes.size());
 }
 
 void CacheIndex::hashAndMatch(std::span<const TokenId> tokens, std::vector<BlockHash>* hashes,
                               std::span<uint32_t> out) const {
-  std::fill(out.begin(), out.end(), 0u);
+  RunTracker run(out);
   hashes->clear();
   size_t bs = config_.block_size;
   size_t blocks = bs == 0 ? 0 : tokens.size() / bs;
   hashes->reserve(blocks);
-  size_t n = std::min<size_t>(out.size(), kMaxInstances);
-  InstanceMask alive = n == kMaxInstances ? ~InstanceMask{0} : (bit(static_cast<int>(n)) - 1);
   // Hashes run kAhead blocks ahead of the lookups so each probe's cache line is prefetched.
   constexpr size_t kAhead = 32;
   auto extend = [&](size_t upto) {
@@ -200,22 +212,9 @@ void CacheIndex::hashAndMatch(std::span<const TokenId> tokens, std::vector<Block
   };
   for (size_t i = 0; i < blocks; ++i) {
     if (i % kAhead == 0) extend(std::min(blocks, i + 2 * kAhead));
-    auto it = entries_.find((*hashes)[i]);
-    InstanceMask held = it == entries_.end() ? 0 : (it->second.exact | it->second.soft);
-    InstanceMask ended = alive & ~held;
-    while (ended) {
-      int instance = std::countr_zero(ended);
-      out[instance] = static_cast<uint32_t>(i);
-      ended &= ended - 1;
-    }
-    alive &= held;
-    if (alive == 0) return;
+    if (!run.step(i, holders((*hashes)[i]))) return;
   }
-  while (alive) {
-    int instance = std::countr_zero(alive);
-    out[instance] = static_cast<uint32_t>(blocks);
-    alive &= alive - 1;
-  }
+  run.finish(blocks);
 }
 
 InstanceMask CacheIndex::holders(BlockHash hash) const {
