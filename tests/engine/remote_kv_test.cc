@@ -6,38 +6,17 @@
 #include <set>
 
 #include "engine/engine_core.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace kvf::engine {
 namespace {
 
 constexpr int kBs = 16;
 
-EngineConfig makeConfig(int64_t blocks) {
-  auto profile = loadProfile("engine/profiles/qwen3-coder-30b-a3b-h20.yaml");
-  EXPECT_TRUE(profile.ok()) << profile.status();
-  EngineConfig c;
-  c.profile = *profile;
-  c.cache.block_size = kBs;
-  c.cache.num_gpu_blocks = blocks;
-  c.scheduler.max_num_batched_tokens = 8192;
-  EXPECT_TRUE(finalizeEngineConfig(&c).ok());
-  return c;
-}
+EngineConfig makeConfig(int64_t blocks) { return testing::makeConfig(kBs, blocks, 8192); }
 
-std::vector<TokenId> promptOf(int n, int salt) {
-  std::vector<TokenId> p;
-  for (int i = 0; i < n; ++i) p.push_back(1000 + (i * 7 + salt * 131) % 5000);
-  return p;
-}
-
-RequestSpec spec(std::string id, std::vector<TokenId> prompt, int64_t max_tokens) {
-  RequestSpec s;
-  s.id = std::move(id);
-  s.prompt = std::move(prompt);
-  s.sampling.max_tokens = max_tokens;
-  s.sampling.ignore_eos = true;
-  return s;
-}
+using testing::promptOf;
+using testing::spec;
 
 RequestSpec remoteSpec(std::string id, std::vector<TokenId> prompt,
                        std::vector<BlockHash> hashes = {}) {

@@ -6,37 +6,14 @@
 
 #include "engine/block_hasher.h"
 #include "engine/engine_core.h"
+#include "tests/engine/engine_test_util.h"
 
 namespace kvf::engine {
 namespace {
 
-EngineConfig makeConfig(int block_size, int64_t blocks, int64_t budget, int max_seqs = 256) {
-  auto profile = loadProfile("engine/profiles/qwen3-coder-30b-a3b-h20.yaml");
-  EXPECT_TRUE(profile.ok()) << profile.status();
-  EngineConfig c;
-  c.profile = *profile;
-  c.cache.block_size = block_size;
-  c.cache.num_gpu_blocks = blocks;
-  c.scheduler.max_num_batched_tokens = budget;
-  c.scheduler.max_num_seqs = max_seqs;
-  EXPECT_TRUE(finalizeEngineConfig(&c).ok());
-  return c;
-}
-
-std::vector<TokenId> promptOf(int n, int salt) {
-  std::vector<TokenId> p;
-  for (int i = 0; i < n; ++i) p.push_back(1000 + (i * 7 + salt * 131) % 5000);
-  return p;
-}
-
-RequestSpec spec(std::string id, std::vector<TokenId> prompt, int64_t max_tokens) {
-  RequestSpec s;
-  s.id = std::move(id);
-  s.prompt = std::move(prompt);
-  s.sampling.max_tokens = max_tokens;
-  s.sampling.ignore_eos = true;
-  return s;
-}
+using testing::makeConfig;
+using testing::promptOf;
+using testing::spec;
 
 // Mirrors the cache from the event stream, as a router would, and checks it against the pool.
 class EventMirror : public worker::KvEventSink {
