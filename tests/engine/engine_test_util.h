@@ -14,8 +14,7 @@
 
 namespace kvf::engine::testing {
 
-inline EngineConfig makeConfig(int block_size, int64_t blocks, int64_t budget,
-                               int max_seqs = 256) {
+inline EngineConfig makeConfig(int block_size, int64_t blocks, int64_t budget, int max_seqs = 256) {
   auto profile = loadProfile("engine/profiles/qwen3-coder-30b-a3b-h20.yaml");
   EXPECT_TRUE(profile.ok()) << profile.status();
   EngineConfig c;

@@ -6,18 +6,14 @@
 #include <fstream>
 
 #include "experiments/harness/process.h"
+#include "tests/testing/temp_dir.h"
 
 namespace kvf::experiments {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path tempDir(const std::string& name) {
-  fs::path dir = fs::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using kvf::testing::freshTempDir;
 
 TEST(ColdCheck, RefusesAWarmEngine) {
   EXPECT_TRUE(checkCold("vllm:prefix_cache_queries_total{engine=\"0\"} 0\n"
@@ -35,7 +31,7 @@ TEST(ColdCheck, RefusesAWarmEngine) {
 }
 
 TEST(ExperimentConfig, ParsesAndReportsFieldPaths) {
-  fs::path dir = tempDir("kvf_exp_cfg");
+  fs::path dir = freshTempDir("kvf_exp_cfg");
   std::ofstream(dir / "trace.jsonl") << "";
   std::ofstream(dir / "exp.yaml") << R"(name: ab
 trace: {path: trace.jsonl, start_s: 10, duration_s: 60, limit: 5}
@@ -77,7 +73,7 @@ arms:
 }
 
 TEST(Harness, TraceSliceKeepsTheWindowAndLimit) {
-  fs::path dir = tempDir("kvf_exp_slice");
+  fs::path dir = freshTempDir("kvf_exp_slice");
   {
     std::ofstream t(dir / "trace.jsonl");
     for (int i = 0; i < 20; ++i) {
@@ -101,7 +97,7 @@ TEST(Harness, TraceSliceKeepsTheWindowAndLimit) {
 }
 
 TEST(ChildProcess, StopsAndReportsExitStatus) {
-  fs::path dir = tempDir("kvf_exp_proc");
+  fs::path dir = freshTempDir("kvf_exp_proc");
   auto sleeper = ChildProcess::spawn({"/bin/sleep", "30"}, (dir / "log").string());
   ASSERT_TRUE(sleeper.ok()) << sleeper.status();
   EXPECT_TRUE((*sleeper)->running());

@@ -20,6 +20,7 @@
 #include "experiments/replay/replayer.h"
 #include "experiments/replay/summary.h"
 #include "tests/testing/io_thread.h"
+#include "tests/testing/temp_dir.h"
 
 namespace kvf::experiments {
 namespace {
@@ -123,11 +124,9 @@ class ReplayTest : public ::testing::Test {
  protected:
   void SetUp() override {
     endpoint_ = std::make_unique<ScriptedEndpoint>(io_.context());
-    dir_ = std::filesystem::path(::testing::TempDir()) /
-           ("kvf_replay_" + std::to_string(::getpid()) + "_" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
+    dir_ =
+        kvf::testing::freshTempDir(std::string("kvf_replay_") +
+                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
   }
 
   absl::Status replay(std::vector<trace::Request> requests, ReplayOptions options, ResultLog* log) {

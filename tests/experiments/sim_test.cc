@@ -14,18 +14,14 @@
 #include "experiments/replay/result_log.h"
 #include "experiments/sim/sim_config.h"
 #include "experiments/sim/sim_runner.h"
+#include "tests/testing/temp_dir.h"
 
 namespace kvf::experiments::sim {
 namespace {
 
 namespace fs = std::filesystem;
 
-fs::path tempDir(const std::string& name) {
-  fs::path dir = fs::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+using kvf::testing::freshTempDir;
 
 std::string readFile(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -76,7 +72,7 @@ absl::Status runSim(const fs::path& exp, const fs::path& out, int jobs = 1) {
 }
 
 TEST(SimTiming, TtftAndTpotFollowFromTheProfile) {
-  fs::path dir = tempDir("kvf_sim_timing");
+  fs::path dir = freshTempDir("kvf_sim_timing");
   writeCluster(dir);
   // r0: 1000 cold tokens, 1 output token. r1 (t = 10 s, r0 long done): the same prompt, 2
   // output tokens: 62 blocks (992 tokens) hit, 8 computed. Mooncake lines: 512-token blocks.
@@ -122,7 +118,7 @@ arms: [{name: rr, policy: {kind: round_robin}}]
 }
 
 TEST(SimTiming, ChunkedPrefillAndQueueing) {
-  fs::path dir = tempDir("kvf_sim_chunks");
+  fs::path dir = freshTempDir("kvf_sim_chunks");
   writeCluster(dir, /*batched_tokens=*/512);
   // Two cold 1000-token requests at t = 0 on one engine with a 512-token budget: r0 prefills
   // in chunks 512 + 488; r1 is admitted in step 2 with the 24 tokens left (FCFS), then 512,
@@ -188,7 +184,7 @@ arms:
 }
 
 TEST(SimDeterminism, SameSeedGivesIdenticalBytes) {
-  fs::path dir = tempDir("kvf_sim_det");
+  fs::path dir = freshTempDir("kvf_sim_det");
   writeCluster(dir);
   writeTrace(dir / "trace.jsonl", 120, 3);
   writeAbExperiment(dir, "");
@@ -212,7 +208,7 @@ TEST(SimDeterminism, SameSeedGivesIdenticalBytes) {
 }
 
 TEST(SimDeterminism, ParallelArmProcessesMatchInProcess) {
-  fs::path dir = tempDir("kvf_sim_par");
+  fs::path dir = freshTempDir("kvf_sim_par");
   writeCluster(dir);
   writeTrace(dir / "trace.jsonl", 80, 5);
   writeAbExperiment(dir, "");
@@ -231,7 +227,7 @@ TEST(SimDeterminism, ParallelArmProcessesMatchInProcess) {
 }
 
 TEST(SimFailures, InFlightRequestsFailAndTrafficMovesAway) {
-  fs::path dir = tempDir("kvf_sim_fail");
+  fs::path dir = freshTempDir("kvf_sim_fail");
   writeCluster(dir);
   // 40 requests, one every 0.5 s, 100 cold tokens and 50 output tokens each: 0.21 s of
   // prefill and 49 decode steps of 12 ms, about 0.8 s.
@@ -275,7 +271,7 @@ arms: [{name: rr, policy: {kind: round_robin}}]
 }
 
 TEST(SimDispatch, SessionTurnsWaitForThePreviousTurnAndThinkTime) {
-  fs::path dir = tempDir("kvf_sim_session");
+  fs::path dir = freshTempDir("kvf_sim_session");
   writeCluster(dir);
   // Turn 2 is stamped 0.1 s after turn 1 but must wait for turn 1 (about 2 s) + 0.5 s think.
   std::ofstream(dir / "trace.jsonl")
@@ -304,7 +300,7 @@ arms: [{name: hybrid, policy: {kind: hybrid}}]
 }
 
 TEST(SimSweep, ExpandsArmsAndWritesOnePlotTablePerSweep) {
-  fs::path dir = tempDir("kvf_sim_sweep");
+  fs::path dir = freshTempDir("kvf_sim_sweep");
   writeCluster(dir);
   writeTrace(dir / "trace.jsonl", 60, 9);
   writeAbExperiment(dir, R"(sweep:
@@ -367,7 +363,7 @@ namespace kvf::experiments::sim {
 namespace {
 
 TEST(SimTransfer, PushAndOffloadRunThroughTheEngineCore) {
-  fs::path dir = tempDir("kvf_sim_push");
+  fs::path dir = freshTempDir("kvf_sim_push");
   writeCluster(dir);
   writeTrace(dir / "trace.jsonl", 150, 11);
   std::ofstream(dir / "exp.yaml") << R"(name: push

@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "experiments/replay/result_log.h"
+#include "tests/testing/temp_dir.h"
 
 namespace {
 
@@ -34,9 +35,7 @@ TEST(ExperimentSmoke, TwoArmsOnRealEnginesAndRouter) {
   fs::path trace =
       fs::path(src) / ".." / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl";
   if (!fs::exists(trace)) GTEST_SKIP() << "bundled traces not found at " << trace;
-  fs::path dir = fs::path(::testing::TempDir()) / ("kvf_exp_smoke_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
+  fs::path dir = kvf::testing::freshTempDir("kvf_exp_smoke");
   std::ofstream(dir / "exp.yaml") << "name: smoke\n"
                                   << "output_dir: " << (dir / "out").string() << "\n"
                                   << "trace: {path: " << trace.string() << ", limit: 12}\n"
