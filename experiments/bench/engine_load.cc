@@ -26,6 +26,7 @@
 #include "common/json.h"
 #include "common/sse.h"
 #include "common/strings.h"
+#include "experiments/bench/bench_stats.h"
 
 ABSL_FLAG(std::string, targets, "127.0.0.1:8000", "Comma-separated host:port of engines");
 ABSL_FLAG(std::string, trace, "",
@@ -71,12 +72,6 @@ std::string promptJson(const TraceRequest& r, int block_tokens) {
     }
   }
   return out + "]";
-}
-
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
 }
 
 asio::awaitable<void> runOne(std::shared_ptr<http::HttpClient> client, std::string body,

@@ -13,8 +13,11 @@
 
 #include "common/http_client.h"
 #include "common/http_server.h"
+#include "experiments/bench/bench_stats.h"
 
 namespace {
+
+using kvf::bench::percentile;
 
 namespace asio = boost::asio;
 using kvf::http::ClientRequest;
@@ -50,12 +53,6 @@ class ServerThread {
   std::unique_ptr<HttpServer> server_;
   std::thread thread_;
 };
-
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(p * (v.size() - 1))];
-}
 
 // Requests are built outside coroutines: GCC 12 mishandles aggregate temporaries inside
 // co_await expressions (double destruction).

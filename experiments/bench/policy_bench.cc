@@ -9,11 +9,14 @@
 
 #include <benchmark/benchmark.h>
 
+#include "experiments/bench/bench_stats.h"
 #include "policy/block_hash.h"
 #include "policy/cache_index.h"
 #include "policy/policy.h"
 
 namespace {
+
+using kvf::bench::percentile;
 
 using namespace kvf::policy;
 constexpr int kInstances = 8;
@@ -60,12 +63,6 @@ struct Fixture {
     index.addSoft(2, std::span<const BlockHash>(all).first(all.size() / 2), 0, false);
   }
 };
-
-double percentile(std::vector<double> v, double p) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(p * static_cast<double>(v.size() - 1))];
-}
 
 Fixture& fixtureFor(size_t prompt_tokens) {
   static std::vector<std::pair<size_t, std::unique_ptr<Fixture>>> cache;

@@ -23,6 +23,7 @@
 #include "common/cli.h"
 #include "common/http_client.h"
 #include "common/strings.h"
+#include "experiments/bench/bench_stats.h"
 
 ABSL_FLAG(std::string, targets, "",
           "Comma-separated name=host:port; the first is the baseline (the engine itself)");
@@ -47,12 +48,6 @@ struct Target {
   std::vector<double> latencies_us;
   int64_t errors = 0;
 };
-
-double percentile(std::vector<double> v, double q) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[static_cast<size_t>(q * static_cast<double>(v.size() - 1))];
-}
 
 // A fixed prefix (cached on the engine after the first request) and a varying last token, so
 // every target sees the same engine work: a cache hit and a one-token prefill.
