@@ -71,6 +71,7 @@ void parseRoot(config::ConfigMap& root, EngineConfig* c) {
   root.get("time_scale", &c->time_scale, 1e-3, 1e6);
   root.get("max_body_bytes", &c->max_body_bytes, 1024, int64_t{1} << 32);
   root.get("log_level", &c->log_level);
+  root.get("io_thread_nice", &c->io_thread_nice, 0, 19);
   if (auto m = root.map("cache")) parseCache(*m, &c->cache);
   if (auto m = root.map("scheduler")) parseScheduler(*m, &c->scheduler);
   if (auto m = root.map("kv_events")) parseKvEvents(*m, &c->kv_events);

@@ -66,6 +66,9 @@ struct EngineConfig {
   WorkerConfig worker;
   int64_t max_body_bytes = 64 * 1024 * 1024;
   std::string log_level = "info";
+  // Niceness added to the HTTP thread (0-19) so the step thread wins the CPU when many engines
+  // share few cores: step deadlines stay on time while request parsing waits a little.
+  int64_t io_thread_nice = 5;
 };
 
 // Parses YAML text; profile paths are resolved relative to `base_dir`.

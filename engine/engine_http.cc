@@ -1,5 +1,10 @@
 // EngineServer construction and the HTTP handlers; the step loop and metrics are in
 // engine_server.cc.
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <ctime>
 
 #include <boost/asio/co_spawn.hpp>
@@ -54,6 +59,20 @@ void EngineServer::Impl::shutdownCore() {
   core_thread.join();
 }
 
+namespace {
+
+// Raises the calling thread's niceness (Linux threads are scheduled individually), which needs no
+// privilege. Failure only costs step timing, so it is logged and ignored.
+void lowerCallingThreadPriority(int64_t nice) {
+  if (nice <= 0) return;
+  auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+  if (::setpriority(PRIO_PROCESS, tid, static_cast<int>(nice)) != 0) {
+    log::warn("cannot lower the HTTP thread's priority", "nice", nice, "errno", errno);
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::create(asio::io_context& ioc,
                                                                    EngineConfig config) {
   auto impl = std::make_unique<Impl>(ioc, std::move(config));
@@ -90,6 +109,8 @@ void EngineServer::start() {
     asio::co_spawn(impl_->core_ioc, impl_->leaseLoop(), asio::detached);
   }
   impl_->core_thread = std::thread([impl = impl_.get()] { impl->core_ioc.run(); });
+  asio::post(impl_->ioc,
+             [nice = impl_->config.io_thread_nice] { lowerCallingThreadPriority(nice); });
 }
 
 void EngineServer::stop() {

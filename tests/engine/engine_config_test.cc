@@ -17,18 +17,21 @@ TEST(EngineConfigTest, ShippedConfigLoadsWithProfileRelativeToTheFile) {
   EXPECT_EQ(c->scheduler.eos_token_id, 151645);
   EXPECT_EQ(c->scheduler.vocab_size, 151936);
   EXPECT_EQ(c->kv_events.topic, "kv-events");
+  EXPECT_EQ(c->io_thread_nice, 5);
 }
 
 TEST(EngineConfigTest, ErrorsNameEveryFieldAndLine) {
   std::string text =
       "profile: ../profiles/llama-3.1-8b-h100.yaml\n"
       "port: 70000\n"
+      "io_thread_nice: 20\n"
       "cache:\n  block_size: 0\n  colour: red\n"
       "scheduler: {max_num_seqs: -1}\n";
   auto c = parseEngineConfig(text, "test.yaml", "engine/configs");
   ASSERT_FALSE(c.ok());
   std::string msg(c.status().message());
-  for (const char* field : {"port", "cache.block_size", "cache.colour", "scheduler.max_num_seqs"}) {
+  for (const char* field :
+       {"port", "io_thread_nice", "cache.block_size", "cache.colour", "scheduler.max_num_seqs"}) {
     EXPECT_NE(msg.find(field), std::string::npos) << field << " in " << msg;
   }
   EXPECT_NE(msg.find("test.yaml:2"), std::string::npos) << msg;
