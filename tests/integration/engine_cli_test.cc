@@ -2,10 +2,13 @@
 // flags override the config.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
-#include "tests/integration/engine_process.h"
+#include "common/process.h"
+#include "tests/testing/child_process.h"
 
 namespace kvf::testing {
 namespace {
@@ -39,16 +42,16 @@ class EngineCliTest : public ::testing::Test {
 };
 
 TEST_F(EngineCliTest, MissingConfigFlagExits2) {
-  ChildProcess p({bin_}, (dir_ / "log").string());
-  EXPECT_EQ(p.wait(std::chrono::seconds(20)), std::optional<int>(2));
-  EXPECT_NE(p.log().find("--config is required"), std::string::npos) << p.log();
+  auto p = startLogged({bin_}, (dir_ / "log").string());
+  EXPECT_EQ(p->wait(std::chrono::seconds(20)), ExitStatus::exited(2));
+  EXPECT_NE(readLog(*p).find("--config is required"), std::string::npos) << readLog(*p);
 }
 
 TEST_F(EngineCliTest, BadConfigNamesEveryField) {
   std::string config = writeConfig("cache: {block_size: 0}\nbogus: 1\ntime_scale: -1\n");
-  ChildProcess p({bin_, "--config", config}, (dir_ / "log").string());
-  EXPECT_EQ(p.wait(std::chrono::seconds(20)), std::optional<int>(2));
-  std::string log = p.log();
+  auto p = startLogged({bin_, "--config", config}, (dir_ / "log").string());
+  EXPECT_EQ(p->wait(std::chrono::seconds(20)), ExitStatus::exited(2));
+  std::string log = readLog(*p);
   EXPECT_NE(log.find("cache.block_size"), std::string::npos) << log;
   EXPECT_NE(log.find("bogus"), std::string::npos) << log;
   EXPECT_NE(log.find("time_scale"), std::string::npos) << log;
@@ -56,16 +59,16 @@ TEST_F(EngineCliTest, BadConfigNamesEveryField) {
 
 TEST_F(EngineCliTest, FlagsOverrideTheConfig) {
   std::string config = writeConfig("instance_id: from-file\n");
-  ChildProcess p({bin_, "--config", config, "--instance_id", "e7", "--port", "0",
-                  "--kv_events_endpoint", "tcp://127.0.0.1:*", "--time_scale", "4"},
-                 (dir_ / "log").string());
-  ASSERT_TRUE(p.waitForLog("kvf-engine ready", std::chrono::seconds(20))) << p.log();
-  EXPECT_EQ(p.logValue("kvf-engine ready", "instance"), "e7");
-  EXPECT_EQ(p.logValue("kvf-engine ready", "time_scale"), "4");
-  EXPECT_EQ(p.logValue("kvf-engine ready", "model"), "meta-llama/Llama-3.1-8B-Instruct");
-  EXPECT_EQ(p.logValue("kvf-engine ready", "blocks"), "27648");  // 442,368 / 16
-  EXPECT_NE(p.logValue("kvf-engine ready", "port"), "0");
-  EXPECT_EQ(p.logValue("kvf-engine ready", "kv_replay"), "\"\"");  // replay disabled
+  auto p = startLogged({bin_, "--config", config, "--instance_id", "e7", "--port", "0",
+                        "--kv_events_endpoint", "tcp://127.0.0.1:*", "--time_scale", "4"},
+                       (dir_ / "log").string());
+  ASSERT_TRUE(waitForLog(*p, "kvf-engine ready", std::chrono::seconds(20))) << readLog(*p);
+  EXPECT_EQ(logValue(*p, "kvf-engine ready", "instance"), "e7");
+  EXPECT_EQ(logValue(*p, "kvf-engine ready", "time_scale"), "4");
+  EXPECT_EQ(logValue(*p, "kvf-engine ready", "model"), "meta-llama/Llama-3.1-8B-Instruct");
+  EXPECT_EQ(logValue(*p, "kvf-engine ready", "blocks"), "27648");  // 442,368 / 16
+  EXPECT_NE(logValue(*p, "kvf-engine ready", "port"), "0");
+  EXPECT_EQ(logValue(*p, "kvf-engine ready", "kv_replay"), "\"\"");  // replay disabled
 }
 
 }  // namespace

@@ -2,10 +2,13 @@
 // subscriber written in Python (Debian's python3-zmq + python3-msgpack).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
-#include "tests/integration/engine_process.h"
+#include "common/process.h"
+#include "tests/testing/child_process.h"
 
 namespace kvf::testing {
 namespace {
@@ -32,22 +35,24 @@ TEST(EngineKvEventsTest, PythonSubscriberDecodesLiveStreamAndReplay) {
   fs::path dir = fs::temp_directory_path() / ("kvf_kvev_" + std::to_string(getpid()));
   fs::create_directories(dir);
   std::string config = writeConfig(dir, source);
-  ChildProcess engine({bin + "/kvf-engine", "--config", config}, (dir / "engine.log").string());
-  ASSERT_TRUE(engine.waitForLog("kvf-engine ready", std::chrono::seconds(20))) << engine.log();
-  std::string port = engine.logValue("kvf-engine ready", "port");
-  std::string pub = engine.logValue("kvf-engine ready", "kv_events");
-  std::string replay = engine.logValue("kvf-engine ready", "kv_replay");
+  auto engine =
+      startLogged({bin + "/kvf-engine", "--config", config}, (dir / "engine.log").string());
+  ASSERT_TRUE(waitForLog(*engine, "kvf-engine ready", std::chrono::seconds(20)))
+      << readLog(*engine);
+  std::string port = logValue(*engine, "kvf-engine ready", "port");
+  std::string pub = logValue(*engine, "kvf-engine ready", "kv_events");
+  std::string replay = logValue(*engine, "kvf-engine ready", "kv_replay");
   ASSERT_FALSE(port.empty());
   ASSERT_NE(pub.find("tcp://127.0.0.1:"), std::string::npos) << pub;
 
-  ChildProcess sub(
-      {"/usr/bin/python3", source + "/tests/integration/engine_kv_events_subscriber.py", port, pub,
-       replay, "16"},
-      (dir / "subscriber.log").string());
-  auto code = sub.wait(std::chrono::seconds(90));
-  EXPECT_EQ(code, std::optional<int>(0)) << sub.log() << "\nengine log:\n" << engine.log();
-  EXPECT_NE(sub.log().find("OK live="), std::string::npos) << sub.log();
-  engine.kill();
+  auto sub =
+      startLogged({"/usr/bin/python3", source + "/tests/integration/engine_kv_events_subscriber.py",
+                   port, pub, replay, "16"},
+                  (dir / "subscriber.log").string());
+  auto code = sub->wait(std::chrono::seconds(90));
+  EXPECT_EQ(code, ExitStatus::exited(0)) << readLog(*sub) << "\nengine log:\n" << readLog(*engine);
+  EXPECT_NE(readLog(*sub).find("OK live="), std::string::npos) << readLog(*sub);
+  engine->kill();
   fs::remove_all(dir);
 }
 

@@ -7,8 +7,7 @@
 // Skipped while kvf-engine has no --worker_port (the engine half of issue 7, branch push).
 #include <gtest/gtest.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -16,9 +15,10 @@
 
 #include "common/http_client.h"
 #include "common/json.h"
+#include "common/process.h"
 #include "common/sse.h"
 #include "common/strings.h"
-#include "tests/integration/engine_process.h"
+#include "tests/testing/child_process.h"
 #include "tests/testing/io_thread.h"
 
 namespace kvf::testing {
@@ -30,18 +30,6 @@ using namespace std::chrono_literals;
 
 constexpr int kBlockSize = 16;
 constexpr int kPayloadBytesPerBlock = 256;
-
-uint16_t freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr);
-  socklen_t len = sizeof addr;
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 std::string prompt(int n, bool stream = false, int base = 1000) {
   std::vector<int> t(n);
@@ -64,9 +52,9 @@ class MigrationMultiprocessTest : public ::testing::Test {
     bin_ = envOr("KVF_BIN_DIR", source_ + "/build/bin");
     dir_ = fs::temp_directory_path() / ("kvf_migrate_mp_" + std::to_string(getpid()));
     fs::create_directories(dir_);
-    ChildProcess help({bin_ + "/kvf-engine", "--help"}, (dir_ / "help.log").string());
-    help.wait(10s);
-    if (help.log().find("worker_port") == std::string::npos) {
+    auto help = startLogged({bin_ + "/kvf-engine", "--help"}, (dir_ / "help.log").string());
+    help->wait(10s);
+    if (readLog(*help).find("worker_port") == std::string::npos) {
       GTEST_SKIP() << "kvf-engine has no --worker_port yet (engine side of issue 7 not merged)";
     }
     setenv("KVF_WORKER_TOKEN", "mp-test-token", 1);
@@ -92,27 +80,27 @@ class MigrationMultiprocessTest : public ::testing::Test {
                "decision_log: ", (dir_ / "decisions.jsonl").string(), "\ninstances:\n");
     for (int i = 0; i < 3; ++i) {
       std::string id = "e" + std::to_string(i);
-      uint16_t worker = freePort();
-      engines_.push_back(std::make_unique<ChildProcess>(
-          std::vector<std::string>{bin_ + "/kvf-engine", "--config",
-                                   (dir_ / "engine.yaml").string(), "--instance_id", id,
-                                   "--worker_port", std::to_string(worker)},
-          (dir_ / (id + ".log")).string()));
-      ASSERT_TRUE(engines_.back()->waitForLog("kvf-engine ready", 30s)) << engines_.back()->log();
+      auto worker = pickFreePort();
+      ASSERT_TRUE(worker.ok()) << worker.status();
+      engines_.push_back(
+          startLogged({bin_ + "/kvf-engine", "--config", (dir_ / "engine.yaml").string(),
+                       "--instance_id", id, "--worker_port", std::to_string(*worker)},
+                      (dir_ / (id + ".log")).string()));
+      ASSERT_TRUE(waitForLog(*engines_.back(), "kvf-engine ready", 30s))
+          << readLog(*engines_.back());
       auto& e = *engines_.back();
       yaml += strCat(
-          "  - id: ", id, "\n    url: http://127.0.0.1:", e.logValue("kvf-engine ready", "port"),
-          "\n    worker_url: http://127.0.0.1:", worker, "\n    kv_events: {endpoint: \"",
-          e.logValue("kvf-engine ready", "kv_events"), "\", replay_endpoint: \"",
-          e.logValue("kvf-engine ready", "kv_replay"), "\"}\n");
+          "  - id: ", id, "\n    url: http://127.0.0.1:", logValue(e, "kvf-engine ready", "port"),
+          "\n    worker_url: http://127.0.0.1:", *worker, "\n    kv_events: {endpoint: \"",
+          logValue(e, "kvf-engine ready", "kv_events"), "\", replay_endpoint: \"",
+          logValue(e, "kvf-engine ready", "kv_replay"), "\"}\n");
     }
     std::ofstream(dir_ / "router.yaml") << yaml;
-    router_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{bin_ + "/kvf-router", "--config", (dir_ / "router.yaml").string(),
-                                 "--log_level", "warn"},
+    router_ = startLogged(
+        {bin_ + "/kvf-router", "--config", (dir_ / "router.yaml").string(), "--log_level", "warn"},
         (dir_ / "router.log").string());
-    ASSERT_TRUE(router_->waitForLog("listening on port ", 20s)) << router_->log();
-    std::string log = router_->log();
+    ASSERT_TRUE(waitForLog(*router_, "listening on port ", 20s)) << readLog(*router_);
+    std::string log = readLog(*router_);
     size_t at = log.find("listening on port ") + std::string("listening on port ").size();
     uint16_t port = static_cast<uint16_t>(std::stoi(log.substr(at)));
     client_ = http::HttpClient::create(io_.executor(), "127.0.0.1", port);
@@ -156,8 +144,8 @@ class MigrationMultiprocessTest : public ::testing::Test {
   std::string source_, bin_;
   fs::path dir_;
   IoThread io_;
-  std::vector<std::unique_ptr<ChildProcess>> engines_;
-  std::unique_ptr<ChildProcess> router_;
+  std::vector<std::unique_ptr<Process>> engines_;
+  std::unique_ptr<Process> router_;
   std::shared_ptr<http::HttpClient> client_;
 };
 
@@ -212,7 +200,7 @@ TEST_F(MigrationMultiprocessTest, HeavyPrefillIsOffloadedAndClientSeesOneRespons
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(r->header("x-kvf-mode"), "prefill_offload");
-  EXPECT_EQ(r->header("x-kvf-offload-prefill"), "ok") << router_->log();
+  EXPECT_EQ(r->header("x-kvf-offload-prefill"), "ok") << readLog(*router_);
   EXPECT_NE(r->header("x-kvf-source"), r->header("x-kvf-instance"));
   auto body = json::parseObject(r->body);
   ASSERT_TRUE(body.ok());

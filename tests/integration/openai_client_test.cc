@@ -5,6 +5,8 @@
 // $KVF_OPENAI_NODE_MODULES (see docs/router.md) and is skipped, saying so, when it is absent.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -12,7 +14,8 @@
 #include <memory>
 #include <vector>
 
-#include "tests/integration/engine_process.h"
+#include "common/process.h"
+#include "tests/testing/child_process.h"
 
 namespace kvf::testing {
 namespace {
@@ -39,14 +42,14 @@ class OpenAiClientTest : public ::testing::Test {
     if (!dir_.empty()) fs::remove_all(dir_);
   }
 
-  ChildProcess* start(const std::vector<std::string>& argv, const std::string& name) {
-    children_.push_back(std::make_unique<ChildProcess>(argv, (dir_ / (name + ".log")).string()));
+  Process* start(const std::vector<std::string>& argv, const std::string& name) {
+    children_.push_back(startLogged(argv, (dir_ / (name + ".log")).string()));
     return children_.back().get();
   }
 
   std::string source_, bin_, modules_;
   fs::path dir_;
-  std::vector<std::unique_ptr<ChildProcess>> children_;
+  std::vector<std::unique_ptr<Process>> children_;
 };
 
 TEST_F(OpenAiClientTest, CompletionsAndChatStreamingAndNot) {
@@ -58,30 +61,30 @@ TEST_F(OpenAiClientTest, CompletionsAndChatStreamingAndNot) {
   std::string instances;
   for (int i = 0; i < 2; ++i) {
     std::string id = "e" + std::to_string(i);
-    ChildProcess* e =
+    Process* e =
         start({bin_ + "/kvf-engine", "--config", engine_yaml.string(), "--instance_id", id}, id);
-    ASSERT_TRUE(e->waitForLog("kvf-engine ready", seconds(30))) << e->log();
+    ASSERT_TRUE(waitForLog(*e, "kvf-engine ready", seconds(30))) << readLog(*e);
     instances +=
-        "  - {id: " + id + ", url: 'http://127.0.0.1:" + e->logValue("kvf-engine ready", "port") +
-        "', kv_events: {endpoint: '" + e->logValue("kvf-engine ready", "kv_events") + "'}}\n";
+        "  - {id: " + id + ", url: 'http://127.0.0.1:" + logValue(*e, "kvf-engine ready", "port") +
+        "', kv_events: {endpoint: '" + logValue(*e, "kvf-engine ready", "kv_events") + "'}}\n";
   }
   fs::path router_yaml = dir_ / "router.yaml";
   std::ofstream(router_yaml) << "listen: {host: 127.0.0.1, port: 0}\ninstances:\n"
                              << instances << "policy: {kind: hybrid}\n"
                              << "tokenize: {enabled: true}\n";
-  ChildProcess* router = start({bin_ + "/kvf-router", "--config", router_yaml.string()}, "router");
-  ASSERT_TRUE(router->waitForLog("listening on port", seconds(30))) << router->log();
-  std::string log = router->log();
+  Process* router = start({bin_ + "/kvf-router", "--config", router_yaml.string()}, "router");
+  ASSERT_TRUE(waitForLog(*router, "listening on port", seconds(30))) << readLog(*router);
+  std::string log = readLog(*router);
   size_t at = log.find("listening on port ") + 18;
   std::string port = log.substr(at, log.find('\n', at) - at);
 
   setenv("KVF_OPENAI_NODE_MODULES", modules_.c_str(), 1);
-  ChildProcess* client = start({"/usr/bin/node", source_ + "/tests/integration/openai_client.mjs",
-                                "http://127.0.0.1:" + port + "/v1", "llama-8b"},
-                               "client");
-  std::optional<int> rc = client->wait(seconds(90));
-  std::string out = client->log();
-  ASSERT_EQ(rc, std::optional<int>(0)) << out << "\nrouter log:\n" << router->log();
+  Process* client = start({"/usr/bin/node", source_ + "/tests/integration/openai_client.mjs",
+                           "http://127.0.0.1:" + port + "/v1", "llama-8b"},
+                          "client");
+  std::optional<ExitStatus> rc = client->wait(seconds(90));
+  std::string out = readLog(*client);
+  ASSERT_EQ(rc, ExitStatus::exited(0)) << out << "\nrouter log:\n" << readLog(*router);
   EXPECT_NE(out.find("ALL OK"), std::string::npos) << out;
   EXPECT_NE(out.find("\"call\":\"chat_stream\""), std::string::npos) << out;
   std::cout << out;

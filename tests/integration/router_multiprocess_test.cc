@@ -4,9 +4,6 @@
 // succeed on the remaining engines.
 #include <gtest/gtest.h>
 
-#include <poll.h>
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -21,72 +18,16 @@
 
 #include "common/http_client.h"
 #include "common/json.h"
+#include "common/process.h"
 #include "common/sse.h"
 #include "common/strings.h"
+#include "tests/testing/child_process.h"
 #include "tests/testing/io_thread.h"
 
 namespace kvf {
 namespace {
 
 using namespace std::chrono_literals;
-
-// A child process whose stdout we read line by line; killed (SIGKILL) when destroyed.
-class Child {
- public:
-  explicit Child(std::vector<std::string> argv) {
-    int out[2];
-    if (pipe(out) != 0) throw std::runtime_error("pipe");
-    pid_ = fork();
-    if (pid_ == 0) {
-      dup2(out[1], 1);
-      close(out[0]);
-      alarm(240);  // never outlive the test run
-      std::vector<char*> args;
-      for (auto& a : argv) args.push_back(a.data());
-      args.push_back(nullptr);
-      execv(args[0], args.data());
-      _exit(127);
-    }
-    close(out[1]);
-    fd_ = out[0];
-  }
-  ~Child() {
-    kill9();
-    close(fd_);
-  }
-  void kill9() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-  // The next stdout line, or "" after `timeout`.
-  std::string line(std::chrono::milliseconds timeout = 10s) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      size_t nl = buffer_.find('\n');
-      if (nl != std::string::npos) {
-        std::string l = buffer_.substr(0, nl);
-        buffer_.erase(0, nl + 1);
-        return l;
-      }
-      auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) return "";
-      pollfd p{fd_, POLLIN, 0};
-      if (poll(&p, 1, static_cast<int>(left.count())) <= 0) return "";
-      char buf[512];
-      ssize_t n = read(fd_, buf, sizeof buf);
-      if (n <= 0) return "";
-      buffer_.append(buf, static_cast<size_t>(n));
-    }
-  }
-
- private:
-  pid_t pid_ = -1;
-  int fd_ = -1;
-  std::string buffer_;
-};
 
 std::string field(const std::string& line, const std::string& key) {
   size_t pos = line.find(key + "=");
@@ -114,10 +55,9 @@ class RouterMultiprocessTest : public ::testing::Test {
         "upstream: {max_attempts: 3, circuit_failure_threshold: 3}\ninstances:\n";
     for (int i = 0; i < 8; ++i) {
       std::string id = "e" + std::to_string(i);
-      engines_.push_back(std::make_unique<Child>(
-          std::vector<std::string>{tests_dir + "/kvf-fake-engine", "--id=" + id,
-                                   "--output_tokens=10", "--token_delay_ms=30"}));
-      std::string ready = engines_.back()->line();
+      engines_.push_back(testing::startPiped({tests_dir + "/kvf-fake-engine", "--id=" + id,
+                                              "--output_tokens=10", "--token_delay_ms=30"}));
+      std::string ready = engines_.back()->readLine(10s).value_or("");
       ASSERT_NE(field(ready, "port"), "") << "engine did not start: " << ready;
       yaml += strCat("  - id: ", id, "\n    url: http://127.0.0.1:", field(ready, "port"),
                      "\n    kv_events: {endpoint: \"", field(ready, "pub"),
@@ -125,10 +65,9 @@ class RouterMultiprocessTest : public ::testing::Test {
     }
     config_path_ = ::testing::TempDir() + "/router_mp_" + std::to_string(getpid()) + ".yaml";
     std::ofstream(config_path_) << yaml;
-    router_ = std::make_unique<Child>(std::vector<std::string>{std::string(bin) + "/kvf-router",
-                                                               "--config=" + config_path_,
-                                                               "--port=0", "--log_level=warn"});
-    std::string ready = router_->line();
+    router_ = testing::startPiped({std::string(bin) + "/kvf-router", "--config=" + config_path_,
+                                   "--port=0", "--log_level=warn"});
+    std::string ready = router_->readLine(10s).value_or("");
     ASSERT_NE(ready.find("listening on port "), std::string::npos) << ready;
     uint16_t port = static_cast<uint16_t>(std::stoi(ready.substr(ready.rfind(' ') + 1)));
     client_ = http::HttpClient::create(io_.executor(), "127.0.0.1", port);
@@ -178,8 +117,8 @@ class RouterMultiprocessTest : public ::testing::Test {
   }
 
   testing::IoThread io_;
-  std::vector<std::unique_ptr<Child>> engines_;
-  std::unique_ptr<Child> router_;
+  std::vector<std::unique_ptr<Process>> engines_;
+  std::unique_ptr<Process> router_;
   std::shared_ptr<http::HttpClient> client_;
   std::string config_path_;
 };
@@ -220,8 +159,8 @@ TEST_F(RouterMultiprocessTest, KillNineUnderLoadLeavesNoClientHanging) {
     results.push_back(asio::co_spawn(io_.context(), streamOnce(i * 100000), asio::use_future));
   }
   std::this_thread::sleep_for(100ms);  // streams are mid-flight (10 tokens x 30 ms)
-  engines_[0]->kill9();
-  engines_[1]->kill9();
+  engines_[0]->kill();
+  engines_[1]->kill();
   std::map<std::string, int> outcomes;
   for (auto& f : results) {
     ASSERT_EQ(f.wait_for(15s), std::future_status::ready) << "a client hung";

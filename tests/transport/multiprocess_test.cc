@@ -8,8 +8,9 @@
 #include <future>
 #include <sstream>
 
+#include "common/process.h"
 #include "common/strings.h"
-#include "tests/transport/child_process.h"
+#include "tests/testing/child_process.h"
 #include "tests/transport/peer_layout.h"
 #include "transport/base64.h"
 #include "transport/transport.h"
@@ -18,7 +19,6 @@ namespace kvf::transport {
 namespace {
 
 using namespace std::chrono_literals;
-using testing::ChildProcess;
 
 constexpr uint64_t kBlocks = 4096;
 constexpr uint64_t kBlock = 16384;
@@ -56,7 +56,7 @@ class MultiProcessTest : public ::testing::TestWithParam<std::string> {
     testing::fillPattern(memory_, kBlocks * kBlock, kSeed);
   }
 
-  std::unique_ptr<ChildProcess> spawn(const std::string& role, std::vector<std::string> extra) {
+  std::unique_ptr<Process> spawn(const std::string& role, std::vector<std::string> extra) {
     std::vector<std::string> argv = {peerBinary(),
                                      "--role=" + role,
                                      "--transports=" + GetParam(),
@@ -64,18 +64,24 @@ class MultiProcessTest : public ::testing::TestWithParam<std::string> {
                                      "--block_size=" + std::to_string(kBlock),
                                      "--seed=" + std::to_string(kSeed)};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    return std::make_unique<ChildProcess>(argv);
+    return kvf::testing::startPiped(argv);
+  }
+
+  // The line telling a sender child where to write: our worker, region key and base, landing.
+  std::string targetLine(uint64_t landing_id) {
+    return kvf::strCat("TARGET ", base64Encode(ctx_->workerAddress()), " ",
+                       base64Encode(region_->packedRkey()), " ", region_->base(), " ", landing_id);
   }
 
   // Starts a receiver child and returns the put request that targets its landing.
-  PutRequest connectToReceiver(ChildProcess& child) {
+  PutRequest connectToReceiver(Process& child) {
     PutRequest req;
     auto addr_line = child.readUntil("ADDR", 10s);
     EXPECT_TRUE(addr_line.has_value());
     if (!addr_line) return req;
     auto w = words(*addr_line);
     EXPECT_EQ(w.size(), 4u);
-    EXPECT_TRUE(child.writeLine("SENDER " + base64Encode(ctx_->workerAddress())));
+    EXPECT_TRUE(child.writeLine("SENDER " + base64Encode(ctx_->workerAddress())).ok());
     auto landing_line = child.readUntil("LANDING", 10s);
     EXPECT_TRUE(landing_line.has_value());
     if (!landing_line || w.size() != 4) return req;
@@ -108,7 +114,7 @@ TEST_P(MultiProcessTest, PushesThousandsOfBlocksIntoAnotherProcess) {
   auto verdict = child->readUntil("RESULT", 20s);
   ASSERT_TRUE(verdict.has_value());
   EXPECT_EQ(*verdict, "RESULT OK ");
-  EXPECT_EQ(child->wait(5s), 0);
+  EXPECT_EQ(child->wait(5s), ExitStatus::exited(0));
 }
 
 TEST_P(MultiProcessTest, ReceivesThousandsOfBlocksFromAnotherProcess) {
@@ -123,9 +129,7 @@ TEST_P(MultiProcessTest, ReceivesThousandsOfBlocksFromAnotherProcess) {
   spec.verify_checksums = true;
   auto landing = ctx_->expectPut(region_, spec, nullptr);
   ASSERT_TRUE(landing.ok()) << landing.status();
-  ASSERT_TRUE(child->writeLine(kvf::strCat("TARGET ", base64Encode(ctx_->workerAddress()), " ",
-                                           base64Encode(region_->packedRkey()), " ",
-                                           region_->base(), " ", (*landing)->id())));
+  ASSERT_TRUE(child->writeLine(targetLine((*landing)->id())).ok());
   ASSERT_TRUE((*landing)->waitFor(20s));
   EXPECT_TRUE((*landing)->check().ok()) << (*landing)->check();
   EXPECT_TRUE((*landing)->resolved());
@@ -137,7 +141,7 @@ TEST_P(MultiProcessTest, ReceivesThousandsOfBlocksFromAnotherProcess) {
               0);
   }
   EXPECT_EQ(child->readUntil("RESULT", 10s), "RESULT OK ");
-  EXPECT_EQ(child->wait(5s), 0);
+  EXPECT_EQ(child->wait(5s), ExitStatus::exited(0));
 }
 
 TEST_P(MultiProcessTest, CorruptedBlockIsAChecksumMismatch) {
@@ -148,15 +152,14 @@ TEST_P(MultiProcessTest, CorruptedBlockIsAChecksumMismatch) {
                    testing::layoutBlocks(kBlocks, kBlock, kSeed, region_->base()), 20s, true};
   auto landing = ctx_->expectPut(region_, spec, nullptr);
   ASSERT_TRUE(landing.ok());
-  ASSERT_TRUE(child->writeLine(kvf::strCat("TARGET ", base64Encode(ctx_->workerAddress()), " ",
-                                           base64Encode(region_->packedRkey()), " ",
-                                           region_->base(), " ", (*landing)->id())));
+  ASSERT_TRUE(child->writeLine(targetLine((*landing)->id())).ok());
   ASSERT_TRUE((*landing)->waitFor(20s));
   EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(std::string((*landing)->check().message()).find("block 1234"), std::string::npos)
       << (*landing)->check();
   EXPECT_EQ(ctx_->stats().checksum_mismatches, 1u);
-  EXPECT_EQ(child->wait(10s), 0);  // the sender did its part; the receiver judged the data
+  EXPECT_EQ(child->wait(10s),
+            ExitStatus::exited(0));  // the sender did its part; the receiver judged the data
 }
 
 TEST_P(MultiProcessTest, ReceiverKilledMidBatchFailsTheSenderWithinItsDeadline) {
@@ -172,8 +175,8 @@ TEST_P(MultiProcessTest, ReceiverKilledMidBatchFailsTheSenderWithinItsDeadline) 
     ASSERT_TRUE(handle.ok()) << handle.status();
     handles.push_back(*handle);
     if (n == 3) {
-      child->kill9();
       killed_at = std::chrono::steady_clock::now();
+      child->kill();
     }
     if (n > 3 && (*handle)->waitFor(3s) && !(*handle)->check().ok()) break;
   }
@@ -202,12 +205,10 @@ TEST_P(MultiProcessTest, SenderKilledMidBatchFailsTheLandingAndFreesTheRegion) {
                    testing::layoutBlocks(kBlocks, kBlock, kSeed, region_->base()), 5s, true};
   auto landing = ctx_->expectPut(region_, spec, nullptr);
   ASSERT_TRUE(landing.ok());
-  ASSERT_TRUE(child->writeLine(kvf::strCat("TARGET ", base64Encode(ctx_->workerAddress()), " ",
-                                           base64Encode(region_->packedRkey()), " ",
-                                           region_->base(), " ", (*landing)->id())));
+  ASSERT_TRUE(child->writeLine(targetLine((*landing)->id())).ok());
   ASSERT_TRUE(child->readUntil("BATCH 2", 10s).has_value());  // writes are flowing
-  child->kill9();
   auto killed_at = std::chrono::steady_clock::now();
+  child->kill();
   ASSERT_TRUE((*landing)->waitFor(5s)) << "landing stuck after the sender died";
   EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kUnavailable) << (*landing)->check();
   EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 1500ms);

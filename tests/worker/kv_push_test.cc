@@ -5,8 +5,7 @@
 // deadline + 100 ms (+ the modelled prefill at time_scale 50), and nothing hangs.
 #include <gtest/gtest.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -18,7 +17,8 @@
 
 #include "common/http_client.h"
 #include "common/json.h"
-#include "tests/integration/engine_process.h"
+#include "common/process.h"
+#include "tests/testing/child_process.h"
 #include "tests/testing/io_thread.h"
 
 namespace kvf::testing {
@@ -28,20 +28,8 @@ namespace fs = std::filesystem;
 namespace bj = boost::json;
 using Clock = std::chrono::steady_clock;
 
-int freePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
-
 struct Engine {
-  std::unique_ptr<ChildProcess> proc;
+  std::unique_ptr<Process> proc;
   int port = 0;
   int worker_port = 0;
   std::string workerUrl() const { return "http://127.0.0.1:" + std::to_string(worker_port); }
@@ -69,7 +57,9 @@ class KvPushTest : public ::testing::Test {
   Engine& start(const std::string& name, const std::string& worker_extra = "", int link_gbps = 200,
                 int time_scale = 50) {
     auto e = std::make_unique<Engine>();
-    e->worker_port = freePort();
+    auto worker_port = pickFreePort();
+    EXPECT_TRUE(worker_port.ok()) << worker_port.status();
+    e->worker_port = worker_port.value_or(0);
     fs::path profile = dir_ / (name + "-profile.yaml");
     std::string text = readFile(source_ + "/engine/profiles/qwen3-coder-30b-a3b-h20.yaml");
     size_t at = text.find("bandwidth_gbps: 200");
@@ -83,13 +73,12 @@ class KvPushTest : public ::testing::Test {
                           << "cache: {block_size: 16, num_gpu_blocks: 4000}\n"
                           << "kv_events: {enabled: false}\n"
                           << "worker: {token: s3cret" << worker_extra << "}\n";
-    e->proc = std::make_unique<ChildProcess>(
-        std::vector<std::string>{bin_ + "/kvf-engine", "--config", config.string(), "--worker_port",
-                                 std::to_string(e->worker_port)},
-        (dir_ / (name + ".log")).string());
-    EXPECT_TRUE(e->proc->waitForLog("kvf-engine ready", std::chrono::seconds(20)))
-        << e->proc->log();
-    e->port = std::stoi(e->proc->logValue("kvf-engine ready", "port"));
+    e->proc = startLogged({bin_ + "/kvf-engine", "--config", config.string(), "--worker_port",
+                           std::to_string(e->worker_port)},
+                          (dir_ / (name + ".log")).string());
+    EXPECT_TRUE(waitForLog(*e->proc, "kvf-engine ready", std::chrono::seconds(20)))
+        << readLog(*e->proc);
+    e->port = std::stoi(logValue(*e->proc, "kvf-engine ready", "port"));
     engines_.push_back(std::move(e));
     return *engines_.back();
   }
