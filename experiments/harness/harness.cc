@@ -12,9 +12,9 @@
 
 #include "common/http_client.h"
 #include "common/log.h"
+#include "common/process.h"
 #include "common/status.h"
 #include "common/strings.h"
-#include "experiments/harness/process.h"
 #include "experiments/replay/replayer.h"
 #include "experiments/report/prom_text.h"
 #include "experiments/report/report.h"
@@ -169,8 +169,16 @@ absl::Status writeRouterConfig(const ExperimentConfig& config, const ArmConfig& 
   return out ? absl::OkStatus() : absl::InternalError("cannot write router.yaml");
 }
 
+// A child's options: stdout and stderr appended to `log_path`; its own process group, dying with
+// the harness, SIGTERM then SIGKILL after 2 s when dropped on an error path.
+ProcessOptions logTo(const std::string& log_path) {
+  ProcessOptions options;
+  options.log_path = log_path;
+  return options;
+}
+
 // Polls GET /health until 200 or the deadline; fails early if the process exited.
-absl::Status waitHealthy(ChildProcess& process, uint16_t port, double timeout_s,
+absl::Status waitHealthy(Process& process, uint16_t port, double timeout_s,
                          const std::string& log_path) {
   auto deadline = std::chrono::steady_clock::now() +
                   std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
@@ -210,7 +218,7 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
   KVF_ASSIGN_OR_RETURN(uint16_t router_port, pickFreePort());
   KVF_RETURN_IF_ERROR(writeEngineConfig(config_.cluster, rep_dir + "/engine.yaml"));
 
-  std::vector<std::unique_ptr<ChildProcess>> engines;
+  std::vector<std::unique_ptr<Process>> engines;
   for (size_t i = 0; i < ports.size(); ++i) {
     std::vector<std::string> argv = {bin_dir_ + "/kvf-engine",
                                      "--config",
@@ -228,7 +236,7 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
       argv.push_back(std::to_string(ports[i].worker));
     }
     KVF_ASSIGN_OR_RETURN(auto child,
-                         ChildProcess::spawn(argv, strCat(rep_dir, "/logs/engine_", i, ".log")));
+                         Process::spawn(argv, logTo(strCat(rep_dir, "/logs/engine_", i, ".log"))));
     engines.push_back(std::move(child));
   }
   for (size_t i = 0; i < engines.size(); ++i) {
@@ -240,9 +248,9 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
     KVF_RETURN_IF_ERROR(checkCold(before, strCat("engine ", i)));
   }
   KVF_RETURN_IF_ERROR(writeRouterConfig(config_, arm, router_port, ports, rep_dir));
-  KVF_ASSIGN_OR_RETURN(auto router, ChildProcess::spawn({bin_dir_ + "/kvf-router", "--config",
-                                                         rep_dir + "/router.yaml"},
-                                                        rep_dir + "/logs/router.log"));
+  KVF_ASSIGN_OR_RETURN(
+      auto router, Process::spawn({bin_dir_ + "/kvf-router", "--config", rep_dir + "/router.yaml"},
+                                  logTo(rep_dir + "/logs/router.log")));
   KVF_RETURN_IF_ERROR(waitHealthy(*router, router_port, config_.cluster.startup_timeout_s,
                                   rep_dir + "/logs/router.log"));
 

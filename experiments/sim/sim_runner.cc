@@ -9,10 +9,10 @@
 #include <thread>
 
 #include "common/log.h"
+#include "common/process.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "experiments/harness/harness.h"
-#include "experiments/harness/process.h"
 #include "experiments/report/report.h"
 #include "trace/reader.h"
 
@@ -124,7 +124,7 @@ absl::Status runParallel(const ExperimentConfig& config, const std::string& expe
   std::string exe = selfExe();
   if (exe.empty()) return absl::InternalError("cannot find this binary (/proc/self/exe)");
   struct Running {
-    std::unique_ptr<ChildProcess> child;
+    std::unique_ptr<Process> child;
     Job job;
     std::string log;
   };
@@ -146,7 +146,9 @@ absl::Status runParallel(const ExperimentConfig& config, const std::string& expe
                                        arms[job.arm].name,
                                        "--sim_rep",
                                        std::to_string(job.rep)};
-      KVF_ASSIGN_OR_RETURN(auto child, ChildProcess::spawn(argv, log_path));
+      ProcessOptions options;
+      options.log_path = log_path;
+      KVF_ASSIGN_OR_RETURN(auto child, Process::spawn(argv, options));
       running.push_back({std::move(child), job, log_path});
     }
     bool progressed = false;
@@ -155,11 +157,11 @@ absl::Status runParallel(const ExperimentConfig& config, const std::string& expe
         ++it;
         continue;
       }
-      int status = it->child->stop();
+      ExitStatus status = it->child->stop();
       const std::string& name = arms[it->job.arm].name;
-      if (status != 0) {
-        return absl::InternalError(strCat("arm ", name, " rep ", it->job.rep, " failed (exit ",
-                                          status, "); log tail:\n", tail(it->log)));
+      if (!status.success()) {
+        return absl::InternalError(strCat("arm ", name, " rep ", it->job.rep, " failed (",
+                                          status.toString(), "); log tail:\n", tail(it->log)));
       }
       ++done;
       log::info("arm finished", "arm", name, "rep", it->job.rep, "done",

@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <fstream>
 
-#include "experiments/harness/process.h"
 #include "tests/testing/temp_dir.h"
 
 namespace kvf::experiments {
@@ -94,27 +93,6 @@ TEST(Harness, TraceSliceKeepsTheWindowAndLimit) {
   EXPECT_EQ(harness.requests()[0].arrival, secondsToNanos(5));
   EXPECT_EQ(harness.requests()[0].id, "r5");
   EXPECT_TRUE(fs::exists(dir / "out" / "trace.jsonl"));
-}
-
-TEST(ChildProcess, StopsAndReportsExitStatus) {
-  fs::path dir = freshTempDir("kvf_exp_proc");
-  auto sleeper = ChildProcess::spawn({"/bin/sleep", "30"}, (dir / "log").string());
-  ASSERT_TRUE(sleeper.ok()) << sleeper.status();
-  EXPECT_TRUE((*sleeper)->running());
-  auto start = std::chrono::steady_clock::now();
-  int status = (*sleeper)->stop(std::chrono::seconds(2));
-  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(3));
-  EXPECT_EQ(status, -SIGTERM);
-  EXPECT_FALSE((*sleeper)->running());
-  auto quick = ChildProcess::spawn({"/bin/sh", "-c", "echo hello; exit 3"}, (dir / "log").string());
-  ASSERT_TRUE(quick.ok());
-  while ((*quick)->running()) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  EXPECT_EQ((*quick)->stop(), 3);
-  std::ifstream log(dir / "log");
-  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(text, "hello\n");
-  EXPECT_EQ(ChildProcess::spawn({"/nonexistent/bin"}, (dir / "log").string()).status().code(),
-            absl::StatusCode::kNotFound);
 }
 
 }  // namespace
