@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <fstream>
 #include <future>
@@ -101,11 +102,14 @@ class RouterMultiprocessTest : public ::testing::Test {
     if (!s.ok()) co_return std::string(s.status().message());
     if ((*s)->status() != 200) co_return strCat("status ", (*s)->status());
     sse::Parser parser;
-    bool error = false, done = false;
+    bool error = false, done = false, first = true;
+    std::string instance((*s)->header("x-kvf-instance"));
     for (;;) {
       auto piece = co_await (*s)->next();
       if (!piece.ok()) co_return "broken: " + std::string(piece.status().message());
       if (!piece->has_value()) break;
+      if (first && (instance == "e0" || instance == "e1")) streaming_on_victims_++;
+      first = false;
       auto st = parser.feed(**piece, [&](sse::Event&& e) {
         if (e.data == "[DONE]") done = true;
         if (e.data.find("\"error\"") != std::string::npos) error = true;
@@ -116,6 +120,7 @@ class RouterMultiprocessTest : public ::testing::Test {
     co_return error ? "error_event" : "done";
   }
 
+  std::atomic<int> streaming_on_victims_{0};  // streams past their first chunk on e0 or e1
   testing::IoThread io_;
   std::vector<std::unique_ptr<Process>> engines_;
   std::unique_ptr<Process> router_;
@@ -158,7 +163,13 @@ TEST_F(RouterMultiprocessTest, KillNineUnderLoadLeavesNoClientHanging) {
   for (int i = 0; i < kClients; ++i) {
     results.push_back(asio::co_spawn(io_.context(), streamOnce(i * 100000), asio::use_future));
   }
-  std::this_thread::sleep_for(100ms);  // streams are mid-flight (10 tokens x 30 ms)
+  // Kill once a stream on e0 or e1 is mid-flight (it has tokens and its 10 x 30 ms are not
+  // over); a fixed sleep missed that moment on a loaded machine.
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (streaming_on_victims_.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(2ms);
+  }
+  ASSERT_GT(streaming_on_victims_.load(), 0) << "no stream reached e0 or e1";
   engines_[0]->kill();
   engines_[1]->kill();
   std::map<std::string, int> outcomes;
