@@ -22,18 +22,30 @@ const char* finishReasonName(FinishReason r) {
 
 Scheduler::Scheduler(SchedulerConfig config, KvPool* pool, const TimingModel* timing,
                      worker::KvEventSink* sink)
-    : config_(config), pool_(pool), timing_(timing), sink_(sink) {}
+    : config_(config),
+      pool_(pool),
+      timing_(timing),
+      sink_(sink),
+      keyed_sink_(dynamic_cast<KeyedKvEventSink*>(sink)) {}
 
 Scheduler::~Scheduler() = default;
 
 absl::Status Scheduler::add(RequestSpec spec, Nanos now) {
-  if (spec.prompt.empty()) return absl::InvalidArgumentError("prompt must not be empty");
+  const bool token_free = spec.prompt_blocks.has_value();
+  auto prompt_len =
+      token_free ? spec.prompt_blocks->num_tokens : static_cast<int64_t>(spec.prompt.size());
+  if (prompt_len < 1) return absl::InvalidArgumentError("prompt must not be empty");
   if (requests_.contains(spec.id)) {
     return absl::AlreadyExistsError(strCat("request id ", spec.id, " is already running"));
   }
   int64_t bs = pool_->blockSize();
   auto capacity = pool_->numBlocks() * bs;
-  auto prompt_len = static_cast<int64_t>(spec.prompt.size());
+  if (token_free &&
+      (!spec.prompt.empty() ||
+       static_cast<int64_t>(spec.prompt_blocks->block_keys.size()) != prompt_len / bs)) {
+    return absl::InvalidArgumentError(
+        strCat("prompt_blocks: ", prompt_len / bs, " block keys expected and no token ids"));
+  }
   if (spec.sampling.max_tokens < 1 || spec.sampling.max_tokens > capacity - prompt_len) {
     int64_t worst = prompt_len + std::min(spec.sampling.max_tokens, capacity);
     return absl::InvalidArgumentError(strCat("prompt + max_tokens (", worst,
@@ -43,9 +55,16 @@ absl::Status Scheduler::add(RequestSpec spec, Nanos now) {
   auto r = std::make_unique<Request>();
   r->id = std::move(spec.id);
   r->arrival_seq = next_arrival_seq_++;
-  r->prompt = std::move(spec.prompt);
+  r->prompt_len = prompt_len;
   r->sampling = spec.sampling;
-  r->output_seed = outputSeed(r->prompt);
+  if (token_free) {
+    r->token_free = true;
+    r->prompt_keys = std::move(spec.prompt_blocks->block_keys);
+    r->output_seed = spec.prompt_blocks->content_seed;
+  } else {
+    r->prompt = std::move(spec.prompt);
+    r->output_seed = outputSeed(r->prompt);
+  }
   r->arrival_time = now;
   r->remote_kv = std::move(spec.remote_kv);
   r->remote_decode_lease = spec.remote_decode_lease;
@@ -84,6 +103,14 @@ SchedulerStats Scheduler::statsNow() const {
 
 void Scheduler::ensureHashes(Request& r) {
   const int64_t bs = pool_->blockSize();
+  if (r.token_free) {
+    while (static_cast<int64_t>(r.block_hashes.size() + 1) * bs <= r.numTokens()) {
+      size_t i = r.block_hashes.size();
+      BlockHash parent = i == 0 ? 0 : r.block_hashes[i - 1];
+      r.block_hashes.push_back(hashBlockKey(config_.hash_seed, parent, blockKey(r, i)));
+    }
+    return;
+  }
   std::vector<TokenId> block(static_cast<size_t>(bs));
   while (static_cast<int64_t>(r.block_hashes.size() + 1) * bs <= r.numTokens()) {
     size_t i = r.block_hashes.size();
@@ -91,6 +118,11 @@ void Scheduler::ensureHashes(Request& r) {
     BlockHash parent = i == 0 ? 0 : r.block_hashes[i - 1];
     r.block_hashes.push_back(hashBlock(config_.hash_seed, parent, block));
   }
+}
+
+uint64_t Scheduler::blockKey(const Request& r, size_t i) const {
+  return i < r.prompt_keys.size() ? r.prompt_keys[i]
+                                  : generatedBlockKey(r.output_seed, static_cast<int64_t>(i));
 }
 
 int64_t Scheduler::chunkLimit(int64_t budget) const {
@@ -207,7 +239,7 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
     }
     if (r.num_cached_tokens < 0) {
       r.num_cached_tokens = computed;
-      stats_.prompt_tokens += r.prompt.size();
+      stats_.prompt_tokens += static_cast<uint64_t>(r.prompt_len);
     }
     int64_t local_hits = resumed ? r.local_hit_tokens : computed;
     stats_.prefix_cache_queries += static_cast<uint64_t>(r.numTokens());
@@ -230,11 +262,18 @@ void Scheduler::cacheFullBlocks(Request& r) {
     worker::BlockStored ev;
     ev.block_hashes.assign(r.block_hashes.begin() + run_start, r.block_hashes.begin() + end);
     if (run_start > 0) ev.parent_block_hash = r.block_hashes[run_start - 1];
+    ev.block_size = static_cast<int>(bs);
+    if (r.token_free) {
+      std::vector<uint64_t> keys;
+      keys.reserve(end - run_start);
+      for (size_t i = run_start; i < end; ++i) keys.push_back(blockKey(r, i));
+      if (keyed_sink_ != nullptr) keyed_sink_->onBlockStoredKeys(std::move(ev), std::move(keys));
+      return;
+    }
     ev.token_ids.reserve((end - run_start) * bs);
     for (auto t = static_cast<int64_t>(run_start) * bs; t < static_cast<int64_t>(end) * bs; ++t) {
       ev.token_ids.push_back(r.tokenAt(t));
     }
-    ev.block_size = static_cast<int>(bs);
     sink_->onBlockStored(std::move(ev));
   };
   for (size_t i = r.num_cached_blocks; i < full; ++i) {
@@ -280,7 +319,7 @@ RequestOutput Scheduler::outputFor(const Request& r) const {
   RequestOutput o;
   o.id = r.id;
   o.finish = r.finish_reason;
-  o.prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  o.prompt_tokens = r.prompt_len;
   o.cached_tokens = std::max<int64_t>(0, r.num_cached_tokens);
   o.output_tokens = static_cast<int64_t>(r.output.size());
   o.arrival_time = r.arrival_time;

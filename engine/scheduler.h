@@ -32,6 +32,14 @@ struct SchedulerConfig {
   uint64_t hash_seed = 0x6b7666656e67ULL;  // engine-specific block-hash seed
 };
 
+// A KV event sink that also takes the stores of token-free requests (PromptBlocks): their
+// BlockStored has no token_ids, so the content key of each block comes alongside (one per
+// block hash, in order). Needed by whoever maps engine hashes to its own (a router index).
+class KeyedKvEventSink : public worker::KvEventSink {
+ public:
+  virtual void onBlockStoredKeys(worker::BlockStored event, std::vector<uint64_t> block_keys) = 0;
+};
+
 // One request's progress in a step.
 struct RequestOutput {
   std::string id;
@@ -93,7 +101,8 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  // `pool` and `timing` must outlive the scheduler; `sink` (may be null) gets BlockStored.
+  // `pool` and `timing` must outlive the scheduler; `sink` (may be null) gets BlockStored
+  // (a KeyedKvEventSink also gets those of token-free requests with their keys).
   Scheduler(SchedulerConfig config, KvPool* pool, const TimingModel* timing,
             worker::KvEventSink* sink);
   ~Scheduler();
@@ -127,6 +136,8 @@ class Scheduler {
     int64_t num_tokens;
   };
   void ensureHashes(Request& r);
+  // Token-free requests: the content key of full block i (prompt or generated).
+  uint64_t blockKey(const Request& r, size_t i) const;
   int64_t chunkLimit(int64_t budget) const;
   // Reserves blocks so `r` can hold num_computed + cached + n tokens; false if not enough free.
   bool allocateSlots(Request& r, int64_t n, std::span<const BlockIndex> cached);
@@ -149,6 +160,7 @@ class Scheduler {
   KvPool* pool_;
   const TimingModel* timing_;
   worker::KvEventSink* sink_;
+  KeyedKvEventSink* keyed_sink_;  // sink_ when it takes keys, else null
   absl::flat_hash_map<std::string, std::unique_ptr<Request>> requests_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order; the last is preempted first

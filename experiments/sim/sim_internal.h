@@ -50,6 +50,31 @@ struct Event {
   uint64_t b = 0;
 };
 
+// A KV event as the simulated engine publishes it; token-free stores carry their block keys.
+struct SimKvEvent {
+  worker::KvEvent event;
+  std::vector<uint64_t> block_keys;  // BlockStored of a token-free request: one per block
+};
+
+// The engine's KV event sink (engine::KeyedKvEventSink: token-free stores too).
+class SimEventSink final : public engine::KeyedKvEventSink {
+ public:
+  void onBlockStored(worker::BlockStored event) override {
+    events_.push_back({std::move(event), {}});
+  }
+  void onBlockStoredKeys(worker::BlockStored event, std::vector<uint64_t> block_keys) override {
+    events_.push_back({std::move(event), std::move(block_keys)});
+  }
+  void onBlockRemoved(worker::BlockRemoved event) override {
+    events_.push_back({std::move(event), {}});
+  }
+  void onAllBlocksCleared() override { events_.push_back({worker::AllBlocksCleared{}, {}}); }
+  std::vector<SimKvEvent> take() { return std::exchange(events_, {}); }
+
+ private:
+  std::vector<SimKvEvent> events_;
+};
+
 struct EventLater {
   bool operator()(const Event& x, const Event& y) const {
     return x.t != y.t ? x.t > y.t : x.seq > y.seq;
@@ -60,7 +85,9 @@ struct EventLater {
 struct Flight {
   uint32_t index = 0;
   Nanos sent = 0;
-  std::vector<int32_t> prompt;            // until the engine has it
+  std::vector<int32_t> prompt;            // until the engine has it (token mode)
+  std::vector<uint64_t> block_keys;       // token-free mode: engine-block content keys
+  uint64_t content_seed = 0;              // token-free mode: the prompt's key
   std::vector<policy::BlockHash> hashes;  // until routed
   int64_t prompt_tokens = 0;
   int64_t max_tokens = 1;
@@ -105,13 +132,13 @@ struct Push {
 // One engine instance: its core and the router's view of it.
 struct SimEngine {
   // The sink must outlive the core that points to it.
-  worker::VectorEventSink sink;
+  SimEventSink sink;
   std::unique_ptr<engine::EngineCore> core;
   bool up = true;
   uint32_t incarnation = 0;
   bool busy = false;
-  engine::StepResult current;                           // the step in progress
-  std::deque<std::vector<worker::KvEvent>> kv_batches;  // published, not yet applied
+  engine::StepResult current;                      // the step in progress
+  std::deque<std::vector<SimKvEvent>> kv_batches;  // published, not yet applied
   // /metrics as last published by the engine (after each step and add).
   int64_t published_waiting = 0;
   double published_usage = 0;
@@ -143,6 +170,7 @@ class Sim {
   // Client (cluster_sim.cc).
   void onArrival(uint32_t index, Nanos t);
   void send(uint32_t index, Nanos t);
+  void promptKeys(Flight& f, const trace::Request& r);
   void complete(Flight& f, Nanos client_t);
   void failAtClient(Flight& f, Nanos client_t, int http_status, const std::string& error);
   void release(Flight& f, Nanos client_t);
@@ -158,7 +186,7 @@ class Sim {
   void upstreamFailure(SimEngine& e, Nanos t);
   void onFirstToken(uint32_t index, Nanos t);
   void onFinish(uint32_t index, Nanos t);
-  void applyKv(int instance, std::vector<worker::KvEvent>& batch);
+  void applyKv(int instance, std::vector<SimKvEvent>& batch);
 
   // KV push and prefill offload (sim_transfer.cc).
   void holdPeer(Flight& f, int64_t peer_matched);
@@ -174,6 +202,9 @@ class Sim {
   // Engines (sim_engines.cc).
   absl::StatusOr<std::unique_ptr<engine::EngineCore>> makeCore(SimEngine& e);
   void onEngineArrive(uint32_t index, Nanos t);
+  // The prompt part of a request spec for `f` (tokens or block keys); `keep` copies instead of
+  // moving (an offload's prefill: the decoder needs the prompt too).
+  void fillPrompt(Flight& f, engine::RequestSpec& spec, bool keep);
   void startStep(int instance, Nanos t);
   void onStepEnd(int instance, uint64_t incarnation, Nanos t);
   void publish(SimEngine& e);
