@@ -89,6 +89,9 @@ struct Request {
   std::vector<worker::BlockIndex> blocks;       // KV blocks held, in token order
   std::vector<worker::BlockHash> block_hashes;  // hashes of full blocks of prompt + output
   size_t num_cached_blocks = 0;                 // leading blocks registered in the prefix cache
+  // While waiting at the head of the queue: the blocks its last prefix lookup found (a hint
+  // for the next lookup, re-checked block by block; no references held).
+  std::vector<worker::BlockIndex> prefix_hint;
 
   // KV push (receiver): the spec until the fetch is resolved; landing blocks while waiting.
   std::optional<RemoteKvSpec> remote_kv;

@@ -169,8 +169,8 @@ void Scheduler::preempt(Request& r, std::vector<Scheduled>& scheduled, int64_t& 
 
 void Scheduler::scheduleRunning(std::vector<Scheduled>& scheduled, int64_t& budget, int& preempted,
                                 StepResult& result) {
-  std::vector<Request*> order;
-  order.reserve(running_.size());
+  std::vector<Request*>& order = order_;
+  order.clear();
   for (Request* r : running_) {
     if (r->numTokens() - r->num_computed_tokens == 1) order.push_back(r);  // decodes first
   }
@@ -217,11 +217,15 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
       auto max_blocks = static_cast<size_t>((r.numTokens() - 1) / bs);
       std::span<const BlockHash> lookup(r.block_hashes.data(),
                                         std::min(max_blocks, r.block_hashes.size()));
-      cached = pool_->findCachedPrefix(lookup);
+      cached = pool_->findCachedPrefix(lookup, r.prefix_hint);
       if (r.remote_kv) {
         std::vector<BlockHash> run = remoteRun(r, cached.size(), max_blocks);
         if (!run.empty()) {
-          if (!startRemoteKv(r, cached, std::move(run), result)) break;  // FCFS: wait for blocks
+          if (!startRemoteKv(r, cached, std::move(run), result)) {
+            r.prefix_hint = std::move(cached);
+            break;  // FCFS: wait for blocks
+          }
+          r.prefix_hint = {};
           waiting_.pop_front();  // it waits aside and does not block the queue
           continue;
         }
@@ -230,9 +234,14 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
     }
     int64_t computed = resumed ? r.num_computed_tokens : static_cast<int64_t>(cached.size()) * bs;
     int64_t n = r.numTokens() - computed;
-    if (!config_.enable_chunked_prefill && n > budget) break;
+    const bool fits = config_.enable_chunked_prefill || n <= budget;
     n = std::min(n, chunkLimit(budget));
-    if (!allocateSlots(r, n, cached)) break;  // FCFS: the head waits for blocks
+    if (!fits || !allocateSlots(r, n, cached)) {
+      // FCFS: the head waits for blocks; its next lookup starts from these.
+      r.prefix_hint = std::move(cached);
+      break;
+    }
+    r.prefix_hint = {};
     if (!resumed) {
       r.num_computed_tokens = computed;
       r.num_cached_blocks = cached.size();
@@ -286,7 +295,7 @@ void Scheduler::cacheFullBlocks(Request& r) {
   r.num_cached_blocks = std::max(r.num_cached_blocks, full);
 }
 
-void Scheduler::sampleToken(Request& r, Nanos end, RequestOutput& out) {
+TokenId Scheduler::sampleToken(Request& r, Nanos end) {
   auto index = static_cast<int64_t>(r.output.size());
   TokenId token = generatedToken(r.output_seed, index, config_.vocab_size);
   bool eos = token == config_.eos_token_id;
@@ -295,7 +304,6 @@ void Scheduler::sampleToken(Request& r, Nanos end, RequestOutput& out) {
     eos = false;
   }
   r.output.push_back(token);
-  out.new_tokens.push_back(token);
   ++stats_.generation_tokens;
   if (r.first_token_time < 0) r.first_token_time = end;
   if (eos && !r.sampling.ignore_eos) {
@@ -303,6 +311,7 @@ void Scheduler::sampleToken(Request& r, Nanos end, RequestOutput& out) {
   } else if (static_cast<int64_t>(r.output.size()) >= r.sampling.max_tokens) {
     finish(r, FinishReason::kLength, end);
   }
+  return token;
 }
 
 void Scheduler::finish(Request& r, FinishReason reason, Nanos now) {
@@ -336,7 +345,8 @@ RequestOutput Scheduler::outputFor(const Request& r) const {
 StepResult Scheduler::step(Nanos now) {
   StepResult result;
   result.start = now;
-  std::vector<Scheduled> scheduled;
+  std::vector<Scheduled>& scheduled = scheduled_;
+  scheduled.clear();
   int64_t budget = config_.max_num_batched_tokens;
   int preempted = 0;
   expireLeases(now);
@@ -344,8 +354,8 @@ StepResult Scheduler::step(Nanos now) {
   if (preempted == 0) admitWaiting(scheduled, budget, result);
   if (scheduled.empty()) return result;
 
-  std::vector<BatchEntry> batch;
-  batch.reserve(scheduled.size());
+  std::vector<BatchEntry>& batch = batch_;
+  batch.clear();
   for (auto& [r, n] : scheduled) {
     bool decode = n == 1 && !r->output.empty() && r->num_computed_tokens + 1 == r->numTokens();
     (decode ? result.num_decode_requests : result.num_prefill_requests)++;
@@ -365,16 +375,16 @@ StepResult Scheduler::step(Nanos now) {
     r->kv_ready_at = -1;
   }
   const Nanos end = now + result.duration;
-  std::vector<std::string> done;
+  done_.clear();
+  result.outputs.reserve(scheduled.size());
   for (auto& [r, n] : scheduled) {
-    RequestOutput out;
-    if (r->num_computed_tokens == r->numTokens()) sampleToken(*r, end, out);
-    RequestOutput full = outputFor(*r);
-    full.new_tokens = std::move(out.new_tokens);
-    result.outputs.push_back(std::move(full));
-    if (r->status == RequestStatus::kFinished) done.push_back(r->id);
+    std::optional<TokenId> token;
+    if (r->num_computed_tokens == r->numTokens()) token = sampleToken(*r, end);
+    RequestOutput& out = result.outputs.emplace_back(outputFor(*r));
+    if (token) out.new_tokens.push_back(*token);
+    if (r->status == RequestStatus::kFinished) done_.push_back(r);
   }
-  for (const auto& id : done) requests_.erase(id);
+  for (Request* r : done_) requests_.erase(requests_.find(r->id));
   return result;
 }
 

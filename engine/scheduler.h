@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "engine/kv_pool.h"
 #include "engine/request.h"
@@ -43,7 +44,7 @@ class KeyedKvEventSink : public worker::KvEventSink {
 // One request's progress in a step.
 struct RequestOutput {
   std::string id;
-  std::vector<TokenId> new_tokens;  // generated this step (0 or 1)
+  absl::InlinedVector<TokenId, 1> new_tokens;  // generated this step (0 or 1)
   std::optional<FinishReason> finish;
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // prefix-cache hit at first admission
@@ -152,7 +153,8 @@ class Scheduler {
                      StepResult& result);
   void takeLease(Request& r, Nanos now);
   void cacheFullBlocks(Request& r);
-  void sampleToken(Request& r, Nanos end, RequestOutput& out);
+  // The token generated at `end` (appended to r.output; finishes r when due).
+  TokenId sampleToken(Request& r, Nanos end);
   void finish(Request& r, FinishReason reason, Nanos now);
   RequestOutput outputFor(const Request& r) const;
 
@@ -173,6 +175,11 @@ class Scheduler {
   };
   absl::flat_hash_map<std::string, Lease> leases_;
   uint64_t next_arrival_seq_ = 0;
+  // Per-step scratch (capacity kept across steps).
+  std::vector<Scheduled> scheduled_;
+  std::vector<Request*> order_;
+  std::vector<BatchEntry> batch_;
+  std::vector<Request*> done_;
   SchedulerStats stats_;
 };
 
