@@ -137,6 +137,7 @@ bool Scheduler::allocateSlots(Request& r, int64_t n, std::span<const BlockIndex>
   auto held = static_cast<int64_t>(r.blocks.size() + cached.size());
   int64_t tokens = r.num_computed_tokens + static_cast<int64_t>(cached.size()) * bs + n;
   int64_t need = std::max<int64_t>(0, (tokens + bs - 1) / bs - held);
+  if (need == 0 && cached.empty()) return true;  // a decode inside its last block
   if (need + pool_->countUnreferenced(cached) > pool_->numFreeBlocks()) return false;
   pool_->acquire(cached);  // before allocate(), so eviction cannot take the hit blocks
   r.blocks.insert(r.blocks.end(), cached.begin(), cached.end());
@@ -324,8 +325,7 @@ void Scheduler::finish(Request& r, FinishReason reason, Nanos now) {
   r.blocks.clear();
 }
 
-RequestOutput Scheduler::outputFor(const Request& r) const {
-  RequestOutput o;
+void Scheduler::fillOutput(const Request& r, RequestOutput& o) const {
   o.id = r.id;
   o.finish = r.finish_reason;
   o.prompt_tokens = r.prompt_len;
@@ -339,11 +339,21 @@ RequestOutput Scheduler::outputFor(const Request& r) const {
     o.lease_id = r.id;
     o.lease_block_hashes = r.lease_hashes;
   }
-  return o;
 }
 
 StepResult Scheduler::step(Nanos now) {
   StepResult result;
+  step(now, &result);
+  return result;
+}
+
+void Scheduler::step(Nanos now, StepResult* into) {
+  StepResult& result = *into;
+  result.outputs.clear();
+  result.remote_kv_fetches.clear();
+  result.duration = 0;
+  result.num_scheduled_tokens = 0;
+  result.num_prefill_requests = result.num_decode_requests = result.num_preempted = 0;
   result.start = now;
   std::vector<Scheduled>& scheduled = scheduled_;
   scheduled.clear();
@@ -352,7 +362,7 @@ StepResult Scheduler::step(Nanos now) {
   expireLeases(now);
   scheduleRunning(scheduled, budget, preempted, result);
   if (preempted == 0) admitWaiting(scheduled, budget, result);
-  if (scheduled.empty()) return result;
+  if (scheduled.empty()) return;
 
   std::vector<BatchEntry>& batch = batch_;
   batch.clear();
@@ -380,12 +390,12 @@ StepResult Scheduler::step(Nanos now) {
   for (auto& [r, n] : scheduled) {
     std::optional<TokenId> token;
     if (r->num_computed_tokens == r->numTokens()) token = sampleToken(*r, end);
-    RequestOutput& out = result.outputs.emplace_back(outputFor(*r));
+    RequestOutput& out = result.outputs.emplace_back();
+    fillOutput(*r, out);
     if (token) out.new_tokens.push_back(*token);
     if (r->status == RequestStatus::kFinished) done_.push_back(r);
   }
   for (Request* r : done_) requests_.erase(requests_.find(r->id));
-  return result;
 }
 
 }  // namespace kvf::engine

@@ -114,6 +114,8 @@ class Scheduler {
   bool abort(const std::string& id);
   // Runs one step at time `now`; an empty result (no work schedulable) has duration 0.
   StepResult step(Nanos now);
+  // The same, overwriting `*result` (its vectors keep their capacity).
+  void step(Nanos now, StepResult* result);
 
   // Requests waiting for remote KV do not count: they need the driver, not a step.
   bool hasWork() const { return !running_.empty() || !waiting_.empty(); }
@@ -156,7 +158,7 @@ class Scheduler {
   // The token generated at `end` (appended to r.output; finishes r when due).
   TokenId sampleToken(Request& r, Nanos end);
   void finish(Request& r, FinishReason reason, Nanos now);
-  RequestOutput outputFor(const Request& r) const;
+  void fillOutput(const Request& r, RequestOutput& out) const;
 
   SchedulerConfig config_;
   KvPool* pool_;

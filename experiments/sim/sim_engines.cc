@@ -95,7 +95,8 @@ void Sim::onEngineArrive(uint32_t index, Nanos t) {
 
 void Sim::startStep(int instance, Nanos t) {
   SimEngine& e = engines_[instance];
-  engine::StepResult result = e.core->step(engineTime(t));
+  engine::StepResult& result = e.current;  // its vectors' capacity is reused step after step
+  e.core->step(engineTime(t), &result);
   if (!result.remote_kv_fetches.empty()) startFetches(instance, result.remote_kv_fetches, t);
   if (result.empty()) {
     e.busy = false;
@@ -104,7 +105,6 @@ void Sim::startStep(int instance, Nanos t) {
   ++stats_.steps;
   e.busy = true;
   Nanos end = t + wallDuration(result.duration) + ms(setup_.sim.overheads.step_overhead_ms);
-  e.current = std::move(result);
   push(end, Ev::kStepEnd, static_cast<uint32_t>(instance), e.incarnation);
 }
 
@@ -131,6 +131,7 @@ void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
     o.cached_tokens = out.cached_tokens;
     if (!out.new_tokens.empty()) {
       if (o.ttft_s < 0) {
+        o.itl_s.reserve(static_cast<size_t>(f->max_tokens - 1));
         o.ttft_s = nanosToSeconds(client_t - f->sent);
         push(client_t, Ev::kFirstToken, index);
       } else {
@@ -146,7 +147,7 @@ void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
       push(client_t, Ev::kFinish, index);
     }
   }
-  e.current = {};
+  e.current.outputs.clear();
   std::vector<SimKvEvent> events = e.sink.take();
   if (!events.empty()) {
     e.kv_batches.push_back(std::move(events));
