@@ -29,7 +29,24 @@ Sim::~Sim() {
 }
 
 void Sim::push(Nanos t, Ev kind, uint32_t a, uint64_t b) {
-  queue_.push(Event{t, next_seq_++, kind, a, b});
+  // Lanes: kinds always pushed at now + a fixed delay (see EventQueue).
+  int lane = EventQueue::kHeap;
+  switch (kind) {
+    case Ev::kTimeout:
+      lane = 0;
+      break;
+    case Ev::kFirstToken:
+    case Ev::kFinish:
+    case Ev::kPrefillDone:
+      lane = 1;
+      break;
+    case Ev::kKvDeliver:
+      lane = 2;
+      break;
+    default:
+      break;
+  }
+  queue_.push(Event{t, next_seq_++, kind, a, b}, lane);
 }
 
 absl::Status Sim::init(const std::string& rep_dir) {
@@ -148,8 +165,7 @@ absl::StatusOr<SimStats> Sim::run() {
   // Progress goes to the log every 10 s of wall time; results never see the wall clock.
   auto last_progress = std::chrono::steady_clock::now();
   while (!queue_.empty()) {
-    Event e = queue_.top();
-    queue_.pop();
+    Event e = queue_.pop();
     now_ = e.t;
     ++stats_.events;
     dispatch(e);

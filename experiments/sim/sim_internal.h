@@ -4,6 +4,7 @@
 // health and failures). Single-threaded.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
@@ -79,6 +80,54 @@ struct EventLater {
   bool operator()(const Event& x, const Event& y) const {
     return x.t != y.t ? x.t > y.t : x.seq > y.seq;
   }
+};
+
+// The event queue: a binary heap plus FIFO lanes for kinds always scheduled a fixed delay after
+// the current time (client timeouts, responses, KV deliveries), which therefore arrive in
+// (time, sequence) order and need no heap. pop() takes the least (time, sequence) of the heap
+// top and the lane fronts, so the order is exactly a single heap's. An event that would break
+// its lane's order (scheduled from a later time than now) goes to the heap.
+class EventQueue {
+ public:
+  static constexpr int kHeap = -1;
+  void push(const Event& e, int lane) {
+    if (lane != kHeap) {
+      std::deque<Event>& q = lanes_[static_cast<size_t>(lane)];
+      if (q.empty() || !EventLater()(q.back(), e)) {
+        q.push_back(e);
+        return;
+      }
+    }
+    heap_.push(e);
+  }
+  bool empty() const {
+    if (!heap_.empty()) return false;
+    for (const auto& q : lanes_) {
+      if (!q.empty()) return false;
+    }
+    return true;
+  }
+  Event pop() {
+    const Event* best = heap_.empty() ? nullptr : &heap_.top();
+    int from = kHeap;
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+      if (!lanes_[i].empty() && (best == nullptr || EventLater()(*best, lanes_[i].front()))) {
+        best = &lanes_[i].front();
+        from = static_cast<int>(i);
+      }
+    }
+    Event e = *best;
+    if (from == kHeap) {
+      heap_.pop();
+    } else {
+      lanes_[static_cast<size_t>(from)].pop_front();
+    }
+    return e;
+  }
+
+ private:
+  std::priority_queue<Event, std::vector<Event>, EventLater> heap_;
+  std::array<std::deque<Event>, 3> lanes_;
 };
 
 // One request from the client's send to its result line.
@@ -218,7 +267,7 @@ class Sim {
 
   const ClusterSetup& setup_;
   const std::vector<trace::Request>& requests_;
-  std::priority_queue<Event, std::vector<Event>, EventLater> queue_;
+  EventQueue queue_;
   uint64_t next_seq_ = 0;
   Nanos now_ = 0;
 
