@@ -112,8 +112,7 @@ TEST(TokenFree, MalformedSpecsAreRefused) {
   ASSERT_TRUE(core.ok());
   auto wrong_count = (*core)->validate(keyed("a", 50, {1, 2}, 1, 1));
   EXPECT_FALSE(wrong_count.ok());
-  EXPECT_NE(std::string(wrong_count.message()).find("prompt_blocks.block_keys"),
-            std::string::npos);
+  EXPECT_NE(std::string(wrong_count.message()).find("prompt_blocks.block_keys"), std::string::npos);
   auto empty = (*core)->validate(keyed("a", 0, {}, 1, 1));
   EXPECT_FALSE(empty.ok());
   RequestSpec both = keyed("a", 16, {1}, 1, 1);
