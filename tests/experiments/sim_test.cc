@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -13,6 +14,7 @@
 
 #include "experiments/replay/result_log.h"
 #include "experiments/sim/sim_config.h"
+#include "experiments/sim/sim_internal.h"
 #include "experiments/sim/sim_runner.h"
 #include "tests/testing/temp_dir.h"
 
@@ -450,6 +452,44 @@ TEST(SimTokenFree, SameResultsAsTheTokenPath) {
       EXPECT_LT(hits, 200) << bs << " " << arm;
     }
   }
+}
+
+// The event queue's FIFO lanes pop in exactly a single heap's (time, sequence) order, also when
+// a push would break its lane's order (it goes to the heap).
+TEST(SimEventQueue, LanesKeepTheHeapOrder) {
+  std::mt19937_64 rng(17);
+  EventQueue queue;
+  std::vector<Event> all;
+  uint64_t seq = 0;
+  Nanos now = 0;
+  for (int round = 0; round < 2000; ++round) {
+    now += static_cast<Nanos>(rng() % 5);
+    int n = 1 + static_cast<int>(rng() % 3);
+    for (int i = 0; i < n; ++i) {
+      int lane = static_cast<int>(rng() % 4) - 1;  // -1 = heap
+      // Lanes get now + their fixed delay, sometimes from a later "now" (out of order).
+      Nanos delay = lane < 0 ? static_cast<Nanos>(rng() % 50) : 10 * (lane + 1);
+      Nanos t = now + delay + (rng() % 10 == 0 ? static_cast<Nanos>(rng() % 30) : 0);
+      Event e{t, seq++, Ev::kArrival, static_cast<uint32_t>(round), 0};
+      queue.push(e, lane);
+      all.push_back(e);
+    }
+    if (rng() % 2 == 0 && !queue.empty()) {  // interleave pops with pushes
+      Event e = queue.pop();
+      auto least = std::min_element(all.begin(), all.end(), [](const Event& x, const Event& y) {
+        return EventLater()(y, x);
+      });
+      ASSERT_EQ(e.seq, least->seq);
+      all.erase(least);
+    }
+  }
+  std::sort(all.begin(), all.end(),
+            [](const Event& x, const Event& y) { return EventLater()(y, x); });
+  for (const Event& expected : all) {
+    ASSERT_FALSE(queue.empty());
+    EXPECT_EQ(queue.pop().seq, expected.seq);
+  }
+  EXPECT_TRUE(queue.empty());
 }
 
 }  // namespace
