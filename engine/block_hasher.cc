@@ -14,6 +14,16 @@ worker::BlockHash hashBlock(uint64_t seed, worker::BlockHash parent,
   return XXH3_64bits_digest(&state);
 }
 
+worker::BlockHash hashBlockKey(uint64_t seed, worker::BlockHash parent, uint64_t key) {
+  const uint64_t words[2] = {parent, key};
+  return XXH3_64bits_withSeed(words, sizeof(words), seed);
+}
+
+uint64_t generatedBlockKey(uint64_t content_seed, int64_t index) {
+  const uint64_t words[2] = {content_seed, static_cast<uint64_t>(index)};
+  return XXH3_64bits_withSeed(words, sizeof(words), 0x6b76662d67656eULL);
+}
+
 uint64_t outputSeed(std::span<const worker::TokenId> prompt) {
   return XXH3_64bits_withSeed(prompt.data(), prompt.size_bytes(), 0x6b76662d6f7574ULL);
 }

@@ -15,6 +15,13 @@ namespace kvf::engine {
 worker::BlockHash hashBlock(uint64_t seed, worker::BlockHash parent,
                             std::span<const worker::TokenId> tokens);
 
+// Hash of a full block of a token-free prompt, identified by its content key (PromptBlocks).
+worker::BlockHash hashBlockKey(uint64_t seed, worker::BlockHash parent, uint64_t key);
+// Content key of full block `index` of a token-free request that holds generated tokens (the
+// prompt's partial last block and what follows): a function of the prompt (content_seed) and
+// the position, as the generated tokens are.
+uint64_t generatedBlockKey(uint64_t content_seed, int64_t index);
+
 // Seed of a request's generated tokens: a function of the prompt only, so every run, cache
 // state and preemption history gives the same output.
 uint64_t outputSeed(std::span<const worker::TokenId> prompt);

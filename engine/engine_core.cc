@@ -20,21 +20,28 @@ absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::create(const EngineConfi
   if (sched.eos_token_id < 0) sched.eos_token_id = sched.vocab_size - 1;
   core->scheduler_ =
       std::make_unique<Scheduler>(sched, core->pool_.get(), core->timing_.get(), sink);
+  core->keyed_events_ = sink == nullptr || dynamic_cast<KeyedKvEventSink*>(sink) != nullptr;
   core->max_model_len_ =
       config.max_model_len > 0 ? config.max_model_len : config.profile.model.max_model_len;
   return core;
 }
 
 absl::Status EngineCore::validate(const RequestSpec& spec) const {
-  if (spec.prompt.empty()) return absl::InvalidArgumentError("prompt: must not be empty");
-  const int64_t vocab = vocabSize();
-  for (size_t i = 0; i < spec.prompt.size(); ++i) {
-    if (spec.prompt[i] < 0 || spec.prompt[i] >= vocab) {
-      return absl::InvalidArgumentError(strCat("prompt[", i, "]: token id ", spec.prompt[i],
-                                               " is out of vocabulary (0..", vocab - 1, ")"));
+  int64_t prompt_len = 0;
+  if (spec.prompt_blocks) {
+    KVF_RETURN_IF_ERROR(validatePromptBlocks(spec));
+    prompt_len = spec.prompt_blocks->num_tokens;
+  } else {
+    if (spec.prompt.empty()) return absl::InvalidArgumentError("prompt: must not be empty");
+    const int64_t vocab = vocabSize();
+    for (size_t i = 0; i < spec.prompt.size(); ++i) {
+      if (spec.prompt[i] < 0 || spec.prompt[i] >= vocab) {
+        return absl::InvalidArgumentError(strCat("prompt[", i, "]: token id ", spec.prompt[i],
+                                                 " is out of vocabulary (0..", vocab - 1, ")"));
+      }
     }
+    prompt_len = static_cast<int64_t>(spec.prompt.size());
   }
-  auto prompt_len = static_cast<int64_t>(spec.prompt.size());
   if (prompt_len >= max_model_len_) {
     return absl::InvalidArgumentError(strCat("prompt: this model's maximum context length is ",
                                              max_model_len_, " tokens, but the prompt has ",
@@ -70,6 +77,27 @@ absl::Status EngineCore::validate(const RequestSpec& spec) const {
   if (s.min_tokens < 0 || s.min_tokens > s.max_tokens) {
     return absl::InvalidArgumentError(
         strCat("min_tokens: must be in [0, max_tokens], got ", s.min_tokens));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status EngineCore::validatePromptBlocks(const RequestSpec& spec) const {
+  const PromptBlocks& p = *spec.prompt_blocks;
+  if (!spec.prompt.empty()) {
+    return absl::InvalidArgumentError("prompt: must be empty when prompt_blocks is given");
+  }
+  if (p.num_tokens < 1) {
+    return absl::InvalidArgumentError("prompt: must not be empty");
+  }
+  auto expected = static_cast<size_t>(p.num_tokens / pool_->blockSize());
+  if (p.block_keys.size() != expected) {
+    return absl::InvalidArgumentError(strCat("prompt_blocks.block_keys: ", p.block_keys.size(),
+                                             " keys for ", expected, " full blocks of ",
+                                             pool_->blockSize(), " tokens"));
+  }
+  if (!keyed_events_) {
+    return absl::FailedPreconditionError(
+        "prompt_blocks: this core's KV event sink cannot take token-free stores");
   }
   return absl::OkStatus();
 }

@@ -61,12 +61,16 @@ class EngineCore {
 
   // InvalidArgument naming the field for a request the engine can never serve. Reads only
   // immutable configuration, so it may run on another thread than the one stepping the core;
-  // a request that passes is accepted by add() (given a unique id).
+  // a request that passes is accepted by add() (given a unique id). A token-free prompt
+  // (spec.prompt_blocks, see request.h) needs one key per full block and a sink that is a
+  // KeyedKvEventSink (or no sink).
   absl::Status validate(const RequestSpec& spec) const;
   // validate() then queue.
   absl::Status add(RequestSpec spec, Nanos now);
   bool abort(const std::string& id) { return scheduler_->abort(id); }
   StepResult step(Nanos now) { return scheduler_->step(now); }
+  // The same into `result`, reusing its vectors' capacity (a simulator steps millions of times).
+  void step(Nanos now, StepResult* result) { scheduler_->step(now, result); }
   bool hasWork() const { return scheduler_->hasWork(); }
 
   // KV push, receiver side (see above).
@@ -99,10 +103,12 @@ class EngineCore {
 
  private:
   EngineCore() = default;
+  absl::Status validatePromptBlocks(const RequestSpec& spec) const;
   std::unique_ptr<TimingModel> timing_;
   std::unique_ptr<KvPool> pool_;
   std::unique_ptr<Scheduler> scheduler_;
   int64_t max_model_len_ = 0;
+  bool keyed_events_ = true;  // the sink takes token-free stores (or there is none)
 };
 
 }  // namespace kvf::engine

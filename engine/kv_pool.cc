@@ -85,11 +85,19 @@ void KvPool::ref(BlockIndex b) {
   ++blocks_[b].ref_count;
 }
 
-std::vector<BlockIndex> KvPool::findCachedPrefix(std::span<const BlockHash> hashes) const {
+std::vector<BlockIndex> KvPool::findCachedPrefix(std::span<const BlockHash> hashes,
+                                                 std::span<const BlockIndex> hint) const {
   std::vector<BlockIndex> out;
   if (!options_.enable_prefix_caching) return out;
-  for (BlockHash h : hashes) {
-    auto b = table_.find(h);
+  size_t i = 0;
+  // A block holds hash h exactly when the table maps h to it (cacheBlock / allocate keep both).
+  for (; i < hashes.size() && i < hint.size(); ++i) {
+    BlockIndex b = hint[i];
+    if (b >= blocks_.size() || !blocks_[b].has_hash || blocks_[b].hash != hashes[i]) break;
+    out.push_back(b);
+  }
+  for (; i < hashes.size(); ++i) {
+    auto b = table_.find(hashes[i]);
     if (!b) break;
     out.push_back(*b);
   }

@@ -46,7 +46,13 @@ class KvPool {
   bool prefixCachingEnabled() const { return options_.enable_prefix_caching; }
 
   // Blocks holding the longest run of leading `hashes` in the cache (no references taken).
-  std::vector<BlockIndex> findCachedPrefix(std::span<const BlockHash> hashes) const;
+  std::vector<BlockIndex> findCachedPrefix(std::span<const BlockHash> hashes) const {
+    return findCachedPrefix(hashes, {});
+  }
+  // The same, given the blocks an earlier lookup of these hashes found: those still holding
+  // their hash are taken by a check of the block (no hash-table probe), the rest looked up.
+  std::vector<BlockIndex> findCachedPrefix(std::span<const BlockHash> hashes,
+                                           std::span<const BlockIndex> hint) const;
   // How many of `blocks` are unreferenced (touching them takes them off the free queue).
   int64_t countUnreferenced(std::span<const BlockIndex> blocks) const;
   // Takes a reference on each (cached) block.

@@ -31,10 +31,25 @@ struct RemoteKvSpec {
   std::vector<worker::BlockHash> block_hashes;
 };
 
+// A token-free prompt (a simulator replaying a trace of block ids): one content key per full
+// block instead of token ids. Equal keys stand for equal tokens, so the block hashes chain as
+// hashBlockKey(seed, parent, key) and the prefix cache behaves as with the tokens; only full
+// blocks are cached and the last prompt token is always computed, as with tokens. Generated
+// tokens are seeded by content_seed, which must identify the whole prompt (partial last block
+// included), as outputSeed() of the tokens does.
+struct PromptBlocks {
+  int64_t num_tokens = 0;
+  std::vector<uint64_t> block_keys;  // num_tokens / block_size keys, in prompt order
+  uint64_t content_seed = 0;
+};
+
 // What a front end submits.
 struct RequestSpec {
   std::string id;
   std::vector<TokenId> prompt;
+  // Instead of `prompt` (which must then be empty): a token-free prompt. Its BlockStored
+  // events carry no token_ids; the core needs a KeyedKvEventSink (or none) to accept it.
+  std::optional<PromptBlocks> prompt_blocks;
   SamplingParams sampling;
   std::optional<RemoteKvSpec> remote_kv;
   // Prefill offload (do_remote_decode): when the request finishes, the prompt's cached full
@@ -57,7 +72,10 @@ const char* finishReasonName(FinishReason r);
 struct Request {
   std::string id;
   uint64_t arrival_seq = 0;
-  std::vector<TokenId> prompt;
+  std::vector<TokenId> prompt;        // empty for a token-free prompt
+  int64_t prompt_len = 0;             // prompt tokens (prompt.size() or PromptBlocks::num_tokens)
+  std::vector<uint64_t> prompt_keys;  // token-free: content key per full prompt block
+  bool token_free = false;
   std::vector<TokenId> output;
   SamplingParams sampling;
   uint64_t output_seed = 0;  // generated tokens are a function of this and their position
@@ -71,6 +89,9 @@ struct Request {
   std::vector<worker::BlockIndex> blocks;       // KV blocks held, in token order
   std::vector<worker::BlockHash> block_hashes;  // hashes of full blocks of prompt + output
   size_t num_cached_blocks = 0;                 // leading blocks registered in the prefix cache
+  // While waiting at the head of the queue: the blocks its last prefix lookup found (a hint
+  // for the next lookup, re-checked block by block; no references held).
+  std::vector<worker::BlockIndex> prefix_hint;
 
   // KV push (receiver): the spec until the fetch is resolved; landing blocks while waiting.
   std::optional<RemoteKvSpec> remote_kv;
@@ -87,7 +108,8 @@ struct Request {
   Nanos arrival_time = 0;
   Nanos first_token_time = -1;
 
-  int64_t numTokens() const { return static_cast<int64_t>(prompt.size() + output.size()); }
+  int64_t numTokens() const { return prompt_len + static_cast<int64_t>(output.size()); }
+  // Token mode only (token_free == false).
   TokenId tokenAt(int64_t i) const {
     auto p = static_cast<int64_t>(prompt.size());
     return i < p ? prompt[static_cast<size_t>(i)] : output[static_cast<size_t>(i - p)];

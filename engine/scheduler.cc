@@ -22,18 +22,30 @@ const char* finishReasonName(FinishReason r) {
 
 Scheduler::Scheduler(SchedulerConfig config, KvPool* pool, const TimingModel* timing,
                      worker::KvEventSink* sink)
-    : config_(config), pool_(pool), timing_(timing), sink_(sink) {}
+    : config_(config),
+      pool_(pool),
+      timing_(timing),
+      sink_(sink),
+      keyed_sink_(dynamic_cast<KeyedKvEventSink*>(sink)) {}
 
 Scheduler::~Scheduler() = default;
 
 absl::Status Scheduler::add(RequestSpec spec, Nanos now) {
-  if (spec.prompt.empty()) return absl::InvalidArgumentError("prompt must not be empty");
+  const bool token_free = spec.prompt_blocks.has_value();
+  auto prompt_len =
+      token_free ? spec.prompt_blocks->num_tokens : static_cast<int64_t>(spec.prompt.size());
+  if (prompt_len < 1) return absl::InvalidArgumentError("prompt must not be empty");
   if (requests_.contains(spec.id)) {
     return absl::AlreadyExistsError(strCat("request id ", spec.id, " is already running"));
   }
   int64_t bs = pool_->blockSize();
   auto capacity = pool_->numBlocks() * bs;
-  auto prompt_len = static_cast<int64_t>(spec.prompt.size());
+  if (token_free &&
+      (!spec.prompt.empty() ||
+       static_cast<int64_t>(spec.prompt_blocks->block_keys.size()) != prompt_len / bs)) {
+    return absl::InvalidArgumentError(
+        strCat("prompt_blocks: ", prompt_len / bs, " block keys expected and no token ids"));
+  }
   if (spec.sampling.max_tokens < 1 || spec.sampling.max_tokens > capacity - prompt_len) {
     int64_t worst = prompt_len + std::min(spec.sampling.max_tokens, capacity);
     return absl::InvalidArgumentError(strCat("prompt + max_tokens (", worst,
@@ -43,9 +55,16 @@ absl::Status Scheduler::add(RequestSpec spec, Nanos now) {
   auto r = std::make_unique<Request>();
   r->id = std::move(spec.id);
   r->arrival_seq = next_arrival_seq_++;
-  r->prompt = std::move(spec.prompt);
+  r->prompt_len = prompt_len;
   r->sampling = spec.sampling;
-  r->output_seed = outputSeed(r->prompt);
+  if (token_free) {
+    r->token_free = true;
+    r->prompt_keys = std::move(spec.prompt_blocks->block_keys);
+    r->output_seed = spec.prompt_blocks->content_seed;
+  } else {
+    r->prompt = std::move(spec.prompt);
+    r->output_seed = outputSeed(r->prompt);
+  }
   r->arrival_time = now;
   r->remote_kv = std::move(spec.remote_kv);
   r->remote_decode_lease = spec.remote_decode_lease;
@@ -84,6 +103,14 @@ SchedulerStats Scheduler::statsNow() const {
 
 void Scheduler::ensureHashes(Request& r) {
   const int64_t bs = pool_->blockSize();
+  if (r.token_free) {
+    while (static_cast<int64_t>(r.block_hashes.size() + 1) * bs <= r.numTokens()) {
+      size_t i = r.block_hashes.size();
+      BlockHash parent = i == 0 ? 0 : r.block_hashes[i - 1];
+      r.block_hashes.push_back(hashBlockKey(config_.hash_seed, parent, blockKey(r, i)));
+    }
+    return;
+  }
   std::vector<TokenId> block(static_cast<size_t>(bs));
   while (static_cast<int64_t>(r.block_hashes.size() + 1) * bs <= r.numTokens()) {
     size_t i = r.block_hashes.size();
@@ -91,6 +118,11 @@ void Scheduler::ensureHashes(Request& r) {
     BlockHash parent = i == 0 ? 0 : r.block_hashes[i - 1];
     r.block_hashes.push_back(hashBlock(config_.hash_seed, parent, block));
   }
+}
+
+uint64_t Scheduler::blockKey(const Request& r, size_t i) const {
+  return i < r.prompt_keys.size() ? r.prompt_keys[i]
+                                  : generatedBlockKey(r.output_seed, static_cast<int64_t>(i));
 }
 
 int64_t Scheduler::chunkLimit(int64_t budget) const {
@@ -105,6 +137,7 @@ bool Scheduler::allocateSlots(Request& r, int64_t n, std::span<const BlockIndex>
   auto held = static_cast<int64_t>(r.blocks.size() + cached.size());
   int64_t tokens = r.num_computed_tokens + static_cast<int64_t>(cached.size()) * bs + n;
   int64_t need = std::max<int64_t>(0, (tokens + bs - 1) / bs - held);
+  if (need == 0 && cached.empty()) return true;  // a decode inside its last block
   if (need + pool_->countUnreferenced(cached) > pool_->numFreeBlocks()) return false;
   pool_->acquire(cached);  // before allocate(), so eviction cannot take the hit blocks
   r.blocks.insert(r.blocks.end(), cached.begin(), cached.end());
@@ -137,8 +170,8 @@ void Scheduler::preempt(Request& r, std::vector<Scheduled>& scheduled, int64_t& 
 
 void Scheduler::scheduleRunning(std::vector<Scheduled>& scheduled, int64_t& budget, int& preempted,
                                 StepResult& result) {
-  std::vector<Request*> order;
-  order.reserve(running_.size());
+  std::vector<Request*>& order = order_;
+  order.clear();
   for (Request* r : running_) {
     if (r->numTokens() - r->num_computed_tokens == 1) order.push_back(r);  // decodes first
   }
@@ -185,11 +218,15 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
       auto max_blocks = static_cast<size_t>((r.numTokens() - 1) / bs);
       std::span<const BlockHash> lookup(r.block_hashes.data(),
                                         std::min(max_blocks, r.block_hashes.size()));
-      cached = pool_->findCachedPrefix(lookup);
+      cached = pool_->findCachedPrefix(lookup, r.prefix_hint);
       if (r.remote_kv) {
         std::vector<BlockHash> run = remoteRun(r, cached.size(), max_blocks);
         if (!run.empty()) {
-          if (!startRemoteKv(r, cached, std::move(run), result)) break;  // FCFS: wait for blocks
+          if (!startRemoteKv(r, cached, std::move(run), result)) {
+            r.prefix_hint = std::move(cached);
+            break;  // FCFS: wait for blocks
+          }
+          r.prefix_hint = {};
           waiting_.pop_front();  // it waits aside and does not block the queue
           continue;
         }
@@ -198,16 +235,21 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
     }
     int64_t computed = resumed ? r.num_computed_tokens : static_cast<int64_t>(cached.size()) * bs;
     int64_t n = r.numTokens() - computed;
-    if (!config_.enable_chunked_prefill && n > budget) break;
+    const bool fits = config_.enable_chunked_prefill || n <= budget;
     n = std::min(n, chunkLimit(budget));
-    if (!allocateSlots(r, n, cached)) break;  // FCFS: the head waits for blocks
+    if (!fits || !allocateSlots(r, n, cached)) {
+      // FCFS: the head waits for blocks; its next lookup starts from these.
+      r.prefix_hint = std::move(cached);
+      break;
+    }
+    r.prefix_hint = {};
     if (!resumed) {
       r.num_computed_tokens = computed;
       r.num_cached_blocks = cached.size();
     }
     if (r.num_cached_tokens < 0) {
       r.num_cached_tokens = computed;
-      stats_.prompt_tokens += r.prompt.size();
+      stats_.prompt_tokens += static_cast<uint64_t>(r.prompt_len);
     }
     int64_t local_hits = resumed ? r.local_hit_tokens : computed;
     stats_.prefix_cache_queries += static_cast<uint64_t>(r.numTokens());
@@ -230,11 +272,18 @@ void Scheduler::cacheFullBlocks(Request& r) {
     worker::BlockStored ev;
     ev.block_hashes.assign(r.block_hashes.begin() + run_start, r.block_hashes.begin() + end);
     if (run_start > 0) ev.parent_block_hash = r.block_hashes[run_start - 1];
+    ev.block_size = static_cast<int>(bs);
+    if (r.token_free) {
+      std::vector<uint64_t> keys;
+      keys.reserve(end - run_start);
+      for (size_t i = run_start; i < end; ++i) keys.push_back(blockKey(r, i));
+      if (keyed_sink_ != nullptr) keyed_sink_->onBlockStoredKeys(std::move(ev), std::move(keys));
+      return;
+    }
     ev.token_ids.reserve((end - run_start) * bs);
     for (auto t = static_cast<int64_t>(run_start) * bs; t < static_cast<int64_t>(end) * bs; ++t) {
       ev.token_ids.push_back(r.tokenAt(t));
     }
-    ev.block_size = static_cast<int>(bs);
     sink_->onBlockStored(std::move(ev));
   };
   for (size_t i = r.num_cached_blocks; i < full; ++i) {
@@ -247,7 +296,7 @@ void Scheduler::cacheFullBlocks(Request& r) {
   r.num_cached_blocks = std::max(r.num_cached_blocks, full);
 }
 
-void Scheduler::sampleToken(Request& r, Nanos end, RequestOutput& out) {
+TokenId Scheduler::sampleToken(Request& r, Nanos end) {
   auto index = static_cast<int64_t>(r.output.size());
   TokenId token = generatedToken(r.output_seed, index, config_.vocab_size);
   bool eos = token == config_.eos_token_id;
@@ -256,7 +305,6 @@ void Scheduler::sampleToken(Request& r, Nanos end, RequestOutput& out) {
     eos = false;
   }
   r.output.push_back(token);
-  out.new_tokens.push_back(token);
   ++stats_.generation_tokens;
   if (r.first_token_time < 0) r.first_token_time = end;
   if (eos && !r.sampling.ignore_eos) {
@@ -264,6 +312,7 @@ void Scheduler::sampleToken(Request& r, Nanos end, RequestOutput& out) {
   } else if (static_cast<int64_t>(r.output.size()) >= r.sampling.max_tokens) {
     finish(r, FinishReason::kLength, end);
   }
+  return token;
 }
 
 void Scheduler::finish(Request& r, FinishReason reason, Nanos now) {
@@ -276,11 +325,10 @@ void Scheduler::finish(Request& r, FinishReason reason, Nanos now) {
   r.blocks.clear();
 }
 
-RequestOutput Scheduler::outputFor(const Request& r) const {
-  RequestOutput o;
+void Scheduler::fillOutput(const Request& r, RequestOutput& o) const {
   o.id = r.id;
   o.finish = r.finish_reason;
-  o.prompt_tokens = static_cast<int64_t>(r.prompt.size());
+  o.prompt_tokens = r.prompt_len;
   o.cached_tokens = std::max<int64_t>(0, r.num_cached_tokens);
   o.output_tokens = static_cast<int64_t>(r.output.size());
   o.arrival_time = r.arrival_time;
@@ -291,22 +339,33 @@ RequestOutput Scheduler::outputFor(const Request& r) const {
     o.lease_id = r.id;
     o.lease_block_hashes = r.lease_hashes;
   }
-  return o;
 }
 
 StepResult Scheduler::step(Nanos now) {
   StepResult result;
+  step(now, &result);
+  return result;
+}
+
+void Scheduler::step(Nanos now, StepResult* into) {
+  StepResult& result = *into;
+  result.outputs.clear();
+  result.remote_kv_fetches.clear();
+  result.duration = 0;
+  result.num_scheduled_tokens = 0;
+  result.num_prefill_requests = result.num_decode_requests = result.num_preempted = 0;
   result.start = now;
-  std::vector<Scheduled> scheduled;
+  std::vector<Scheduled>& scheduled = scheduled_;
+  scheduled.clear();
   int64_t budget = config_.max_num_batched_tokens;
   int preempted = 0;
   expireLeases(now);
   scheduleRunning(scheduled, budget, preempted, result);
   if (preempted == 0) admitWaiting(scheduled, budget, result);
-  if (scheduled.empty()) return result;
+  if (scheduled.empty()) return;
 
-  std::vector<BatchEntry> batch;
-  batch.reserve(scheduled.size());
+  std::vector<BatchEntry>& batch = batch_;
+  batch.clear();
   for (auto& [r, n] : scheduled) {
     bool decode = n == 1 && !r->output.empty() && r->num_computed_tokens + 1 == r->numTokens();
     (decode ? result.num_decode_requests : result.num_prefill_requests)++;
@@ -326,17 +385,17 @@ StepResult Scheduler::step(Nanos now) {
     r->kv_ready_at = -1;
   }
   const Nanos end = now + result.duration;
-  std::vector<std::string> done;
+  done_.clear();
+  result.outputs.reserve(scheduled.size());
   for (auto& [r, n] : scheduled) {
-    RequestOutput out;
-    if (r->num_computed_tokens == r->numTokens()) sampleToken(*r, end, out);
-    RequestOutput full = outputFor(*r);
-    full.new_tokens = std::move(out.new_tokens);
-    result.outputs.push_back(std::move(full));
-    if (r->status == RequestStatus::kFinished) done.push_back(r->id);
+    std::optional<TokenId> token;
+    if (r->num_computed_tokens == r->numTokens()) token = sampleToken(*r, end);
+    RequestOutput& out = result.outputs.emplace_back();
+    fillOutput(*r, out);
+    if (token) out.new_tokens.push_back(*token);
+    if (r->status == RequestStatus::kFinished) done_.push_back(r);
   }
-  for (const auto& id : done) requests_.erase(id);
-  return result;
+  for (Request* r : done_) requests_.erase(requests_.find(r->id));
 }
 
 }  // namespace kvf::engine

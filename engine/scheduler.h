@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "engine/kv_pool.h"
 #include "engine/request.h"
@@ -32,10 +33,18 @@ struct SchedulerConfig {
   uint64_t hash_seed = 0x6b7666656e67ULL;  // engine-specific block-hash seed
 };
 
+// A KV event sink that also takes the stores of token-free requests (PromptBlocks): their
+// BlockStored has no token_ids, so the content key of each block comes alongside (one per
+// block hash, in order). Needed by whoever maps engine hashes to its own (a router index).
+class KeyedKvEventSink : public worker::KvEventSink {
+ public:
+  virtual void onBlockStoredKeys(worker::BlockStored event, std::vector<uint64_t> block_keys) = 0;
+};
+
 // One request's progress in a step.
 struct RequestOutput {
   std::string id;
-  std::vector<TokenId> new_tokens;  // generated this step (0 or 1)
+  absl::InlinedVector<TokenId, 1> new_tokens;  // generated this step (0 or 1)
   std::optional<FinishReason> finish;
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;  // prefix-cache hit at first admission
@@ -93,7 +102,8 @@ struct SchedulerStats {
 
 class Scheduler {
  public:
-  // `pool` and `timing` must outlive the scheduler; `sink` (may be null) gets BlockStored.
+  // `pool` and `timing` must outlive the scheduler; `sink` (may be null) gets BlockStored
+  // (a KeyedKvEventSink also gets those of token-free requests with their keys).
   Scheduler(SchedulerConfig config, KvPool* pool, const TimingModel* timing,
             worker::KvEventSink* sink);
   ~Scheduler();
@@ -104,6 +114,8 @@ class Scheduler {
   bool abort(const std::string& id);
   // Runs one step at time `now`; an empty result (no work schedulable) has duration 0.
   StepResult step(Nanos now);
+  // The same, overwriting `*result` (its vectors keep their capacity).
+  void step(Nanos now, StepResult* result);
 
   // Requests waiting for remote KV do not count: they need the driver, not a step.
   bool hasWork() const { return !running_.empty() || !waiting_.empty(); }
@@ -127,6 +139,8 @@ class Scheduler {
     int64_t num_tokens;
   };
   void ensureHashes(Request& r);
+  // Token-free requests: the content key of full block i (prompt or generated).
+  uint64_t blockKey(const Request& r, size_t i) const;
   int64_t chunkLimit(int64_t budget) const;
   // Reserves blocks so `r` can hold num_computed + cached + n tokens; false if not enough free.
   bool allocateSlots(Request& r, int64_t n, std::span<const BlockIndex> cached);
@@ -141,14 +155,16 @@ class Scheduler {
                      StepResult& result);
   void takeLease(Request& r, Nanos now);
   void cacheFullBlocks(Request& r);
-  void sampleToken(Request& r, Nanos end, RequestOutput& out);
+  // The token generated at `end` (appended to r.output; finishes r when due).
+  TokenId sampleToken(Request& r, Nanos end);
   void finish(Request& r, FinishReason reason, Nanos now);
-  RequestOutput outputFor(const Request& r) const;
+  void fillOutput(const Request& r, RequestOutput& out) const;
 
   SchedulerConfig config_;
   KvPool* pool_;
   const TimingModel* timing_;
   worker::KvEventSink* sink_;
+  KeyedKvEventSink* keyed_sink_;  // sink_ when it takes keys, else null
   absl::flat_hash_map<std::string, std::unique_ptr<Request>> requests_;
   std::deque<Request*> waiting_;
   std::vector<Request*> running_;  // admission order; the last is preempted first
@@ -161,6 +177,11 @@ class Scheduler {
   };
   absl::flat_hash_map<std::string, Lease> leases_;
   uint64_t next_arrival_seq_ = 0;
+  // Per-step scratch (capacity kept across steps).
+  std::vector<Scheduled> scheduled_;
+  std::vector<Request*> order_;
+  std::vector<BatchEntry> batch_;
+  std::vector<Request*> done_;
   SchedulerStats stats_;
 };
 

@@ -119,7 +119,7 @@ bool Scheduler::releaseRemoteKvLanding(const std::string& id) {
 void Scheduler::takeLease(Request& r, Nanos now) {
   const int64_t bs = pool_->blockSize();
   ensureHashes(r);
-  auto prompt_blocks = std::min(r.prompt.size() / static_cast<size_t>(bs), r.block_hashes.size());
+  auto prompt_blocks = std::min(static_cast<size_t>(r.prompt_len / bs), r.block_hashes.size());
   r.lease_hashes.clear();
   for (size_t i = 0; i < prompt_blocks; ++i) {
     if (!pool_->pin(r.block_hashes[i]).ok()) break;  // the leading cached run only

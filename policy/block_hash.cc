@@ -15,6 +15,7 @@ constexpr uint64_t kEngineSeed = 0x165667b19e3779f9ULL;
 constexpr BlockHash kTextRoot = 0x6b7666746578742dULL;
 constexpr uint64_t kChainParentKey = 0x27d4eb2f165667c5ULL;
 constexpr uint64_t kChainContentKey = 0x85ebca77c2b2ae63ULL;
+constexpr uint64_t kBlockKeySeed = 0x6b76662d6b657973ULL;
 
 // The chain step: XXH3's 16-byte mixer over (parent, content hash). Its latency (~6 cycles) is
 // the only serial part, so the content hashes of consecutive blocks overlap in the CPU.
@@ -84,6 +85,18 @@ std::vector<BlockHash> hashTextBlocks(std::string_view text, size_t bytes_per_bl
 
 uint64_t engineHashFromBytes(std::string_view bytes) {
   return XXH3_64bits_withSeed(bytes.data(), bytes.size(), kEngineSeed);
+}
+
+BlockHash hashBlockKey(BlockHash parent, uint64_t key) {
+  return chain(parent, XXH3_64bits_withSeed(&key, sizeof(key), kBlockKeySeed));
+}
+
+void hashKeyBlocks(std::span<const uint64_t> keys, std::vector<BlockHash>* out, BlockHash parent) {
+  out->reserve(out->size() + keys.size());
+  for (uint64_t key : keys) {
+    parent = hashBlockKey(parent, key);
+    out->push_back(parent);
+  }
 }
 
 }  // namespace kvf::policy

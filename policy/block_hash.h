@@ -31,6 +31,13 @@ std::vector<BlockHash> hashTokenBlocks(std::span<const TokenId> tokens, size_t b
 void completeBlockHashes(std::span<const TokenId> tokens, size_t block_size,
                          std::vector<BlockHash>* hashes);
 
+// Token-free prompts (a simulator replaying a trace of block ids): a block identified by a
+// content key (equal keys = equal tokens) instead of its tokens. Same chain, separate content
+// domain. hashKeyBlocks appends the chained hashes of `keys` (one per full block) to `out`.
+BlockHash hashBlockKey(BlockHash parent, uint64_t key);
+void hashKeyBlocks(std::span<const uint64_t> keys, std::vector<BlockHash>* out,
+                   BlockHash parent = kRootBlockHash);
+
 // Approximate index for prompts the router cannot tokenize: chained hashes over full blocks of
 // `bytes_per_block` bytes of text. Separate domain from token hashes (different root).
 std::vector<BlockHash> hashTextBlocks(std::string_view text, size_t bytes_per_block);

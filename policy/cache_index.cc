@@ -237,4 +237,46 @@ CacheIndexStats CacheIndex::stats() const {
   return s;
 }
 
+// storeBlocks() for token-free events: the chain runs over content keys instead of tokens.
+bool CacheIndex::storeKeyedBlocks(int instance, std::span<const uint64_t> engine_hashes,
+                                  bool has_parent, uint64_t engine_parent,
+                                  std::span<const uint64_t> block_keys, size_t block_size) {
+  if (!validInstance(instance) || engine_hashes.empty()) return false;
+  InstanceState& state = instances_[instance];
+  if (block_size != config_.block_size || block_keys.size() != engine_hashes.size()) {
+    ++stats_.stored_events_rejected;
+    return false;
+  }
+  BlockHash parent = kRootBlockHash;
+  if (has_parent) {
+    auto it = state.engine_to_ours.find(engine_parent);
+    if (it == state.engine_to_ours.end()) {
+      ++stats_.stored_events_rejected;
+      return false;
+    }
+    parent = it->second;
+  }
+  for (size_t i = 0; i < engine_hashes.size(); ++i) {
+    parent = hashBlockKey(parent, block_keys[i]);
+    auto [it, inserted] = state.engine_to_ours.try_emplace(engine_hashes[i], parent);
+    if (inserted && state.engine_to_ours.size() > config_.max_blocks_per_instance) {
+      state.engine_to_ours.erase(it);
+      ++stats_.stored_events_rejected;
+      return false;
+    }
+    if (!inserted && it->second != parent) {
+      clearBits(it->second, bit(instance), 0);
+      it->second = parent;
+    }
+    Entry& entry = entries_[parent];
+    if ((entry.exact & bit(instance)) == 0) ++stats_.exact_entries;
+    entry.exact |= bit(instance);
+    if (entry.soft & bit(instance)) {
+      ++stats_.soft_confirmed;
+      dropSoft(SoftKey{parent, instance});
+    }
+  }
+  return true;
+}
+
 }  // namespace kvf::policy

@@ -56,6 +56,11 @@ class CacheIndex {
   // Exact events for `instance`. storeBlocks returns false (and counts it) when the event
   // cannot be mapped to our hashes: parent never seen, block size or token count mismatch.
   bool storeBlocks(int instance, const StoredBlocks& event);
+  // The same for a token-free BlockStored (a simulator's engine, engine::KeyedKvEventSink):
+  // our hash of block i is hashBlockKey(parent, block_keys[i]); no token is hashed.
+  bool storeKeyedBlocks(int instance, std::span<const uint64_t> engine_hashes, bool has_parent,
+                        uint64_t engine_parent, std::span<const uint64_t> block_keys,
+                        size_t block_size);
   void removeBlocks(int instance, std::span<const uint64_t> engine_hashes);
   // AllBlocksCleared, restart or removal of an instance: drops every entry it holds.
   void clearInstance(int instance);

@@ -1,5 +1,7 @@
 #include "trace/token_synth.h"
 
+#include <algorithm>
+
 #include "common/strings.h"
 
 namespace kvf::trace {
@@ -63,6 +65,47 @@ void TokenSynthesizer::appendPrompt(const Request& r, uint64_t unique_key,
   for (; pos < r.input_length; ++pos) {
     out->push_back(toToken(mix64(tail_key + kGolden * (static_cast<uint64_t>(pos) + 1))));
   }
+}
+
+// A block's key chains the identities of the runs of tokens it covers: (trace block key, offset,
+// length) inside a hashed trace block, (tail key, position, length) past the hashed blocks.
+// These determine the tokens appendPrompt() writes there, and vice versa.
+uint64_t TokenSynthesizer::appendBlockKeys(const Request& r, uint64_t unique_key,
+                                           int64_t block_size, std::vector<uint64_t>* keys) const {
+  constexpr uint64_t kKeyStart = 0x6b65792d73746172ULL;
+  const int64_t len = std::max<int64_t>(r.input_length, 0);
+  const auto tbs = static_cast<int64_t>(r.block_size > 0 ? r.block_size : 1);
+  const int64_t hashed_end = std::min(len, static_cast<int64_t>(r.hash_ids.size()) * tbs);
+  const uint64_t tail_key = mix64(mix64(unique_key ^ kTailDomain) ^ salt_key_);
+  if (block_size < 1) return 0;
+  keys->reserve(keys->size() + static_cast<size_t>(len / block_size));
+  uint64_t acc = kKeyStart, whole = kKeyStart;
+  int64_t pos = 0;
+  while (pos < len) {
+    int64_t block_end = (pos / block_size + 1) * block_size;
+    int64_t end = std::min(block_end, len);
+    uint64_t run;
+    if (pos < hashed_end) {
+      int64_t j = pos / tbs;
+      end = std::min({end, (j + 1) * tbs, hashed_end});
+      uint64_t block_key =
+          mix64(mix64(r.hash_ids[static_cast<size_t>(j)] ^ salt_key_) + static_cast<uint64_t>(tbs));
+      run = block_key ^
+            mix64((static_cast<uint64_t>(pos - j * tbs) << 32) ^ static_cast<uint64_t>(end - pos));
+    } else {
+      run = tail_key ^ mix64((static_cast<uint64_t>(pos) << 32) ^ static_cast<uint64_t>(end - pos) ^
+                             kTailDomain);
+    }
+    acc = mix64(acc + kGolden * run);
+    pos = end;
+    if (pos == block_end) {
+      keys->push_back(acc);
+      whole = mix64(whole ^ acc);
+      acc = kKeyStart;
+    }
+  }
+  if (acc != kKeyStart) whole = mix64(whole ^ acc);
+  return mix64(whole + static_cast<uint64_t>(len));
 }
 
 std::vector<int32_t> TokenSynthesizer::prompt(const Request& r, uint64_t unique_key) const {

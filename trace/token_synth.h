@@ -40,6 +40,14 @@ class TokenSynthesizer {
   void appendPrompt(const Request& r, uint64_t unique_key, std::vector<int32_t>* out) const;
   std::vector<int32_t> prompt(const Request& r, uint64_t unique_key) const;
 
+  // Token-free form of the same prompt (simulators): one content key per full block of
+  // `block_size` tokens (input_length / block_size keys, appended to `keys`), equal exactly
+  // where the tokens appendPrompt() gives are equal (up to 64-bit collisions), for any
+  // block_size. Returns a key of the whole prompt (partial last block included), equal for
+  // equal prompts. No token is materialised.
+  uint64_t appendBlockKeys(const Request& r, uint64_t unique_key, int64_t block_size,
+                           std::vector<uint64_t>* keys) const;
+
   const TokenSynthOptions& options() const { return options_; }
 
  private:

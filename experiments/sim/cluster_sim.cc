@@ -29,7 +29,24 @@ Sim::~Sim() {
 }
 
 void Sim::push(Nanos t, Ev kind, uint32_t a, uint64_t b) {
-  queue_.push(Event{t, next_seq_++, kind, a, b});
+  // Lanes: kinds always pushed at now + a fixed delay (see EventQueue).
+  int lane = EventQueue::kHeap;
+  switch (kind) {
+    case Ev::kTimeout:
+      lane = 0;
+      break;
+    case Ev::kFirstToken:
+    case Ev::kFinish:
+    case Ev::kPrefillDone:
+      lane = 1;
+      break;
+    case Ev::kKvDeliver:
+      lane = 2;
+      break;
+    default:
+      break;
+  }
+  queue_.push(Event{t, next_seq_++, kind, a, b}, lane);
 }
 
 absl::Status Sim::init(const std::string& rep_dir) {
@@ -148,8 +165,7 @@ absl::StatusOr<SimStats> Sim::run() {
   // Progress goes to the log every 10 s of wall time; results never see the wall clock.
   auto last_progress = std::chrono::steady_clock::now();
   while (!queue_.empty()) {
-    Event e = queue_.top();
-    queue_.pop();
+    Event e = queue_.pop();
     now_ = e.t;
     ++stats_.events;
     dispatch(e);
@@ -187,12 +203,16 @@ void Sim::send(uint32_t index, Nanos t) {
   auto f = std::make_unique<Flight>();
   f->index = index;
   f->sent = t;
-  synth_->appendPrompt(r, index, &f->prompt);
-  f->prompt_tokens = static_cast<int64_t>(f->prompt.size());
   f->max_tokens = std::max<int64_t>(r.output_length, 1);
-  std::span<const uint32_t> tokens(reinterpret_cast<const uint32_t*>(f->prompt.data()),
-                                   f->prompt.size());
-  policy::hashTokenBlocks(tokens, setup_.router.index.block_size, &f->hashes);
+  if (setup_.sim.token_free) {
+    promptKeys(*f, r);
+  } else {
+    synth_->appendPrompt(r, index, &f->prompt);
+    f->prompt_tokens = static_cast<int64_t>(f->prompt.size());
+    std::span<const uint32_t> tokens(reinterpret_cast<const uint32_t*>(f->prompt.data()),
+                                     f->prompt.size());
+    policy::hashTokenBlocks(tokens, setup_.router.index.block_size, &f->hashes);
+  }
   f->excluded.assign(engines_.size(), false);
   const Overheads& o = setup_.sim.overheads;
   double latency_ms =
@@ -206,6 +226,22 @@ void Sim::send(uint32_t index, Nanos t) {
   auto timeout_ns = static_cast<Nanos>(setup_.replay.timeout.count()) * kNanosPerMilli;
   push(t + timeout_ns, Ev::kTimeout, index);
   flights_[index] = std::move(f);
+}
+
+// Token-free prompt: the engine's block keys and the router's hashes from the trace's ids (the
+// router's own keys when its block size differs from the engine's).
+void Sim::promptKeys(Flight& f, const trace::Request& r) {
+  f.prompt_tokens = std::max<int64_t>(r.input_length, 0);
+  const int64_t engine_bs = setup_.engine.cache.block_size;
+  const auto router_bs = static_cast<int64_t>(setup_.router.index.block_size);
+  f.content_seed = synth_->appendBlockKeys(r, f.index, engine_bs, &f.block_keys);
+  if (router_bs == engine_bs) {
+    policy::hashKeyBlocks(f.block_keys, &f.hashes);
+  } else if (router_bs > 0) {
+    std::vector<uint64_t> keys;
+    synth_->appendBlockKeys(r, f.index, router_bs, &keys);
+    policy::hashKeyBlocks(keys, &f.hashes);
+  }
 }
 
 void Sim::onTimeout(uint32_t index, Nanos t) {

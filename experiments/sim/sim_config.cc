@@ -26,6 +26,7 @@ void parseSim(config::ConfigMap& m, SimOptions* out) {
   m.get("seed", &out->seed, 0, UINT64_MAX);
   m.get("jobs", &out->jobs, 0, 1024);
   m.get("decision_log", &out->decision_log);
+  m.get("token_free", &out->token_free);
   if (auto e = m.raw("engine")) {
     if (!e->IsMap()) m.fail("engine", "expected a map of engine config overrides");
     out->engine = *e;

@@ -42,6 +42,10 @@ struct SimOptions {
   uint64_t seed = 1;  // jitter draws; repetition k uses seed + k
   int jobs = 0;       // arm processes at once; 0 = hardware threads
   bool decision_log = true;
+  // Prompts go to the engines and the cache index as per-block content keys derived from the
+  // trace's hash ids (no token synthesised or hashed); false: synthesised token ids, as the
+  // live replay sends them. Both give the same results up to 64-bit hash collisions.
+  bool token_free = true;
   std::vector<Failure> failures;
   // Overrides merged over the cluster's engine config file, for the simulator only (e.g.
   // `engine: {cache: {block_size: 64}}`; set router.index.block_size to match).

@@ -32,6 +32,24 @@ void Sim::publish(SimEngine& e) {
   e.published_usage = e.core->pool().usage();
 }
 
+void Sim::fillPrompt(Flight& f, engine::RequestSpec& spec, bool keep) {
+  if (setup_.sim.token_free) {
+    engine::PromptBlocks blocks;
+    blocks.num_tokens = f.prompt_tokens;
+    blocks.content_seed = f.content_seed;
+    if (keep) {
+      blocks.block_keys = f.block_keys;
+    } else {
+      blocks.block_keys = std::move(f.block_keys);
+      f.block_keys = {};
+    }
+    spec.prompt_blocks = std::move(blocks);
+    return;
+  }
+  spec.prompt.assign(f.prompt.begin(), f.prompt.end());
+  if (!keep) f.prompt = {};
+}
+
 void Sim::onEngineArrive(uint32_t index, Nanos t) {
   Flight* f = flights_[index].get();
   if (f == nullptr) return;
@@ -51,8 +69,7 @@ void Sim::onEngineArrive(uint32_t index, Nanos t) {
   }
   engine::RequestSpec spec;
   spec.id = std::to_string(index);
-  spec.prompt.assign(f->prompt.begin(), f->prompt.end());
-  f->prompt = {};
+  fillPrompt(*f, spec, false);
   spec.sampling.max_tokens = f->max_tokens;
   spec.sampling.min_tokens = f->max_tokens;
   spec.sampling.ignore_eos = true;
@@ -78,7 +95,8 @@ void Sim::onEngineArrive(uint32_t index, Nanos t) {
 
 void Sim::startStep(int instance, Nanos t) {
   SimEngine& e = engines_[instance];
-  engine::StepResult result = e.core->step(engineTime(t));
+  engine::StepResult& result = e.current;  // its vectors' capacity is reused step after step
+  e.core->step(engineTime(t), &result);
   if (!result.remote_kv_fetches.empty()) startFetches(instance, result.remote_kv_fetches, t);
   if (result.empty()) {
     e.busy = false;
@@ -87,7 +105,6 @@ void Sim::startStep(int instance, Nanos t) {
   ++stats_.steps;
   e.busy = true;
   Nanos end = t + wallDuration(result.duration) + ms(setup_.sim.overheads.step_overhead_ms);
-  e.current = std::move(result);
   push(end, Ev::kStepEnd, static_cast<uint32_t>(instance), e.incarnation);
 }
 
@@ -114,6 +131,7 @@ void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
     o.cached_tokens = out.cached_tokens;
     if (!out.new_tokens.empty()) {
       if (o.ttft_s < 0) {
+        o.itl_s.reserve(static_cast<size_t>(f->max_tokens - 1));
         o.ttft_s = nanosToSeconds(client_t - f->sent);
         push(client_t, Ev::kFirstToken, index);
       } else {
@@ -129,8 +147,8 @@ void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
       push(client_t, Ev::kFinish, index);
     }
   }
-  e.current = {};
-  std::vector<worker::KvEvent> events = e.sink.take();
+  e.current.outputs.clear();
+  std::vector<SimKvEvent> events = e.sink.take();
   if (!events.empty()) {
     e.kv_batches.push_back(std::move(events));
     push(t + ms(setup_.sim.overheads.kv_event_delay_ms), Ev::kKvDeliver,
@@ -230,8 +248,8 @@ void Sim::onEngineUp(int instance, Nanos t) {
   e.published_waiting = 0;
   e.published_usage = 0;
   // A started engine publishes AllBlocksCleared first; the router resets its index entries.
-  std::vector<worker::KvEvent> cleared;
-  cleared.emplace_back(worker::AllBlocksCleared{});
+  std::vector<SimKvEvent> cleared;
+  cleared.push_back({worker::AllBlocksCleared{}, {}});
   e.kv_batches.push_back(std::move(cleared));
   push(t + ms(setup_.sim.overheads.kv_event_delay_ms), Ev::kKvDeliver,
        static_cast<uint32_t>(instance));

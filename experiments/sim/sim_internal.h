@@ -4,6 +4,7 @@
 // health and failures). Single-threaded.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <deque>
@@ -50,17 +51,92 @@ struct Event {
   uint64_t b = 0;
 };
 
+// A KV event as the simulated engine publishes it; token-free stores carry their block keys.
+struct SimKvEvent {
+  worker::KvEvent event;
+  std::vector<uint64_t> block_keys;  // BlockStored of a token-free request: one per block
+};
+
+// The engine's KV event sink (engine::KeyedKvEventSink: token-free stores too).
+class SimEventSink final : public engine::KeyedKvEventSink {
+ public:
+  void onBlockStored(worker::BlockStored event) override {
+    events_.push_back({std::move(event), {}});
+  }
+  void onBlockStoredKeys(worker::BlockStored event, std::vector<uint64_t> block_keys) override {
+    events_.push_back({std::move(event), std::move(block_keys)});
+  }
+  void onBlockRemoved(worker::BlockRemoved event) override {
+    events_.push_back({std::move(event), {}});
+  }
+  void onAllBlocksCleared() override { events_.push_back({worker::AllBlocksCleared{}, {}}); }
+  std::vector<SimKvEvent> take() { return std::exchange(events_, {}); }
+
+ private:
+  std::vector<SimKvEvent> events_;
+};
+
 struct EventLater {
   bool operator()(const Event& x, const Event& y) const {
     return x.t != y.t ? x.t > y.t : x.seq > y.seq;
   }
 };
 
+// The event queue: a binary heap plus FIFO lanes for kinds always scheduled a fixed delay after
+// the current time (client timeouts, responses, KV deliveries), which therefore arrive in
+// (time, sequence) order and need no heap. pop() takes the least (time, sequence) of the heap
+// top and the lane fronts, so the order is exactly a single heap's. An event that would break
+// its lane's order (scheduled from a later time than now) goes to the heap.
+class EventQueue {
+ public:
+  static constexpr int kHeap = -1;
+  void push(const Event& e, int lane) {
+    if (lane != kHeap) {
+      std::deque<Event>& q = lanes_[static_cast<size_t>(lane)];
+      if (q.empty() || !EventLater()(q.back(), e)) {
+        q.push_back(e);
+        return;
+      }
+    }
+    heap_.push(e);
+  }
+  bool empty() const {
+    if (!heap_.empty()) return false;
+    for (const auto& q : lanes_) {
+      if (!q.empty()) return false;
+    }
+    return true;
+  }
+  Event pop() {
+    const Event* best = heap_.empty() ? nullptr : &heap_.top();
+    int from = kHeap;
+    for (size_t i = 0; i < lanes_.size(); ++i) {
+      if (!lanes_[i].empty() && (best == nullptr || EventLater()(*best, lanes_[i].front()))) {
+        best = &lanes_[i].front();
+        from = static_cast<int>(i);
+      }
+    }
+    Event e = *best;
+    if (from == kHeap) {
+      heap_.pop();
+    } else {
+      lanes_[static_cast<size_t>(from)].pop_front();
+    }
+    return e;
+  }
+
+ private:
+  std::priority_queue<Event, std::vector<Event>, EventLater> heap_;
+  std::array<std::deque<Event>, 3> lanes_;
+};
+
 // One request from the client's send to its result line.
 struct Flight {
   uint32_t index = 0;
   Nanos sent = 0;
-  std::vector<int32_t> prompt;            // until the engine has it
+  std::vector<int32_t> prompt;            // until the engine has it (token mode)
+  std::vector<uint64_t> block_keys;       // token-free mode: engine-block content keys
+  uint64_t content_seed = 0;              // token-free mode: the prompt's key
   std::vector<policy::BlockHash> hashes;  // until routed
   int64_t prompt_tokens = 0;
   int64_t max_tokens = 1;
@@ -105,13 +181,13 @@ struct Push {
 // One engine instance: its core and the router's view of it.
 struct SimEngine {
   // The sink must outlive the core that points to it.
-  worker::VectorEventSink sink;
+  SimEventSink sink;
   std::unique_ptr<engine::EngineCore> core;
   bool up = true;
   uint32_t incarnation = 0;
   bool busy = false;
-  engine::StepResult current;                           // the step in progress
-  std::deque<std::vector<worker::KvEvent>> kv_batches;  // published, not yet applied
+  engine::StepResult current;                      // the step in progress
+  std::deque<std::vector<SimKvEvent>> kv_batches;  // published, not yet applied
   // /metrics as last published by the engine (after each step and add).
   int64_t published_waiting = 0;
   double published_usage = 0;
@@ -143,6 +219,7 @@ class Sim {
   // Client (cluster_sim.cc).
   void onArrival(uint32_t index, Nanos t);
   void send(uint32_t index, Nanos t);
+  void promptKeys(Flight& f, const trace::Request& r);
   void complete(Flight& f, Nanos client_t);
   void failAtClient(Flight& f, Nanos client_t, int http_status, const std::string& error);
   void release(Flight& f, Nanos client_t);
@@ -158,7 +235,7 @@ class Sim {
   void upstreamFailure(SimEngine& e, Nanos t);
   void onFirstToken(uint32_t index, Nanos t);
   void onFinish(uint32_t index, Nanos t);
-  void applyKv(int instance, std::vector<worker::KvEvent>& batch);
+  void applyKv(int instance, std::vector<SimKvEvent>& batch);
 
   // KV push and prefill offload (sim_transfer.cc).
   void holdPeer(Flight& f, int64_t peer_matched);
@@ -174,6 +251,9 @@ class Sim {
   // Engines (sim_engines.cc).
   absl::StatusOr<std::unique_ptr<engine::EngineCore>> makeCore(SimEngine& e);
   void onEngineArrive(uint32_t index, Nanos t);
+  // The prompt part of a request spec for `f` (tokens or block keys); `keep` copies instead of
+  // moving (an offload's prefill: the decoder needs the prompt too).
+  void fillPrompt(Flight& f, engine::RequestSpec& spec, bool keep);
   void startStep(int instance, Nanos t);
   void onStepEnd(int instance, uint64_t incarnation, Nanos t);
   void publish(SimEngine& e);
@@ -187,7 +267,7 @@ class Sim {
 
   const ClusterSetup& setup_;
   const std::vector<trace::Request>& requests_;
-  std::priority_queue<Event, std::vector<Event>, EventLater> queue_;
+  EventQueue queue_;
   uint64_t next_seq_ = 0;
   Nanos now_ = 0;
 

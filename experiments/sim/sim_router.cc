@@ -165,9 +165,15 @@ void Sim::onFinish(uint32_t index, Nanos t) {
   complete(*f, t);
 }
 
-void Sim::applyKv(int instance, std::vector<worker::KvEvent>& batch) {
-  for (worker::KvEvent& event : batch) {
-    if (auto* stored = std::get_if<worker::BlockStored>(&event)) {
+void Sim::applyKv(int instance, std::vector<SimKvEvent>& batch) {
+  for (SimKvEvent& item : batch) {
+    worker::KvEvent& event = item.event;
+    if (auto* stored = std::get_if<worker::BlockStored>(&event);
+        stored && stored->token_ids.empty() && !item.block_keys.empty()) {
+      index_.storeKeyedBlocks(instance, stored->block_hashes, stored->parent_block_hash.has_value(),
+                              stored->parent_block_hash.value_or(0), item.block_keys,
+                              static_cast<size_t>(stored->block_size));
+    } else if (stored) {
       policy::StoredBlocks blocks;
       blocks.engine_hashes.assign(stored->block_hashes.begin(), stored->block_hashes.end());
       blocks.has_parent = stored->parent_block_hash.has_value();

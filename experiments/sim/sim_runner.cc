@@ -1,5 +1,6 @@
 #include "experiments/sim/sim_runner.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -92,6 +93,16 @@ std::string tail(const std::string& path, size_t bytes = 2000) {
   return text.size() > bytes ? text.substr(text.size() - bytes) : text;
 }
 
+// User + system CPU of this process (the arm's cost on a shared machine).
+double cpuSeconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& tv) {
+    return static_cast<double>(tv.tv_sec) + static_cast<double>(tv.tv_usec) * 1e-6;
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
 absl::Status runOne(const ExperimentConfig& config, const SimArm& arm, int rep,
                     const std::vector<trace::Request>& requests) {
   std::string rep_dir = strCat(config.output_dir, "/arms/", arm.name, "/rep", rep);
@@ -99,11 +110,12 @@ absl::Status runOne(const ExperimentConfig& config, const SimArm& arm, int rep,
   fs::create_directories(rep_dir);
   KVF_ASSIGN_OR_RETURN(ClusterSetup setup, buildSetup(config, arm, rep));
   auto start = std::chrono::steady_clock::now();
+  double cpu_start = cpuSeconds();
   KVF_ASSIGN_OR_RETURN(SimStats stats, simulate(setup, requests, rep_dir));
   double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   log::info("simulated", "arm", arm.name, "rep", rep, "requests", stats.requests, "errors",
             stats.errors, "steps", stats.steps, "events", stats.events, "virtual_s",
-            stats.virtual_seconds, "wall_s", wall);
+            stats.virtual_seconds, "wall_s", wall, "cpu_s", cpuSeconds() - cpu_start);
   return writeText(rep_dir + "/DONE", "");
 }
 

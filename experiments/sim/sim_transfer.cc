@@ -69,7 +69,7 @@ void Sim::onPrefillArrive(Flight& f, Nanos t) {
   }
   engine::RequestSpec spec;
   spec.id = std::to_string(f.index);
-  spec.prompt.assign(f.prompt.begin(), f.prompt.end());  // D needs the prompt too
+  fillPrompt(f, spec, true);  // D needs the prompt too
   spec.sampling.max_tokens = 1;
   spec.sampling.ignore_eos = true;
   double lease_ns = static_cast<double>(setup_.router.policy.elastic.lease_ms) * 1e6;

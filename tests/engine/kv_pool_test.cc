@@ -93,5 +93,35 @@ TEST(KvPoolTest, PinnedBlocksAreNotEvicted) {
   EXPECT_EQ(pool->numFreeBlocks(), 1);
 }
 
+// A lookup hint (the blocks an earlier lookup found) gives exactly the plain lookup's answer,
+// also when hinted blocks were evicted and their hashes re-cached elsewhere.
+TEST(KvPoolTest, PrefixHintGivesThePlainLookup) {
+  auto pool = makePool(4, nullptr);
+  auto a = pool->allocate(3);
+  ASSERT_TRUE(a.has_value());
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(pool->cacheBlock((*a)[i], 200 + i));
+  pool->release(*a);
+  std::vector<BlockHash> hashes = {200, 201, 202, 203};
+  std::vector<BlockIndex> hint = pool->findCachedPrefix(hashes);
+  ASSERT_EQ(hint, *a);
+  EXPECT_EQ(pool->findCachedPrefix(hashes, hint), hint);
+  // Evict everything (the free uncached block first, then LRU), re-cache 200 and 201 in other
+  // blocks: the stale hint must not be trusted.
+  auto b = pool->allocate(4);
+  ASSERT_TRUE(b.has_value());
+  ASSERT_TRUE(pool->cacheBlock((*b)[3], 200));
+  ASSERT_TRUE(pool->cacheBlock((*b)[2], 201));
+  std::vector<BlockIndex> plain = pool->findCachedPrefix(hashes);
+  EXPECT_EQ(plain, (std::vector<BlockIndex>{(*b)[3], (*b)[2]}));
+  EXPECT_EQ(pool->findCachedPrefix(hashes, hint), plain);
+  // A hint longer than the run, and one with an out-of-range index.
+  EXPECT_EQ(pool->findCachedPrefix(hashes, plain), plain);
+  std::vector<BlockIndex> bad = {(*b)[3], 99};
+  EXPECT_EQ(pool->findCachedPrefix(hashes, bad), plain);
+  // The last hash cached since the hint was taken extends the run.
+  ASSERT_TRUE(pool->cacheBlock((*b)[1], 202));
+  EXPECT_EQ(pool->findCachedPrefix(hashes, plain).size(), 3u);
+}
+
 }  // namespace
 }  // namespace kvf::engine

@@ -1,5 +1,6 @@
 #include "trace/token_synth.h"
 
+#include <algorithm>
 #include <random>
 
 #include <gtest/gtest.h>
@@ -140,6 +141,52 @@ TEST(TokenSynth, EngineSharesExactlyTheTracePrefixForAnyEngineBlockSize) {
     }
   }
   EXPECT_EQ(checks, 3 * 400 * 12);
+}
+
+// Token-free keys stand for the tokens: for every pair of engine blocks of several prompts
+// (shared prefixes, partial last trace blocks, unhashed tails, engine blocks that do and do not
+// divide the trace block), keys are equal exactly when the tokens are.
+TEST(TokenSynth, BlockKeysAreEqualExactlyWhereTokensAre) {
+  TokenSynthesizer s = synth();
+  std::vector<Request> reqs = {
+      request({1, 2, 3}, 1100, 512),       // partial last trace block
+      request({1, 2, 3}, 1536, 512),       // the same ids, full
+      request({1, 2}, 1300, 512),          // floor format: an unhashed tail
+      request({1, 2, 4}, 1500, 512),       // diverges at block 2
+      request({7, 2, 3}, 1536, 512),       // another first block
+      request({1, 2}, 1300, 512),          // the same as [2] but another tail (unique key)
+      request({10, 11, 12, 13}, 250, 64),  // small trace blocks
+  };
+  for (int64_t bs : {16, 48, 64, 512, 1024}) {
+    std::vector<std::vector<int32_t>> tokens;
+    std::vector<std::vector<uint64_t>> keys;
+    std::vector<uint64_t> seeds;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      tokens.push_back(s.prompt(reqs[i], i));
+      keys.emplace_back();
+      seeds.push_back(s.appendBlockKeys(reqs[i], i, bs, &keys.back()));
+      ASSERT_EQ(static_cast<int64_t>(keys.back().size()), reqs[i].input_length / bs);
+    }
+    for (size_t a = 0; a < reqs.size(); ++a) {
+      for (size_t b = 0; b < reqs.size(); ++b) {
+        for (size_t i = 0; i < keys[a].size(); ++i) {
+          for (size_t j = 0; j < keys[b].size(); ++j) {
+            bool same_tokens =
+                std::equal(tokens[a].begin() + i * bs, tokens[a].begin() + (i + 1) * bs,
+                           tokens[b].begin() + j * bs);
+            EXPECT_EQ(keys[a][i] == keys[b][j], same_tokens)
+                << "bs " << bs << " prompt " << a << " block " << i << " vs " << b << " " << j;
+          }
+        }
+        EXPECT_EQ(seeds[a] == seeds[b], tokens[a] == tokens[b]) << a << " " << b;
+      }
+    }
+  }
+  // Shared leading blocks: prompts 0 and 1 share 1100 / 16 full blocks at 16 tokens.
+  std::vector<uint64_t> k0, k1;
+  s.appendBlockKeys(reqs[0], 0, 16, &k0);
+  s.appendBlockKeys(reqs[1], 1, 16, &k1);
+  EXPECT_TRUE(std::equal(k0.begin(), k0.end(), k1.begin()));
 }
 
 }  // namespace

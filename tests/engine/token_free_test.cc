@@ -1,0 +1,135 @@
+// Token-free prompts (PromptBlocks): block keys instead of token ids give the same prefix-cache
+// behaviour as the tokens (full blocks only, last token always computed), BlockStored goes to
+// a KeyedKvEventSink with one key per block, and malformed specs are refused by name.
+#include <gtest/gtest.h>
+
+#include "engine/engine_core.h"
+#include "tests/engine/engine_test_util.h"
+
+namespace kvf::engine {
+namespace {
+
+using testing::makeConfig;
+
+class KeyedSink final : public KeyedKvEventSink {
+ public:
+  void onBlockStored(worker::BlockStored event) override { token_stores.push_back(event); }
+  void onBlockStoredKeys(worker::BlockStored event, std::vector<uint64_t> block_keys) override {
+    stores.push_back({std::move(event), std::move(block_keys)});
+  }
+  void onBlockRemoved(worker::BlockRemoved event) override { removed.push_back(event); }
+  void onAllBlocksCleared() override {}
+  std::vector<std::pair<worker::BlockStored, std::vector<uint64_t>>> stores;
+  std::vector<worker::BlockStored> token_stores;
+  std::vector<worker::BlockRemoved> removed;
+};
+
+RequestSpec keyed(std::string id, int64_t tokens, std::vector<uint64_t> keys, uint64_t seed,
+                  int64_t max_tokens) {
+  RequestSpec s;
+  s.id = std::move(id);
+  s.prompt_blocks = PromptBlocks{tokens, std::move(keys), seed};
+  s.sampling.max_tokens = max_tokens;
+  s.sampling.ignore_eos = true;
+  return s;
+}
+
+// Runs the core until `id` has its first token; returns its cached_tokens.
+int64_t runUntilFirstToken(EngineCore& core, const std::string& id, Nanos* now) {
+  for (int i = 0; i < 1000 && core.hasWork(); ++i) {
+    StepResult r = core.step(*now);
+    *now += r.duration;
+    for (const RequestOutput& out : r.outputs) {
+      if (out.id == id && !out.new_tokens.empty()) return out.cached_tokens;
+    }
+  }
+  ADD_FAILURE() << id << " never produced a token";
+  return -1;
+}
+
+TEST(TokenFree, SharedKeysHitLikeSharedTokens) {
+  KeyedSink sink;
+  auto core = EngineCore::create(makeConfig(16, 64, 8192), &sink);
+  ASSERT_TRUE(core.ok()) << core.status();
+  Nanos now = 0;
+  // 50 tokens: 3 full blocks (keys 1, 2, 3) and a partial one.
+  ASSERT_TRUE((*core)->add(keyed("a", 50, {1, 2, 3}, 77, 1), now).ok());
+  EXPECT_EQ(runUntilFirstToken(**core, "a", &now), 0);
+  // The same first two blocks, another third: 2 blocks hit.
+  ASSERT_TRUE((*core)->add(keyed("b", 60, {1, 2, 9}, 78, 1), now).ok());
+  EXPECT_EQ(runUntilFirstToken(**core, "b", &now), 32);
+  // Exactly 3 full blocks: the last token is computed, so only 2 blocks can hit.
+  ASSERT_TRUE((*core)->add(keyed("c", 48, {1, 2, 3}, 79, 1), now).ok());
+  EXPECT_EQ(runUntilFirstToken(**core, "c", &now), 32);
+  // Another first block: nothing hits (the chain covers the prefix, not the key alone).
+  ASSERT_TRUE((*core)->add(keyed("d", 50, {5, 2, 3}, 80, 1), now).ok());
+  EXPECT_EQ(runUntilFirstToken(**core, "d", &now), 0);
+
+  ASSERT_FALSE(sink.stores.empty());
+  EXPECT_TRUE(sink.token_stores.empty());
+  for (const auto& [ev, keys] : sink.stores) {
+    EXPECT_TRUE(ev.token_ids.empty());
+    EXPECT_EQ(ev.block_hashes.size(), keys.size());
+    EXPECT_EQ(ev.block_size, 16);
+  }
+  // a stored its 3 prompt blocks first, keys in order.
+  EXPECT_EQ(sink.stores[0].second, (std::vector<uint64_t>{1, 2, 3}));
+  EXPECT_FALSE(sink.stores[0].first.parent_block_hash.has_value());
+}
+
+TEST(TokenFree, GeneratedBlocksAreCachedAndEqualForEqualPrompts) {
+  KeyedSink sink;
+  auto core = EngineCore::create(makeConfig(16, 64, 8192), &sink);
+  ASSERT_TRUE(core.ok()) << core.status();
+  Nanos now = 0;
+  // 20 prompt tokens + 30 generated: blocks 1 and 2 hold generated tokens.
+  ASSERT_TRUE((*core)->add(keyed("a", 20, {4}, 55, 30), now).ok());
+  while ((*core)->hasWork()) now += (*core)->step(now).duration;
+  std::vector<uint64_t> hashes_a;
+  for (const auto& [ev, keys] : sink.stores) {
+    hashes_a.insert(hashes_a.end(), ev.block_hashes.begin(), ev.block_hashes.end());
+  }
+  EXPECT_EQ(hashes_a.size(), 3u);  // 50 tokens in all: 3 full blocks
+  // The same prompt again (same seed): its generated blocks are the same blocks, already cached
+  // (no new store); a prompt with another seed generates other blocks.
+  sink.stores.clear();
+  ASSERT_TRUE((*core)->add(keyed("b", 20, {4}, 55, 30), now).ok());
+  while ((*core)->hasWork()) now += (*core)->step(now).duration;
+  EXPECT_TRUE(sink.stores.empty());
+  ASSERT_TRUE((*core)->add(keyed("c", 20, {4}, 56, 30), now).ok());
+  while ((*core)->hasWork()) now += (*core)->step(now).duration;
+  size_t stored = 0;
+  for (const auto& [ev, keys] : sink.stores) stored += ev.block_hashes.size();
+  EXPECT_EQ(stored, 2u);  // each generated block as it fills
+  ASSERT_FALSE(sink.stores.empty());
+  EXPECT_EQ(*sink.stores[0].first.parent_block_hash, hashes_a[0]);
+  EXPECT_NE(sink.stores[0].first.block_hashes[0], hashes_a[1]);
+}
+
+TEST(TokenFree, MalformedSpecsAreRefused) {
+  KeyedSink sink;
+  auto core = EngineCore::create(makeConfig(16, 64, 8192), &sink);
+  ASSERT_TRUE(core.ok());
+  auto wrong_count = (*core)->validate(keyed("a", 50, {1, 2}, 1, 1));
+  EXPECT_FALSE(wrong_count.ok());
+  EXPECT_NE(std::string(wrong_count.message()).find("prompt_blocks.block_keys"), std::string::npos);
+  auto empty = (*core)->validate(keyed("a", 0, {}, 1, 1));
+  EXPECT_FALSE(empty.ok());
+  RequestSpec both = keyed("a", 16, {1}, 1, 1);
+  both.prompt = {1, 2, 3};
+  EXPECT_FALSE((*core)->validate(both).ok());
+  EXPECT_TRUE((*core)->validate(keyed("a", 16, {1}, 1, 1)).ok());
+
+  // A sink without keys could not map the stores: refused.
+  worker::VectorEventSink plain;
+  auto plain_core = EngineCore::create(makeConfig(16, 64, 8192), &plain);
+  ASSERT_TRUE(plain_core.ok());
+  EXPECT_EQ((*plain_core)->validate(keyed("a", 16, {1}, 1, 1)).code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto no_sink = EngineCore::create(makeConfig(16, 64, 8192), nullptr);
+  ASSERT_TRUE(no_sink.ok());
+  EXPECT_TRUE((*no_sink)->validate(keyed("a", 16, {1}, 1, 1)).ok());
+}
+
+}  // namespace
+}  // namespace kvf::engine
