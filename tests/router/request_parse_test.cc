@@ -1,5 +1,7 @@
 #include "router/request_parse.h"
 
+#include "router/fast_parse.h"
+
 #include <gtest/gtest.h>
 
 namespace kvf::router {
@@ -71,6 +73,80 @@ TEST(RequestParseTest, BadInputNamesTheField) {
       std::string::npos);
   EXPECT_NE(err(ApiKind::kChat, R"({"model":"m","messages":"hi"})").find("messages"),
             std::string::npos);
+}
+
+// The single-pass path must read exactly what the DOM path reads, and hand every other shape
+// (and every invalid body) to the DOM path, which owns the error messages.
+TEST(RequestParseTest, SinglePassAgreesWithDomPath) {
+  const std::vector<std::string> handled = {
+      R"({"model":"m","prompt":[1,2,3]})",
+      R"({"model":"m","prompt":[0,4294967295],"stream":false,"max_tokens":0,"user":"u"})",
+      R"( {"extra":{"prompt":"x","model":1,"a":[[1],{"b":null}]},"model":"m\"q","prompt":[7],
+           "stream":true,"max_tokens":9223372036854775807,"user":null,"logprobs":1.5} )"
+      "\n",
+      R"({"prompt":[5,6],"max_tokens":null,"stream":null,"model":"m","n":[1,2]})",
+  };
+  for (const std::string& body : handled) {
+    auto fast = fastParseTokenCompletion(body);
+    ASSERT_TRUE(fast.has_value()) << body;
+    auto dom = parseRequestDom(ApiKind::kCompletions, post(body));
+    ASSERT_TRUE(dom.ok()) << body << ": " << dom.status();
+    EXPECT_EQ(fast->model, dom->model) << body;
+    EXPECT_EQ(fast->stream, dom->stream) << body;
+    EXPECT_EQ(fast->max_tokens, dom->max_tokens) << body;
+    EXPECT_EQ(fast->session, dom->session) << body;
+    EXPECT_EQ(fast->token_ids, dom->token_ids) << body;
+    EXPECT_EQ(fast->prompt_tokens, dom->prompt_tokens) << body;
+    EXPECT_TRUE(fast->has_token_ids);
+  }
+  const std::vector<std::string> declined = {
+      "{nope",
+      R"({"model":"m","prompt":[1]} x)",
+      R"([1,2])",
+      R"({"model":"m","prompt":"text"})",
+      R"({"model":"m","prompt":[[1,2],[3]]})",
+      R"({"model":"m","prompt":[1,[2]]})",
+      R"({"model":"m","prompt":[]})",
+      R"({"model":"m","prompt":[1,-2]})",
+      R"({"model":"m","prompt":[1,4294967296]})",
+      R"({"model":"m","prompt":[1,2.0]})",
+      R"({"model":"m","prompt":[1,"2"]})",
+      R"({"model":"m","prompt":[1,null]})",
+      R"({"prompt":[1]})",
+      R"({"model":null,"prompt":[1]})",
+      R"({"model":3,"prompt":[1]})",
+      R"({"model":"m","model":"n","prompt":[1]})",
+      R"({"model":"m","prompt":[1],"prompt":[2]})",
+      R"({"model":"m","prompt":[1],"stream":"yes"})",
+      R"({"model":"m","prompt":[1],"max_tokens":-1})",
+      R"({"model":"m","prompt":[1],"max_tokens":2.0})",
+      R"({"model":"m","prompt":[1],"user":5})",
+      R"({"model":"m","prompt":[1],"user":{"id":1}})",
+      std::string(70, '[') + std::string(70, ']'),
+      // Nesting past json::parse's bound (64) is refused by both paths.
+      R"({"model":"m","prompt":[1],"x":)" + std::string(70, '[') + std::string(70, ']') + "}",
+  };
+  for (const std::string& body : declined) {
+    EXPECT_FALSE(fastParseTokenCompletion(body).has_value()) << body;
+  }
+  // Declined bodies still get the DOM path's answers through parseRequest.
+  EXPECT_EQ(
+      parseRequest(ApiKind::kCompletions, post(R"({"model":"m","prompt":[1],"max_tokens":2.0})"))
+          ->max_tokens,
+      2);
+  EXPECT_FALSE(parseRequest(ApiKind::kCompletions, post(R"({"model":"m","prompt":[1,-2]})")).ok());
+  std::string deep =
+      R"({"model":"m","prompt":[1],"x":)" + std::string(70, '[') + std::string(70, ']') + "}";
+  EXPECT_FALSE(parseRequest(ApiKind::kCompletions, post(deep)).ok());
+}
+
+TEST(RequestParseTest, SinglePassAppliesSessionHeaderAndBound) {
+  auto p = parseRequest(ApiKind::kCompletions,
+                        post(R"({"model":"m","prompt":[1],"user":"body"})", "hdr"));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->session, "hdr");
+  std::string long_user = R"({"model":"m","prompt":[1],"user":")" + std::string(300, 'u') + "\"}";
+  EXPECT_FALSE(parseRequest(ApiKind::kCompletions, post(long_user)).ok());
 }
 
 TEST(RequestParseTest, HashesFollowTheDomain) {
