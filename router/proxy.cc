@@ -252,15 +252,22 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
     co_return ForwardResult::kDone;
   }
   ctx.first_byte = clock_.now();
-  ResponseReport report = readResponseReport(*response_body);
-  ctx.actual_cached_tokens = report.cached_tokens;
-  if (report.transfer) ctx.transfer = std::move(report.transfer);
   if (ctx.status < 400) {
     metrics_->requests_ok->inc();
   } else {
     metrics_->requests_upstream_error->inc();
   }
-  co_await writer.send(ctx.status, content_type, std::move(*response_body), headers);
+  // The usage report (cached tokens, transfer outcome) only feeds the closed loop: read it
+  // after the client has its answer, from a copy when the body is small (the usual case).
+  constexpr size_t kReportAfterSendBytes = 64 * 1024;
+  if (response_body->size() > kReportAfterSendBytes) {
+    applyResponseReport(ctx, *response_body);
+    co_await writer.send(ctx.status, content_type, std::move(*response_body), headers);
+    co_return ForwardResult::kDone;
+  }
+  std::string sent = *response_body;
+  co_await writer.send(ctx.status, content_type, std::move(sent), headers);
+  applyResponseReport(ctx, *response_body);
   co_return ForwardResult::kDone;
 }
 
@@ -295,16 +302,8 @@ asio::awaitable<void> Router::forwardStream(RequestContext& ctx, http::ResponseS
     if (ctx.first_byte == 0) ctx.first_byte = clock_.now();
     endPrefillPhase(ctx);  // first bytes: the prefill is done
     if (parser_ok) {
-      parser_ok = parser
-                      .feed(**piece,
-                            [&](sse::Event&& e) {
-                              ResponseReport report = readResponseReport(e.data);
-                              if (report.cached_tokens) {
-                                ctx.actual_cached_tokens = report.cached_tokens;
-                              }
-                              if (report.transfer) ctx.transfer = std::move(report.transfer);
-                            })
-                      .ok();
+      parser_ok =
+          parser.feed(**piece, [&](sse::Event&& e) { applyResponseReport(ctx, e.data); }).ok();
     }
     if (!(co_await writer.writeChunk(**piece)).ok()) {
       upstream.cancel();  // the client left: stop the engine's work too
@@ -313,6 +312,12 @@ asio::awaitable<void> Router::forwardStream(RequestContext& ctx, http::ResponseS
   }
   metrics_->requests_ok->inc();
   co_await writer.endStream();
+}
+
+void Router::applyResponseReport(RequestContext& ctx, std::string_view body) {
+  ResponseReport report = readResponseReport(body);
+  if (report.cached_tokens) ctx.actual_cached_tokens = report.cached_tokens;
+  if (report.transfer) ctx.transfer = std::move(report.transfer);
 }
 
 void Router::endPrefillPhase(RequestContext& ctx) {
