@@ -378,7 +378,7 @@ void Router::finishRequest(RequestContext& ctx) {
     record.pushed_tokens = ctx.transfer->pushed_tokens;
     record.pushed_bytes = ctx.transfer->pushed_bytes;
   }
-  log_->write(record);
+  log_->write(std::move(record));
 }
 
 void Router::recordUpstreamFailure(Instance& instance, std::string_view kind) {
