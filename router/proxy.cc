@@ -186,6 +186,7 @@ bool Router::decide(RequestContext& ctx) {
   chosen->ongoing_tokens += ctx.parsed.prompt_tokens + ctx.parsed.max_tokens;
   ctx.prefill_pending = true;
   ctx.load_held = true;
+  ctx.predicted = false;
   ctx.actual_cached_tokens.reset();
   ctx.status = 0;
   chosen->decisions->inc();
@@ -217,11 +218,6 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
   }
   std::unique_ptr<http::ResponseStream> upstream = std::move(*opened);
   recordUpstreamSuccess(*instance);
-  // The engine accepted the request: predict that it will hold the prompt's blocks.
-  bool approximate = !instance->hasEvents() || !ctx.parsed.has_token_ids;
-  // A removed instance's slot may already belong to a new one.
-  completeHashes(ctx);
-  if (!instance->removed) index_.addSoft(instance->slot, ctx.hashes, clock_.now(), approximate);
 
   http::Headers headers = {
       {"x-kvf-instance", instance->config.id},
@@ -238,11 +234,13 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
   ctx.status = upstream->status();
   if (ctx.status == 200 && content_type.starts_with("text/event-stream")) {
     co_await forwardStream(ctx, *upstream, writer, headers);
+    predictHeld(ctx);
     co_return ForwardResult::kDone;
   }
   auto response_body = co_await upstream->readAll(64u << 20);
   endPrefillPhase(ctx);
   if (!response_body.ok()) {
+    predictHeld(ctx);
     recordUpstreamFailure(*instance, "read");
     metrics_->requests_upstream_error->inc();
     ctx.status = 502;
@@ -263,11 +261,13 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
   if (response_body->size() > kReportAfterSendBytes) {
     applyResponseReport(ctx, *response_body);
     co_await writer.send(ctx.status, content_type, std::move(*response_body), headers);
+    predictHeld(ctx);
     co_return ForwardResult::kDone;
   }
   std::string sent = *response_body;
   co_await writer.send(ctx.status, content_type, std::move(sent), headers);
   applyResponseReport(ctx, *response_body);
+  predictHeld(ctx);
   co_return ForwardResult::kDone;
 }
 
@@ -309,9 +309,20 @@ asio::awaitable<void> Router::forwardStream(RequestContext& ctx, http::ResponseS
       upstream.cancel();  // the client left: stop the engine's work too
       co_return;
     }
+    predictHeld(ctx);  // once, after the first chunk is on its way
   }
   metrics_->requests_ok->inc();
   co_await writer.endStream();
+}
+
+void Router::predictHeld(RequestContext& ctx) {
+  if (ctx.predicted || !ctx.instance) return;
+  ctx.predicted = true;
+  Instance& instance = *ctx.instance;
+  bool approximate = !instance.hasEvents() || !ctx.parsed.has_token_ids;
+  completeHashes(ctx);
+  // A removed instance's slot may already belong to a new one.
+  if (!instance.removed) index_.addSoft(instance.slot, ctx.hashes, clock_.now(), approximate);
 }
 
 void Router::applyResponseReport(RequestContext& ctx, std::string_view body) {

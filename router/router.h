@@ -80,6 +80,8 @@ class Router : public std::enable_shared_from_this<Router> {
   // The prefill on the chosen instance is over (first bytes arrived, or the attempt ended):
   // its pending prefill tokens and the offload cap are released.
   void endPrefillPhase(RequestContext& ctx);
+  // Writes the attempt's predicted entries (once; see RequestContext::predicted).
+  void predictHeld(RequestContext& ctx);
   // Usage and transfer outcome from an engine response body or SSE event, for the closed loop.
   void applyResponseReport(RequestContext& ctx, std::string_view body);
 
