@@ -111,8 +111,24 @@ asio::awaitable<absl::StatusOr<std::optional<std::string>>> ResponseStream::next
   for (;;) {
     parser.get().body().data = state_->buf.get();
     parser.get().body().size = State::kBufBytes;
-    conn.stream.expires_after(state_->read_timeout);
-    auto [ec, n] = co_await bhttp::async_read_some(conn.stream, conn.buffer, parser, kUseTuple);
+    boost::system::error_code ec;
+    bool progressed = false;
+    if (conn.buffer.size() > 0 && !parser.chunked()) {
+      // Bytes of a sized body already read with the header (often all of it): parse them here
+      // rather than through an asynchronous read that would complete at once via the
+      // scheduler. Chunked streams keep the asynchronous path.
+      parser.eager(true);
+      size_t used = parser.put(conn.buffer.data(), ec);
+      conn.buffer.consume(used);
+      if (ec == bhttp::error::need_more) ec = {};
+      progressed = used > 0 || ec;  // else an incomplete chunk header: read more below
+    }
+    if (!progressed) {
+      conn.stream.expires_after(state_->read_timeout);
+      auto [read_ec, n] =
+          co_await bhttp::async_read_some(conn.stream, conn.buffer, parser, kUseTuple);
+      ec = read_ec;
+    }
     if (ec == bhttp::error::need_buffer) ec = {};
     if (ec) {
       failed_ = true;
