@@ -241,15 +241,18 @@ asio::awaitable<absl::StatusOr<std::unique_ptr<ResponseStream>>> HttpClient::ope
   if (verb == bhttp::verb::unknown) {
     co_return absl::InvalidArgumentError(strCat("unknown HTTP method ", request.method));
   }
-  bhttp::request<bhttp::string_body> message{verb, request.target, 11};
+  // The body is written from where it lies: request.body (in this frame) or the caller's view.
+  std::string_view body =
+      request.body_view.empty() ? std::string_view(request.body) : request.body_view;
+  bhttp::request<bhttp::span_body<const char>> message{verb, request.target, 11};
   message.set(bhttp::field::host, strCat(host_, ":", port_));
   message.set(bhttp::field::user_agent, "kvfabric");
   for (const auto& [k, v] : request.headers) message.set(k, v);
-  if (!request.body.empty() || verb == bhttp::verb::post || verb == bhttp::verb::put) {
+  if (!body.empty() || verb == bhttp::verb::post || verb == bhttp::verb::put) {
     message.set(bhttp::field::content_type, request.content_type);
   }
   message.keep_alive(true);
-  message.body() = std::move(request.body);
+  message.body() = boost::span<const char>(body.data(), body.size());
   message.prepare_payload();
   auto read_timeout = request.read_timeout.value_or(options_.read_timeout);
 

@@ -54,7 +54,7 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
       finishRequest(ctx);
       co_return;
     }
-    std::string body = co_await upstreamBody(ctx, request);
+    std::optional<std::string> body = co_await upstreamBody(ctx, request);
     ForwardResult result = co_await forward(ctx, request, std::move(body), writer);
     if (result == ForwardResult::kDone) {
       finishRequest(ctx);
@@ -197,13 +197,17 @@ bool Router::decide(RequestContext& ctx) {
 
 asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
                                                        const http::Request& request,
-                                                       std::string body,
+                                                       std::optional<std::string> body,
                                                        http::ResponseWriter& writer) {
   std::shared_ptr<Instance> instance = ctx.instance;
   http::ClientRequest upstream_request;
   upstream_request.method = "POST";
   upstream_request.target = request.target;
-  upstream_request.body = std::move(body);
+  if (body) {
+    upstream_request.body = std::move(*body);
+  } else {
+    upstream_request.body_view = request.body;  // `request` outlives this call
+  }
   upstream_request.headers.emplace_back("x-request-id", ctx.id);
   if (auto auth = request.header("authorization"); !auth.empty()) {
     upstream_request.headers.emplace_back("authorization", std::string(auth));
