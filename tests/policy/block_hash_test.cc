@@ -53,8 +53,8 @@ TEST(BlockHashTest, NoCollisionsOverManyBlocks) {
   EXPECT_EQ(seen.size(), 20000u);
 }
 
-// The 16-token fast path (XXH3's 64-byte path written out) must equal the library's XXH3 that
-// hashBlock uses for events, or engine events would never match prompts.
+// The prompt path (16-token blocks, a constant length for xxh3) must equal the per-block hash
+// that maps engine events, or engine events would never match prompts.
 TEST(BlockHashTest, FastPathEqualsPerBlockHashOnRandomTokens) {
   std::mt19937_64 rng(3);
   std::vector<TokenId> tokens(16 * 5000);
