@@ -34,6 +34,9 @@ struct ClientRequest {
   std::string content_type = "application/json";
   // Overrides ClientOptions::read_timeout for this request.
   std::optional<std::chrono::milliseconds> read_timeout;
+  // When non-empty, sent as the body instead of `body`, without a copy (a proxy forwarding a
+  // large body it received). The bytes must stay valid until open()/request() returns.
+  std::string_view body_view;
 };
 
 class Connection;

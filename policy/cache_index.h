@@ -1,9 +1,9 @@
 // The cache index: which instances hold which blocks, keyed by our chained BlockHash, with an
-// instance bitmask per block (up to kMaxInstances instances). Fed by exact KV events (engine
-// hash -> our hash through BlockStored token ids, so BlockRemoved resolves), by short-TTL
-// predicted entries written at routing time until an event confirms them, and by approximate
-// entries (what was routed, with expiry) for instances without events. Pure and deterministic:
-// time comes in as arguments. Single-threaded: the owner serialises every call.
+// instance bitmask per block (up to kMaxInstances instances) in a flat BlockTable. Fed by exact KV
+// events (engine hash -> our hash through BlockStored token ids, so BlockRemoved resolves), by
+// short-TTL predicted entries written at routing time until an event confirms them, and by
+// approximate entries (what was routed, with expiry) for instances without events. Pure and
+// deterministic: time comes in as arguments. Single-threaded: the owner serialises every call.
 #pragma once
 
 #include <cstdint>
@@ -14,11 +14,11 @@
 #include "absl/container/flat_hash_map.h"
 #include "common/clock.h"
 #include "policy/block_hash.h"
+#include "policy/block_table.h"
 
 namespace kvf::policy {
 
 inline constexpr int kMaxInstances = 64;
-using InstanceMask = uint64_t;
 
 struct CacheIndexConfig {
   size_t block_size = kDefaultBlockSize;
@@ -89,10 +89,6 @@ class CacheIndex {
   CacheIndexStats stats() const;
 
  private:
-  struct Entry {
-    InstanceMask exact = 0;
-    InstanceMask soft = 0;
-  };
   struct SoftKey {
     BlockHash hash;
     int instance;
@@ -110,18 +106,22 @@ class CacheIndex {
     absl::flat_hash_map<uint64_t, BlockHash> engine_to_ours;
   };
 
-  void clearBits(BlockHash hash, InstanceMask exact_bits, InstanceMask soft_bits);
+  // An instance holds a block either exactly (from events) or softly (routed, in
+  // soft_expiry_), never both: a confirming event replaces the soft entry.
+  bool holdsSoft(BlockHash hash, int instance) const {
+    return soft_expiry_.contains(SoftKey{hash, instance});
+  }
+  void clearExact(BlockHash hash, int instance);
+  template <class NextHash>
+  bool storeChain(int instance, std::span<const uint64_t> engine_hashes, bool has_parent,
+                  uint64_t engine_parent, NextHash next);
   void dropSoft(const SoftKey& key);
 
   CacheIndexConfig config_;
-  // Block hashes are already uniform 64-bit values: one multiply by a per-process odd salt
-  // spreads them over the table (cheaper than absl::Hash's mixing on every probe), and the
-  // salt keeps crafted prompts from aiming at one probe sequence (our hash is public).
-  struct UniformHash {
-    size_t operator()(BlockHash h) const { return static_cast<size_t>(h * salt); }
-    uint64_t salt = 1;
-  };
-  absl::flat_hash_map<BlockHash, Entry, UniformHash> entries_;
+  // Holders (exact | soft) per block. Block hashes are already uniform 64-bit values: the
+  // table places them with one multiply by a per-process odd salt, which also keeps crafted
+  // prompts from aiming at one probe sequence (our hash is public).
+  BlockTable entries_;
   std::vector<InstanceState> instances_;
   absl::flat_hash_map<SoftKey, Nanos> soft_expiry_;
   // Two queues, each ordered by expiry because each has one TTL.

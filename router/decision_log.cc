@@ -79,17 +79,24 @@ DecisionLog::~DecisionLog() {
   if (file_ != nullptr) std::fclose(file_);
 }
 
-void DecisionLog::write(const DecisionRecord& record) {
-  std::string line = decisionToJson(record);
+void DecisionLog::write(DecisionRecord record) {
   if (file_ != nullptr) {
+    std::string line = decisionToJson(record);
     line.push_back('\n');
     std::fwrite(line.data(), 1, line.size(), file_);
     std::fflush(file_);
-    line.pop_back();
   }
   ++written_;
-  recent_.push_back(std::move(line));
+  if (keep_recent_ == 0) return;
+  recent_.push_back(std::move(record));
   while (recent_.size() > keep_recent_) recent_.pop_front();
+}
+
+std::vector<std::string> DecisionLog::recent() const {
+  std::vector<std::string> out;
+  out.reserve(recent_.size());
+  for (const DecisionRecord& record : recent_) out.push_back(decisionToJson(record));
+  return out;
 }
 
 }  // namespace kvf::router

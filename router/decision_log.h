@@ -54,8 +54,10 @@ class DecisionLog {
   ~DecisionLog();
 
   // Appends one line and flushes it, so a crash loses at most the line being written.
-  void write(const DecisionRecord& record);
-  const std::deque<std::string>& recent() const { return recent_; }
+  void write(DecisionRecord record);
+  // The most recent records as JSON, oldest first. Serialised here, on demand: a router
+  // without a log file spends nothing on JSON per request.
+  std::vector<std::string> recent() const;
   uint64_t written() const { return written_; }
 
  private:
@@ -63,7 +65,7 @@ class DecisionLog {
 
   std::FILE* file_;
   size_t keep_recent_;
-  std::deque<std::string> recent_;
+  std::deque<DecisionRecord> recent_;
   uint64_t written_ = 0;
 };
 

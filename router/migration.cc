@@ -40,8 +40,8 @@ void Router::releasePeer(RequestContext& ctx) {
   ctx.peer_load_held = false;
 }
 
-asio::awaitable<std::string> Router::upstreamBody(RequestContext& ctx,
-                                                  const http::Request& request) {
+asio::awaitable<std::optional<std::string>> Router::upstreamBody(RequestContext& ctx,
+                                                                 const http::Request& request) {
   KvTransferParams params;
   bool with_params = false;
   if (ctx.decision.mode == policy::Mode::kPushMigrate && ctx.peer) {
@@ -58,9 +58,14 @@ asio::awaitable<std::string> Router::upstreamBody(RequestContext& ctx,
       ctx.decision.predicted_cached_tokens = ctx.own_matched_tokens;
     }
   }
+  // No parameters to add and none from the client to strip: the body goes as it came.
+  if (!with_params && request.body.find("kv_transfer_params") == std::string::npos) {
+    co_return std::nullopt;
+  }
   auto body = withKvTransferParams(request.body, with_params ? &params : nullptr);
   // parseRequest accepted the body as a JSON object, so this cannot fail; be safe anyway.
-  co_return body.ok() ? std::move(*body) : request.body;
+  if (!body.ok()) co_return std::nullopt;
+  co_return std::move(*body);
 }
 
 asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Request& request,

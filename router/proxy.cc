@@ -54,7 +54,7 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
       finishRequest(ctx);
       co_return;
     }
-    std::string body = co_await upstreamBody(ctx, request);
+    std::optional<std::string> body = co_await upstreamBody(ctx, request);
     ForwardResult result = co_await forward(ctx, request, std::move(body), writer);
     if (result == ForwardResult::kDone) {
       finishRequest(ctx);
@@ -186,6 +186,7 @@ bool Router::decide(RequestContext& ctx) {
   chosen->ongoing_tokens += ctx.parsed.prompt_tokens + ctx.parsed.max_tokens;
   ctx.prefill_pending = true;
   ctx.load_held = true;
+  ctx.predicted = false;
   ctx.actual_cached_tokens.reset();
   ctx.status = 0;
   chosen->decisions->inc();
@@ -196,13 +197,17 @@ bool Router::decide(RequestContext& ctx) {
 
 asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
                                                        const http::Request& request,
-                                                       std::string body,
+                                                       std::optional<std::string> body,
                                                        http::ResponseWriter& writer) {
   std::shared_ptr<Instance> instance = ctx.instance;
   http::ClientRequest upstream_request;
   upstream_request.method = "POST";
   upstream_request.target = request.target;
-  upstream_request.body = std::move(body);
+  if (body) {
+    upstream_request.body = std::move(*body);
+  } else {
+    upstream_request.body_view = request.body;  // `request` outlives this call
+  }
   upstream_request.headers.emplace_back("x-request-id", ctx.id);
   if (auto auth = request.header("authorization"); !auth.empty()) {
     upstream_request.headers.emplace_back("authorization", std::string(auth));
@@ -217,11 +222,6 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
   }
   std::unique_ptr<http::ResponseStream> upstream = std::move(*opened);
   recordUpstreamSuccess(*instance);
-  // The engine accepted the request: predict that it will hold the prompt's blocks.
-  bool approximate = !instance->hasEvents() || !ctx.parsed.has_token_ids;
-  // A removed instance's slot may already belong to a new one.
-  completeHashes(ctx);
-  if (!instance->removed) index_.addSoft(instance->slot, ctx.hashes, clock_.now(), approximate);
 
   http::Headers headers = {
       {"x-kvf-instance", instance->config.id},
@@ -238,11 +238,13 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
   ctx.status = upstream->status();
   if (ctx.status == 200 && content_type.starts_with("text/event-stream")) {
     co_await forwardStream(ctx, *upstream, writer, headers);
+    predictHeld(ctx);
     co_return ForwardResult::kDone;
   }
   auto response_body = co_await upstream->readAll(64u << 20);
   endPrefillPhase(ctx);
   if (!response_body.ok()) {
+    predictHeld(ctx);
     recordUpstreamFailure(*instance, "read");
     metrics_->requests_upstream_error->inc();
     ctx.status = 502;
@@ -252,15 +254,24 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
     co_return ForwardResult::kDone;
   }
   ctx.first_byte = clock_.now();
-  ResponseReport report = readResponseReport(*response_body);
-  ctx.actual_cached_tokens = report.cached_tokens;
-  if (report.transfer) ctx.transfer = std::move(report.transfer);
   if (ctx.status < 400) {
     metrics_->requests_ok->inc();
   } else {
     metrics_->requests_upstream_error->inc();
   }
-  co_await writer.send(ctx.status, content_type, std::move(*response_body), headers);
+  // The usage report (cached tokens, transfer outcome) only feeds the closed loop: read it
+  // after the client has its answer, from a copy when the body is small (the usual case).
+  constexpr size_t kReportAfterSendBytes = 64 * 1024;
+  if (response_body->size() > kReportAfterSendBytes) {
+    applyResponseReport(ctx, *response_body);
+    co_await writer.send(ctx.status, content_type, std::move(*response_body), headers);
+    predictHeld(ctx);
+    co_return ForwardResult::kDone;
+  }
+  std::string sent = *response_body;
+  co_await writer.send(ctx.status, content_type, std::move(sent), headers);
+  applyResponseReport(ctx, *response_body);
+  predictHeld(ctx);
   co_return ForwardResult::kDone;
 }
 
@@ -295,24 +306,33 @@ asio::awaitable<void> Router::forwardStream(RequestContext& ctx, http::ResponseS
     if (ctx.first_byte == 0) ctx.first_byte = clock_.now();
     endPrefillPhase(ctx);  // first bytes: the prefill is done
     if (parser_ok) {
-      parser_ok = parser
-                      .feed(**piece,
-                            [&](sse::Event&& e) {
-                              ResponseReport report = readResponseReport(e.data);
-                              if (report.cached_tokens) {
-                                ctx.actual_cached_tokens = report.cached_tokens;
-                              }
-                              if (report.transfer) ctx.transfer = std::move(report.transfer);
-                            })
-                      .ok();
+      parser_ok =
+          parser.feed(**piece, [&](sse::Event&& e) { applyResponseReport(ctx, e.data); }).ok();
     }
     if (!(co_await writer.writeChunk(**piece)).ok()) {
       upstream.cancel();  // the client left: stop the engine's work too
       co_return;
     }
+    predictHeld(ctx);  // once, after the first chunk is on its way
   }
   metrics_->requests_ok->inc();
   co_await writer.endStream();
+}
+
+void Router::predictHeld(RequestContext& ctx) {
+  if (ctx.predicted || !ctx.instance) return;
+  ctx.predicted = true;
+  Instance& instance = *ctx.instance;
+  bool approximate = !instance.hasEvents() || !ctx.parsed.has_token_ids;
+  completeHashes(ctx);
+  // A removed instance's slot may already belong to a new one.
+  if (!instance.removed) index_.addSoft(instance.slot, ctx.hashes, clock_.now(), approximate);
+}
+
+void Router::applyResponseReport(RequestContext& ctx, std::string_view body) {
+  ResponseReport report = readResponseReport(body);
+  if (report.cached_tokens) ctx.actual_cached_tokens = report.cached_tokens;
+  if (report.transfer) ctx.transfer = std::move(report.transfer);
 }
 
 void Router::endPrefillPhase(RequestContext& ctx) {
@@ -373,7 +393,7 @@ void Router::finishRequest(RequestContext& ctx) {
     record.pushed_tokens = ctx.transfer->pushed_tokens;
     record.pushed_bytes = ctx.transfer->pushed_bytes;
   }
-  log_->write(record);
+  log_->write(std::move(record));
 }
 
 void Router::recordUpstreamFailure(Instance& instance, std::string_view kind) {

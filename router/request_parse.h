@@ -30,7 +30,11 @@ struct ParsedRequest {
 
 inline constexpr int64_t kBytesPerTokenEstimate = 4;
 
+// Token-id completions are read in one pass without a DOM (router/fast_parse.h); every other
+// body, and every invalid one, goes through parseRequestDom, which names the field in errors.
 absl::StatusOr<ParsedRequest> parseRequest(ApiKind kind, const http::Request& request);
+// The general path alone (tests compare the two paths with it).
+absl::StatusOr<ParsedRequest> parseRequestDom(ApiKind kind, const http::Request& request);
 
 // The block hashes to match for a parsed request (token or text domain).
 std::vector<policy::BlockHash> requestHashes(const ParsedRequest& request, size_t block_size);

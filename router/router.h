@@ -73,13 +73,18 @@ class Router : public std::enable_shared_from_this<Router> {
   asio::awaitable<bool> tokenize(RequestContext& ctx, const http::Request& request);
   enum class ForwardResult { kDone, kRetry };
   asio::awaitable<ForwardResult> forward(RequestContext& ctx, const http::Request& request,
-                                         std::string body, http::ResponseWriter& writer);
+                                         std::optional<std::string> body,
+                                         http::ResponseWriter& writer);
   asio::awaitable<void> forwardStream(RequestContext& ctx, http::ResponseStream& upstream,
                                       http::ResponseWriter& writer, const http::Headers& headers);
   void finishRequest(RequestContext& ctx);
   // The prefill on the chosen instance is over (first bytes arrived, or the attempt ended):
   // its pending prefill tokens and the offload cap are released.
   void endPrefillPhase(RequestContext& ctx);
+  // Writes the attempt's predicted entries (once; see RequestContext::predicted).
+  void predictHeld(RequestContext& ctx);
+  // Usage and transfer outcome from an engine response body or SSE event, for the closed loop.
+  void applyResponseReport(RequestContext& ctx, std::string_view body);
 
   // KV push and prefill offload (migration.cc).
   // Takes the peer's load and the offload cap for a decision with a peer.
@@ -87,7 +92,9 @@ class Router : public std::enable_shared_from_this<Router> {
   void releasePeer(RequestContext& ctx);
   // The body for the decode instance: the client's (its kv_transfer_params stripped), plus
   // {source} for a push-migrate, or P's params once the offload's prefill succeeded.
-  asio::awaitable<std::string> upstreamBody(RequestContext& ctx, const http::Request& request);
+  // The body to send upstream; nullopt: the client's body as it is (forwarded without a copy).
+  asio::awaitable<std::optional<std::string>> upstreamBody(RequestContext& ctx,
+                                                           const http::Request& request);
   // The prefill half of an offload on ctx.peer; false when D must prefill locally.
   asio::awaitable<bool> remotePrefill(RequestContext& ctx, const http::Request& request,
                                       KvTransferParams* params);

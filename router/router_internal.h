@@ -51,10 +51,14 @@ struct RequestContext {
   ParsedRequest parsed;
   // Token-id prompts are hashed lazily: decide() hashes only as far as the index match goes
   // (the critical path), and completeHashes() finishes the chain before soft entries are
-  // written, after the request was forwarded.
+  // written (predictHeld), after the engine answered.
   std::vector<policy::BlockHash> hashes;
   bool hashes_complete = false;
   std::vector<bool> excluded;  // per slot: failed in an earlier attempt
+  // The attempt's instance got its predicted (soft) entries for the prompt's blocks. They are
+  // written once the engine has answered, off the client's critical path: after the response
+  // was sent, or after the first streamed chunk was forwarded.
+  bool predicted = false;
   int attempt = 0;
 
   // The current attempt's decision and the instance it holds load on.

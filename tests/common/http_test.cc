@@ -149,6 +149,24 @@ TEST_F(HttpTest, RoundTripAndKeepAlive) {
   EXPECT_EQ(server_->activeConnections(), 1u);
 }
 
+// A body given as a view is sent as is (no copy), in one request with a large body whose bytes
+// arrive over many reads, and the server reads it whole.
+TEST_F(HttpTest, BodyViewIsSentWithoutCopyAndLargeBodiesArriveWhole) {
+  startServer();
+  std::string big = R"({"pad":")" + std::string(3 << 20, 'x') + R"(","n":7})";
+  ClientRequest request = makeRequest("POST", "/echo");
+  request.body = "ignored when body_view is set";
+  request.body_view = big;
+  auto r = call(request);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status, 200) << r->body;
+  auto obj = json::parseObject(r->body);
+  ASSERT_TRUE(obj.ok());
+  EXPECT_EQ((*obj)["n"].as_int64(), 7);
+  EXPECT_EQ((*obj)["pad"].as_string().size(), 3u << 20);
+  EXPECT_EQ(client_->idleConnections(), 1u);  // body fully read: the connection was reused
+}
+
 TEST_F(HttpTest, PrefixRoutesQueryAndErrors) {
   startServer();
   auto get = [&](std::string method, std::string target) {

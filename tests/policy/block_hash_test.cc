@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <numeric>
+#include <random>
 #include <set>
 
 namespace kvf::policy {
@@ -50,6 +51,32 @@ TEST(BlockHashTest, NoCollisionsOverManyBlocks) {
   auto tokens = iota(16 * 20000);
   for (BlockHash h : hashTokenBlocks(tokens, 16)) EXPECT_TRUE(seen.insert(h).second);
   EXPECT_EQ(seen.size(), 20000u);
+}
+
+// The prompt path (16-token blocks, a constant length for xxh3) must equal the per-block hash
+// that maps engine events, or engine events would never match prompts.
+TEST(BlockHashTest, FastPathEqualsPerBlockHashOnRandomTokens) {
+  std::mt19937_64 rng(3);
+  std::vector<TokenId> tokens(16 * 5000);
+  for (auto& t : tokens) t = static_cast<TokenId>(rng());
+  auto chained = hashTokenBlocks(tokens, 16);
+  ASSERT_EQ(chained.size(), 5000u);
+  BlockHash parent = kRootBlockHash;
+  for (size_t i = 0; i < chained.size(); ++i) {
+    parent = hashBlock(parent, std::span<const TokenId>(tokens).subspan(16 * i, 16));
+    ASSERT_EQ(chained[i], parent) << "block " << i;
+  }
+}
+
+// Known answers: the formula is part of the index's contract (docs/policies.md); a change
+// here invalidates every persisted decision log and simulator comparison.
+TEST(BlockHashTest, KnownAnswers) {
+  std::mt19937 rng(7);
+  std::vector<TokenId> tokens(16 * 4);
+  for (auto& t : tokens) t = static_cast<TokenId>(rng() % 200000);
+  EXPECT_EQ(hashTokenBlocks(tokens, 16),
+            (std::vector<BlockHash>{0x44e7ac411788da4bULL, 0x69bde196371ed5dfULL,
+                                    0x6446b71b0a9985e1ULL, 0x5dd782d7ffb63048ULL}));
 }
 
 TEST(BlockHashTest, TextBlocksAndEngineBytes) {

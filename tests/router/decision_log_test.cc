@@ -27,7 +27,11 @@ TEST(DecisionLogTest, WritesOneParseableLinePerRecordAndKeepsRecent) {
   (*log)->write(r);
   r.request_id = "kvf-3";
   (*log)->write(r);
-  EXPECT_EQ((*log)->recent().size(), 2u);
+  auto recent = (*log)->recent();  // serialised on demand, oldest first
+  ASSERT_EQ(recent.size(), 2u);
+  EXPECT_NE(recent[0].find("\"kvf-2\""), std::string::npos);
+  EXPECT_NE(recent[1].find("\"kvf-3\""), std::string::npos);
+  EXPECT_NE(recent[1].find("\"actual_cached_tokens\":16"), std::string::npos);
   std::ifstream in(path);
   std::string line;
   std::vector<boost::json::object> lines;

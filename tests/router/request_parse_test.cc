@@ -1,6 +1,10 @@
 #include "router/request_parse.h"
 
+#include "router/fast_parse.h"
+
 #include <gtest/gtest.h>
+
+#include <random>
 
 namespace kvf::router {
 namespace {
@@ -71,6 +75,164 @@ TEST(RequestParseTest, BadInputNamesTheField) {
       std::string::npos);
   EXPECT_NE(err(ApiKind::kChat, R"({"model":"m","messages":"hi"})").find("messages"),
             std::string::npos);
+}
+
+// The single-pass path must read exactly what the DOM path reads, and hand every other shape
+// (and every invalid body) to the DOM path, which owns the error messages.
+TEST(RequestParseTest, SinglePassAgreesWithDomPath) {
+  const std::vector<std::string> handled = {
+      R"({"model":"m","prompt":[1,2,3]})",
+      R"({"model":"m","prompt":[0,4294967295],"stream":false,"max_tokens":0,"user":"u"})",
+      R"( {"extra":{"prompt":"x","model":1,"a":[[1],{"b\t":null}]},"model":"m","prompt":[7],
+           "stream":true,"max_tokens":9223372036854775807,"user":null,"logprobs":-1.5e-3,
+           "stop":["\n","\u00e9\"\\\/"],"n":0,"t":true,"f":false} )"
+      "\n",
+      R"({"prompt":[5,6],"max_tokens":null,"stream":null,"model":"m","n":[1,2]})",
+  };
+  for (const std::string& body : handled) {
+    auto fast = fastParseTokenCompletion(body);
+    ASSERT_TRUE(fast.has_value()) << body;
+    auto dom = parseRequestDom(ApiKind::kCompletions, post(body));
+    ASSERT_TRUE(dom.ok()) << body << ": " << dom.status();
+    EXPECT_EQ(fast->model, dom->model) << body;
+    EXPECT_EQ(fast->stream, dom->stream) << body;
+    EXPECT_EQ(fast->max_tokens, dom->max_tokens) << body;
+    EXPECT_EQ(fast->session, dom->session) << body;
+    EXPECT_EQ(fast->token_ids, dom->token_ids) << body;
+    EXPECT_EQ(fast->prompt_tokens, dom->prompt_tokens) << body;
+    EXPECT_TRUE(fast->has_token_ids);
+  }
+  const std::vector<std::string> declined = {
+      "{nope",
+      R"({"model":"m","prompt":[1]} x)",
+      R"([1,2])",
+      R"({"model":"m","prompt":"text"})",
+      R"({"model":"m","prompt":[[1,2],[3]]})",
+      R"({"model":"m","prompt":[1,[2]]})",
+      R"({"model":"m","prompt":[]})",
+      R"({"model":"m","prompt":[1,-2]})",
+      R"({"model":"m","prompt":[1,4294967296]})",
+      R"({"model":"m","prompt":[1,2.0]})",
+      R"({"model":"m","prompt":[1,"2"]})",
+      R"({"model":"m","prompt":[1,null]})",
+      R"({"prompt":[1]})",
+      R"({"model":null,"prompt":[1]})",
+      R"({"model":3,"prompt":[1]})",
+      R"({"model":"m","model":"n","prompt":[1]})",
+      R"({"model":"m","prompt":[1],"prompt":[2]})",
+      R"({"model":"m","prompt":[1],"stream":"yes"})",
+      R"({"model":"m","prompt":[1],"max_tokens":-1})",
+      R"({"model":"m","prompt":[1],"max_tokens":2.0})",
+      R"({"model":"m","prompt":[1],"user":5})",
+      R"({"model":"m","prompt":[1],"user":{"id":1}})",
+      // Left to the DOM path: valid bodies with escaped or non-ASCII text in a field we read
+      // or nesting deeper than the scanner follows, and invalid JSON of every kind (bad
+      // escapes, leading zeros, trailing or missing commas, bad literals, unterminated strings,
+      // control characters in strings).
+      R"({"model":"m\"q","prompt":[1]})",
+      "{\"model\":\"m\xc3\xa9\",\"prompt\":[1]}",
+      R"({"model":"m","prompt":[1],"stop":"\u00e9\u00e9","x":"\u00"})",
+      R"({"model":"m","prompt":[1],"x":01})",
+      R"({"model":"m","prompt":[1],"x":[1,]})",
+      R"({"model":"m","prompt":[1],})",
+      R"({"model":"m","prompt":[1] "x":1})",
+      R"({"model":"m","prompt":[1],"x":tru})",
+      R"({"model":"m","prompt":[1],"x":"a)",
+      "{\"model\":\"m\",\"prompt\":[1],\"x\":\"a\tb\"}",
+      R"({"model":"m","prompt":[1],"x":)" + std::string(40, '[') + std::string(40, ']') + "}",
+      std::string(70, '[') + std::string(70, ']'),
+      // Nesting past json::parse's bound (64) is refused by both paths.
+      R"({"model":"m","prompt":[1],"x":)" + std::string(70, '[') + std::string(70, ']') + "}",
+  };
+  for (const std::string& body : declined) {
+    EXPECT_FALSE(fastParseTokenCompletion(body).has_value()) << body;
+  }
+  // Declined bodies still get the DOM path's answers through parseRequest.
+  auto escaped = parseRequest(ApiKind::kCompletions, post(R"({"model":"m\"q","prompt":[1,2]})"));
+  ASSERT_TRUE(escaped.ok());
+  EXPECT_EQ(escaped->model, "m\"q");
+  EXPECT_EQ(escaped->token_ids, (std::vector<policy::TokenId>{1, 2}));
+  EXPECT_EQ(
+      parseRequest(ApiKind::kCompletions, post(R"({"model":"m","prompt":[1],"max_tokens":2.0})"))
+          ->max_tokens,
+      2);
+  EXPECT_FALSE(parseRequest(ApiKind::kCompletions, post(R"({"model":"m","prompt":[1,-2]})")).ok());
+  std::string deep =
+      R"({"model":"m","prompt":[1],"x":)" + std::string(70, '[') + std::string(70, ']') + "}";
+  EXPECT_FALSE(parseRequest(ApiKind::kCompletions, post(deep)).ok());
+}
+
+// Token ids of every length, at every alignment against the end of the body (the scanner reads
+// 8 bytes at a time where it can), and the bounds of a token id.
+TEST(RequestParseTest, SinglePassReadsTokenIdsOfEveryLength) {
+  std::vector<policy::TokenId> ids = {0,        7,        10,        99,         100,
+                                      12345,    999999,   1000000,   9999999,    10000000,
+                                      12345678, 99999999, 100000000, 4294967295u};
+  for (size_t shift = 0; shift < ids.size(); ++shift) {
+    std::string body = R"({"model":"m","prompt":[)";
+    for (size_t i = 0; i < ids.size(); ++i) {
+      body += std::to_string(ids[(i + shift) % ids.size()]);
+      body += i + 1 < ids.size() ? (i % 2 ? ", " : ",") : "";
+    }
+    body += "]}";
+    auto fast = fastParseTokenCompletion(body);
+    ASSERT_TRUE(fast.has_value()) << body;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_EQ(fast->token_ids[i], ids[(i + shift) % ids.size()]) << body;
+    }
+  }
+  for (std::string bad : {"4294967296", "00", "012", "1.5", "1e3", "-0", "99999999999"}) {
+    std::string body = R"({"model":"m","prompt":[1,)" + bad + R"(,2,3,4,5,6,7,8]})";
+    EXPECT_FALSE(fastParseTokenCompletion(body).has_value()) << body;
+  }
+}
+
+// Random edits of a valid body: whenever the single-pass path accepts one, the DOM path must
+// accept it too and read the same fields.
+TEST(RequestParseTest, SinglePassNeverAcceptsWhatTheDomPathReadsDifferently) {
+  const std::string base =
+      R"({"model":"m","prompt":[12,0,345],"stream":false,"max_tokens":7,"user":"u",)"
+      R"("stop":["\n"],"x":{"y":[1.5e3,-2,true,null]}})";
+  const std::string alphabet = "{}[]:,\"\\0123456789-+.eE tfnulrsa\x01\xc3";
+  std::mt19937 rng(11);
+  int accepted = 0;
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::string body = base;
+    for (int edits = 1 + static_cast<int>(rng() % 3); edits > 0; --edits) {
+      size_t at = rng() % (body.size() + 1);
+      char c = alphabet[rng() % alphabet.size()];
+      switch (rng() % 3) {
+        case 0:
+          if (at < body.size()) body[at] = c;
+          break;
+        case 1:
+          body.insert(body.begin() + static_cast<std::ptrdiff_t>(at), c);
+          break;
+        default:
+          if (at < body.size()) body.erase(at, 1);
+      }
+    }
+    auto fast = fastParseTokenCompletion(body);
+    if (!fast) continue;
+    ++accepted;
+    auto dom = parseRequestDom(ApiKind::kCompletions, post(body));
+    ASSERT_TRUE(dom.ok()) << body << ": " << dom.status();
+    ASSERT_EQ(fast->model, dom->model) << body;
+    ASSERT_EQ(fast->stream, dom->stream) << body;
+    ASSERT_EQ(fast->max_tokens, dom->max_tokens) << body;
+    ASSERT_EQ(fast->session, dom->session) << body;
+    ASSERT_EQ(fast->token_ids, dom->token_ids) << body;
+  }
+  EXPECT_GT(accepted, 100);  // the edits must leave enough valid bodies to compare
+}
+
+TEST(RequestParseTest, SinglePassAppliesSessionHeaderAndBound) {
+  auto p = parseRequest(ApiKind::kCompletions,
+                        post(R"({"model":"m","prompt":[1],"user":"body"})", "hdr"));
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->session, "hdr");
+  std::string long_user = R"({"model":"m","prompt":[1],"user":")" + std::string(300, 'u') + "\"}";
+  EXPECT_FALSE(parseRequest(ApiKind::kCompletions, post(long_user)).ok());
 }
 
 TEST(RequestParseTest, HashesFollowTheDomain) {
