@@ -55,6 +55,17 @@ class MigrationTest : public RouterFixture {
     });
   }
 
+  // Waits until the router's index shows the holder's copy of a session prefix (`blocks`
+  // 16-token blocks), then drains the holder, so the session's next turn must move the prefix.
+  void drainHolder(const std::string& holder, int64_t blocks) {
+    ASSERT_TRUE(
+        eventually([&] { return instanceState(holder)["index_blocks"].as_int64() == blocks; }));
+    auto drained = call(
+        post("/admin/instances/" + holder + "/drain", "", {{"Authorization", "Bearer s3cret"}}));
+    ASSERT_TRUE(drained.ok()) << drained.status();
+    ASSERT_EQ(drained->status, 200);
+  }
+
   // Elastic on two push-capable engines: every 4096-token cold prompt is HEAVY.
   void startElastic(std::string elastic_yaml = "{}") {
     workers_ = true;
@@ -76,9 +87,7 @@ TEST_F(MigrationTest, DrainedHolderPushesSessionPrefixToNewInstance) {
   EXPECT_EQ(first->header("x-kvf-reason"), "cold");
   EXPECT_EQ(first->header("x-kvf-source"), "");
   std::string holder(first->header("x-kvf-instance"));
-  ASSERT_TRUE(eventually([&] { return instanceState(holder)["index_blocks"].as_int64() == 256; }));
-  http::Headers auth = {{"Authorization", "Bearer s3cret"}};
-  ASSERT_EQ(call(post("/admin/instances/" + holder + "/drain", "", auth))->status, 200);
+  ASSERT_NO_FATAL_FAILURE(drainHolder(holder, 256));
 
   auto second = call(post("/v1/completions", tokenPrompt(0, 4608), session));
   ASSERT_TRUE(second.ok()) << second.status();
@@ -140,9 +149,7 @@ TEST_F(MigrationTest, StreamingPushMigrateRelaysTheDecodersStream) {
   auto first = call(post("/v1/completions", tokenPrompt(0, 2048), {{"X-Session-Id", "s"}}));
   ASSERT_TRUE(first.ok());
   std::string holder(first->header("x-kvf-instance"));
-  ASSERT_TRUE(eventually([&] { return instanceState(holder)["index_blocks"].as_int64() == 128; }));
-  http::Headers auth = {{"Authorization", "Bearer s3cret"}};
-  ASSERT_EQ(call(post("/admin/instances/" + holder + "/drain", "", auth))->status, 200);
+  ASSERT_NO_FATAL_FAILURE(drainHolder(holder, 128));
   auto result =
       stream(post("/v1/completions", tokenPrompt(0, 2100, true), {{"X-Session-Id", "s"}}));
   ASSERT_TRUE(result.ok()) << result.status();
@@ -290,10 +297,8 @@ TEST_F(MigrationTest, PushFallbackOnTheDecoderIsCounted) {
   auto first = call(post("/v1/completions", tokenPrompt(0, 2048), {{"X-Session-Id", "s"}}));
   ASSERT_TRUE(first.ok());
   std::string holder(first->header("x-kvf-instance"));
-  ASSERT_TRUE(eventually([&] { return instanceState(holder)["index_blocks"].as_int64() == 128; }));
   for (auto& e : engines_) e->remote_kv_fails = true;
-  http::Headers auth = {{"Authorization", "Bearer s3cret"}};
-  ASSERT_EQ(call(post("/admin/instances/" + holder + "/drain", "", auth))->status, 200);
+  ASSERT_NO_FATAL_FAILURE(drainHolder(holder, 128));
   auto second = call(post("/v1/completions", tokenPrompt(0, 2100), {{"X-Session-Id", "s"}}));
   ASSERT_TRUE(second.ok());
   EXPECT_EQ(second->status, 200);
