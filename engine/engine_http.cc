@@ -36,6 +36,16 @@ std::optional<bj::value> echoedTransferParams(const std::optional<bj::value>& pa
   return params;
 }
 
+// Raises the calling thread's niceness (Linux threads are scheduled individually), which needs no
+// privilege. Failure only costs step timing, so it is logged and ignored.
+void lowerCallingThreadPriority(int64_t nice) {
+  if (nice <= 0) return;
+  auto tid = static_cast<id_t>(::syscall(SYS_gettid));
+  if (::setpriority(PRIO_PROCESS, tid, static_cast<int>(nice)) != 0) {
+    log::warn("cannot lower the HTTP thread's priority", "nice", nice, "errno", errno);
+  }
+}
+
 }  // namespace
 
 EngineServer::EngineServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -58,20 +68,6 @@ void EngineServer::Impl::shutdownCore() {
   core_ioc.stop();
   core_thread.join();
 }
-
-namespace {
-
-// Raises the calling thread's niceness (Linux threads are scheduled individually), which needs no
-// privilege. Failure only costs step timing, so it is logged and ignored.
-void lowerCallingThreadPriority(int64_t nice) {
-  if (nice <= 0) return;
-  auto tid = static_cast<id_t>(::syscall(SYS_gettid));
-  if (::setpriority(PRIO_PROCESS, tid, static_cast<int>(nice)) != 0) {
-    log::warn("cannot lower the HTTP thread's priority", "nice", nice, "errno", errno);
-  }
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::create(asio::io_context& ioc,
                                                                    EngineConfig config) {
