@@ -25,6 +25,7 @@ void parseSim(config::ConfigMap& m, SimOptions* out) {
   if (auto o = m.map("overheads")) parseOverheads(*o, &out->overheads);
   m.get("seed", &out->seed, 0, UINT64_MAX);
   m.get("jobs", &out->jobs, 0, 1024);
+  m.get("repetitions", &out->repetitions, 0, 1000);
   m.get("decision_log", &out->decision_log);
   m.get("token_free", &out->token_free);
   if (auto e = m.raw("engine")) {

@@ -41,6 +41,10 @@ struct SimOptions {
   Overheads overheads;
   uint64_t seed = 1;  // jitter draws; repetition k uses seed + k
   int jobs = 0;       // arm processes at once; 0 = hardware threads
+  // Repetitions simulated per arm; 0 = the experiment's `repetitions` (what `run` does). With
+  // jitter_ms > 0 each repetition draws different overheads, so several of them show the
+  // spread a live run's timing noise gives (a live run is one draw).
+  int repetitions = 0;
   bool decision_log = true;
   // Prompts go to the engines and the cache index as per-block content keys derived from the
   // trace's hash ids (no token synthesised or hashed); false: synthesised token ids, as the

@@ -234,17 +234,18 @@ absl::Status runSimExperiment(const std::string& experiment_path, const SimRunOp
   std::error_code ec;
   fs::copy_file(config.source, dir + "/experiment.yaml", fs::copy_options::overwrite_existing, ec);
 
+  const int repetitions = sim.repetitions > 0 ? sim.repetitions : config.repetitions;
   std::vector<Job> jobs;
   for (size_t a = 0; a < arms.size(); ++a) {
-    for (int rep = 0; rep < config.repetitions; ++rep) {
+    for (int rep = 0; rep < repetitions; ++rep) {
       if (fs::exists(strCat(dir, "/arms/", arms[a].name, "/rep", rep, "/DONE"))) continue;
       jobs.push_back({a, rep});
     }
   }
   int parallel = options.jobs >= 0 ? options.jobs : sim.jobs;
   if (parallel <= 0) parallel = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  log::info("simulating", "arms", arms.size(), "repetitions", config.repetitions, "to_run",
-            jobs.size(), "parallel", parallel);
+  log::info("simulating", "arms", arms.size(), "repetitions", repetitions, "to_run", jobs.size(),
+            "parallel", parallel);
   if (parallel == 1 || jobs.size() <= 1) {
     if (!jobs.empty()) {
       KVF_ASSIGN_OR_RETURN(std::vector<trace::Request> requests, loadSlice(dir));

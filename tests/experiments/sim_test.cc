@@ -209,6 +209,34 @@ TEST(SimDeterminism, SameSeedGivesIdenticalBytes) {
             readFile(dir / "c/arms/hybrid/rep0/results.jsonl"));
 }
 
+// sim.repetitions overrides the experiment's repetitions for the simulator only; repetition k
+// draws its jitter from seed + k, so rep1 at seed 7 is rep0 at seed 8.
+TEST(SimDeterminism, SimRepetitionsDrawFromConsecutiveSeeds) {
+  fs::path dir = freshTempDir("kvf_sim_reps");
+  writeCluster(dir);
+  writeTrace(dir / "trace.jsonl", 80, 5);
+  writeAbExperiment(dir, "");
+  std::string text = readFile(dir / "exp.yaml");
+  text.replace(text.find("seed: 7"), 7, "seed: 7, repetitions: 2");
+  std::ofstream(dir / "reps.yaml") << text;
+  text = readFile(dir / "exp.yaml");
+  text.replace(text.find("seed: 7"), 7, "seed: 8");
+  std::ofstream(dir / "seed8.yaml") << text;
+  ASSERT_TRUE(runSim(dir / "reps.yaml", dir / "reps").ok());
+  ASSERT_TRUE(runSim(dir / "seed8.yaml", dir / "seed8").ok());
+  for (const char* arm : {"round_robin", "hybrid"}) {
+    fs::path arm_dir = dir / "reps/arms" / arm;
+    EXPECT_TRUE(fs::exists(arm_dir / "rep0/DONE")) << arm;
+    EXPECT_TRUE(fs::exists(arm_dir / "rep1/DONE")) << arm;
+    EXPECT_FALSE(fs::exists(arm_dir / "rep2")) << arm;
+    std::string rep1 = readFile(arm_dir / "rep1/results.jsonl");
+    EXPECT_FALSE(rep1.empty());
+    EXPECT_EQ(rep1, readFile(dir / "seed8/arms" / arm / "rep0/results.jsonl")) << arm;
+  }
+  EXPECT_NE(readFile(dir / "reps/arms/hybrid/rep0/results.jsonl"),
+            readFile(dir / "reps/arms/hybrid/rep1/results.jsonl"));
+}
+
 TEST(SimDeterminism, ParallelArmProcessesMatchInProcess) {
   fs::path dir = freshTempDir("kvf_sim_par");
   writeCluster(dir);
