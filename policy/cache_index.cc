@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <bit>
 
+#include "policy/block_hash_kernels.h"
+
 namespace kvf::policy {
 
 namespace {
@@ -53,6 +55,33 @@ class RunTracker {
   std::span<uint32_t> out_;
   InstanceMask alive_ = 0;
 };
+
+#if KVF_POLICY_AESNI
+// hashAndMatch for 16-token blocks on a CPU with AES-NI, hashing and probing fused in one loop:
+// each step hashes block i + kAhead (its slot prefetched at once) and probes block i, so the
+// chain's serial latency overlaps the probe's work. `dst` has room for `blocks` hashes; returns
+// how many were written (a prefix of the chain).
+__attribute__((target("aes,sse4.1"))) size_t fusedHashAndMatch16(const BlockTable& table,
+                                                                 const TokenId* tokens,
+                                                                 size_t blocks, BlockHash* dst,
+                                                                 RunTracker& run) {
+  constexpr size_t kAhead = 48;
+  BlockHash parent = kRootBlockHash;
+  size_t hashed = 0;
+  auto hashNext = [&] {
+    parent = kernels::chain(parent, kernels::aesniContent16(tokens + hashed * kDefaultBlockSize));
+    table.prefetch(parent);
+    dst[hashed++] = parent;
+  };
+  while (hashed < std::min(blocks, kAhead)) hashNext();
+  for (size_t i = 0; i < blocks; ++i) {
+    if (hashed < blocks) hashNext();
+    if (!run.step(i, table.get(dst[i]))) return hashed;
+  }
+  run.finish(blocks);
+  return hashed;
+}
+#endif
 
 }  // namespace
 
@@ -203,28 +232,37 @@ void CacheIndex::matchLengths(std::span<const BlockHash> hashes, std::span<uint3
 void CacheIndex::hashAndMatch(std::span<const TokenId> tokens, std::vector<BlockHash>* hashes,
                               std::span<uint32_t> out) const {
   RunTracker run(out);
-  hashes->clear();
   size_t bs = config_.block_size;
   size_t blocks = bs == 0 ? 0 : tokens.size() / bs;
-  hashes->reserve(blocks);
-  // A software pipeline: hashing runs kAhead blocks ahead of the lookups, kStep blocks at a
-  // time, and each new hash's slot is prefetched at once, so the table's cache misses are in
-  // flight while the next blocks are hashed (both cost ~4 ns per block; neither waits).
+  hashes->resize(blocks);
+#if KVF_POLICY_AESNI
+  if (bs == kDefaultBlockSize && kernels::cpuHasAes()) {
+    hashes->resize(fusedHashAndMatch16(entries_, tokens.data(), blocks, hashes->data(), run));
+    return;
+  }
+#endif
+  // Elsewhere (portable AES or xxh3 blocks): hashing in steps of kStep blocks, still straight
+  // into `hashes` and kAhead blocks ahead of the lookups, each new hash's slot prefetched at
+  // once, so the table's cache misses are in flight while the next blocks are hashed.
   constexpr size_t kAhead = 64;
-  constexpr size_t kStep = 8;
+  constexpr size_t kStep = 16;
+  BlockHash* dst = hashes->data();
+  size_t hashed = 0;
+  BlockHash parent = kRootBlockHash;
   auto extend = [&](size_t upto) {
-    size_t have = hashes->size();
-    completeBlockHashes(tokens.first(upto * bs), bs, hashes);
-    for (size_t j = have; j < upto; ++j) entries_.prefetch((*hashes)[j]);
+    parent = hashTokenBlocksTo(tokens.subspan(hashed * bs), bs, parent,
+                               std::span<BlockHash>(dst + hashed, upto - hashed));
+    for (size_t j = hashed; j < upto; ++j) entries_.prefetch(dst[j]);
+    hashed = upto;
   };
   extend(std::min(blocks, kAhead));
-  for (size_t i = 0; i < blocks; ++i) {
-    if (i % kStep == 0 && hashes->size() < blocks) {
-      extend(std::min(blocks, hashes->size() + kStep));
-    }
-    if (!run.step(i, holders((*hashes)[i]))) return;
+  size_t i = 0;
+  for (; i < blocks; ++i) {
+    if (i % kStep == 0 && hashed < blocks) extend(std::min(blocks, hashed + kStep));
+    if (!run.step(i, holders(dst[i]))) break;
   }
-  run.finish(blocks);
+  if (i == blocks) run.finish(blocks);
+  hashes->resize(hashed);  // only what was hashed; completeBlockHashes() goes on from there
 }
 
 InstanceMask CacheIndex::holders(BlockHash hash) const { return entries_.get(hash); }
