@@ -7,7 +7,12 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "policy/block_hash_kernels.h"
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define KVF_POLICY_AESNI 1
+#else
+#define KVF_POLICY_AESNI 0
+#endif
 
 namespace kvf::policy {
 namespace {
@@ -17,13 +22,14 @@ constexpr uint64_t kTextSeed = 0xc2b2ae3d27d4eb4fULL;
 constexpr uint64_t kEngineSeed = 0x165667b19e3779f9ULL;
 constexpr BlockHash kTextRoot = 0x6b7666746578742dULL;
 constexpr uint64_t kBlockKeySeed = 0x6b76662d6b657973ULL;
+constexpr uint64_t kChainParentKey = 0x27d4eb2f165667c5ULL;
+constexpr uint64_t kChainContentKey = 0x85ebca77c2b2ae63ULL;
 
-#if KVF_POLICY_AESNI
-using kernels::aesniContent16;
-#endif
-using kernels::chain;
-using kernels::cpuHasAes;
-using kernels::kAesKeys;
+// The chain step: XXH3's 16-byte mixer over (parent, content hash). Its latency (~5 cycles) is
+// the only serial part, so the content hashes of consecutive blocks overlap in the CPU.
+inline BlockHash chain(BlockHash parent, uint64_t content) {
+  return XXH3_mul128_fold64(parent ^ kChainParentKey, content ^ kChainContentKey);
+}
 
 // ---- Content hash of a 16-token block (docs/policies.md, "Block hashes") ----
 // The 64 bytes are four 128-bit lanes c0..c3 (tokens 4j..4j+3, little-endian). With R = one
@@ -32,7 +38,11 @@ using kernels::kAesKeys;
 //   x = R(x) ^ K1;  x = R(x) ^ K2;  x = R(x) ^ K3;  content = lo64(x) ^ hi64(x)
 // Each step is a permutation of x for fixed input, so blocks differing in one lane never meet
 // before the fold, and three rounds after the last lane diffuse every byte over the state.
-// K0..K3: kernels::kAesKeys.
+// K0..K3: hexadecimal digits of pi, as little-endian 64-bit halves {lo, hi}.
+constexpr uint64_t kAesKeys[4][2] = {{0x13198a2e03707344ULL, 0x243f6a8885a308d3ULL},
+                                     {0x082efa98ec4e6c89ULL, 0xa4093822299f31d0ULL},
+                                     {0xbe5466cf34e90c6cULL, 0x452821e638d01377ULL},
+                                     {0x3f84d5b5b5470917ULL, 0xc0ac29b7c97c50ddULL}};
 
 // Portable path (any CPU, and the reference the AES-NI path is tested against). The state is
 // four 32-bit columns, byte r of a column being row r (column c of lane j is token 4j + c), as
@@ -115,7 +125,37 @@ uint64_t portableContent16(const TokenId* tokens) {
   return ((uint64_t{x[1]} << 32) | x[0]) ^ ((uint64_t{x[3]} << 32) | x[2]);
 }
 
+// Whether this CPU runs the AES-NI path (checked once; the build is not -march=native).
+bool cpuHasAes() {
 #if KVF_POLICY_AESNI
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("aes") && __builtin_cpu_supports("sse4.1");
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+#if KVF_POLICY_AESNI
+__attribute__((target("aes,sse4.1"))) inline uint64_t aesniContent16(const TokenId* tokens) {
+  const __m128i* lanes = reinterpret_cast<const __m128i*>(tokens);
+  auto key = [](int k) {
+    return _mm_set_epi64x(static_cast<long long>(kAesKeys[k][1]),
+                          static_cast<long long>(kAesKeys[k][0]));
+  };
+  __m128i x = _mm_xor_si128(_mm_loadu_si128(lanes), key(0));
+  x = _mm_aesenc_si128(x, _mm_loadu_si128(lanes + 1));
+  x = _mm_aesenc_si128(x, _mm_loadu_si128(lanes + 2));
+  x = _mm_aesenc_si128(x, _mm_loadu_si128(lanes + 3));
+  x = _mm_aesenc_si128(x, key(1));
+  x = _mm_aesenc_si128(x, key(2));
+  x = _mm_aesenc_si128(x, key(3));
+  return static_cast<uint64_t>(_mm_cvtsi128_si64(x)) ^
+         static_cast<uint64_t>(_mm_extract_epi64(x, 1));
+}
+
 // The whole 16-token chain in one AES-NI function, so the rounds of consecutive blocks overlap
 // (each block's rounds are independent; only chain() waits for the previous block).
 __attribute__((target("aes,sse4.1"))) BlockHash aesniChain16(const TokenId* src, size_t blocks,
@@ -156,18 +196,6 @@ inline uint64_t contentHash(const TokenId* tokens, size_t count) {
 }
 
 }  // namespace
-
-bool kernels::cpuHasAes() {
-#if KVF_POLICY_AESNI
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("aes") && __builtin_cpu_supports("sse4.1");
-  }();
-  return has;
-#else
-  return false;
-#endif
-}
 
 namespace internal {
 uint64_t contentHash16Portable(const TokenId* tokens) { return portableContent16(tokens); }
