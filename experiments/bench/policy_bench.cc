@@ -235,6 +235,14 @@ void BM_HashMatchDecideTail(benchmark::State& state) {
     }
     ++now;
   }
+  // KVF_POLICY_BENCH_DUMP=path: every iteration's time in order, one per line, to see whether
+  // slow iterations come in bursts (the machine) or at random (the code).
+  if (const char* path = std::getenv("KVF_POLICY_BENCH_DUMP")) {
+    if (FILE* out = std::fopen(path, "w")) {
+      for (double us : all) std::fprintf(out, "%.3f\n", us);
+      std::fclose(out);
+    }
+  }
   state.counters["p50_us"] = percentile(all, 0.50);
   state.counters["p99_us"] = percentile(all, 0.99);
   state.counters["p99_clean_us"] = percentile(clean, 0.99);
