@@ -1,5 +1,6 @@
 #include "policy/block_hash.h"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 
@@ -218,6 +219,8 @@ BlockHash hashBlock(BlockHash parent, std::span<const TokenId> tokens) {
 
 BlockHash hashTokenBlocksTo(std::span<const TokenId> tokens, size_t block_size, BlockHash parent,
                             std::span<BlockHash> out) {
+  if (block_size == 0) return parent;
+  out = out.first(std::min(out.size(), tokens.size() / block_size));  // never read past tokens
   if (out.empty()) return parent;
   const TokenId* src = tokens.data();
   if (block_size == kDefaultBlockSize) {

@@ -29,8 +29,9 @@ void hashTokenBlocks(std::span<const TokenId> tokens, size_t block_size,
                      std::vector<BlockHash>* out, BlockHash parent = kRootBlockHash);
 std::vector<BlockHash> hashTokenBlocks(std::span<const TokenId> tokens, size_t block_size);
 // The same into caller-owned memory: the chained hashes of the first out.size() blocks of
-// `tokens` (which must hold at least out.size() * block_size tokens) from `parent`. Returns the
-// last hash written (`parent` when `out` is empty). No allocation: for pipelined callers.
+// `tokens` from `parent` (only as many as `tokens` holds in full; the rest of `out` is left
+// alone). Returns the last hash written, `parent` when none. No allocation: for pipelined
+// callers.
 BlockHash hashTokenBlocksTo(std::span<const TokenId> tokens, size_t block_size, BlockHash parent,
                             std::span<BlockHash> out);
 // Appends the hashes of the full blocks of `tokens` that `hashes` (a prefix of the prompt's

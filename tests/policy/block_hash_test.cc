@@ -146,6 +146,22 @@ TEST(BlockHashTest, BatchedPathEqualsPerBlockForEveryLength) {
   }
 }
 
+// The caller-owned form writes only what the tokens cover and chains from the given parent.
+TEST(BlockHashTest, HashIntoCallerMemory) {
+  auto tokens = iota(16 * 5 + 3);
+  auto full = hashTokenBlocks(tokens, 16);
+  std::vector<BlockHash> out(8, 7);
+  EXPECT_EQ(hashTokenBlocksTo(tokens, 16, kRootBlockHash, out), full.back());
+  EXPECT_TRUE(std::equal(full.begin(), full.end(), out.begin()));
+  EXPECT_EQ(out[5], 7u);  // past the 5 full blocks: untouched
+  std::span<const TokenId> rest = std::span<const TokenId>(tokens).subspan(32);
+  std::vector<BlockHash> tail(3);
+  EXPECT_EQ(hashTokenBlocksTo(rest, 16, full[1], tail), full[4]);
+  EXPECT_EQ(tail, (std::vector<BlockHash>{full[2], full[3], full[4]}));
+  EXPECT_EQ(hashTokenBlocksTo(tokens, 0, 42, out), 42u);
+  EXPECT_EQ(hashTokenBlocksTo({}, 16, 42, out), 42u);
+}
+
 // 64-bit quality of the content hash: no collision among millions of random and structured
 // blocks (a random 64-bit function collides among 4M values with probability ~5e-7), and every
 // input bit flips every output bit about half the time.
