@@ -1,6 +1,8 @@
-// Our own chained 64-bit block hash over token ids (xxh3 with a kvfabric seed), independent of
-// any engine's hash function: h_i = xxh3(h_{i-1} || tokens of block i). Only full blocks are
-// hashed. Pure functions; safe from any thread.
+// Our own chained 64-bit block hash over token ids, independent of any engine's hash function:
+// h_i = mix(h_{i-1}, content(tokens of block i)), content hashes independent of each other so
+// consecutive blocks hash in parallel (16-token blocks: an AES-round construction, AES-NI when
+// the CPU has it, else a portable equal path; other sizes: xxh3). Only full blocks are hashed.
+// Pure functions; safe from any thread.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +28,12 @@ BlockHash hashBlock(BlockHash parent, std::span<const TokenId> tokens);
 void hashTokenBlocks(std::span<const TokenId> tokens, size_t block_size,
                      std::vector<BlockHash>* out, BlockHash parent = kRootBlockHash);
 std::vector<BlockHash> hashTokenBlocks(std::span<const TokenId> tokens, size_t block_size);
+// The same into caller-owned memory: the chained hashes of the first out.size() blocks of
+// `tokens` from `parent` (only as many as `tokens` holds in full; the rest of `out` is left
+// alone). Returns the last hash written, `parent` when none. No allocation: for pipelined
+// callers.
+BlockHash hashTokenBlocksTo(std::span<const TokenId> tokens, size_t block_size, BlockHash parent,
+                            std::span<BlockHash> out);
 // Appends the hashes of the full blocks of `tokens` that `hashes` (a prefix of the prompt's
 // chained hashes, possibly empty) does not cover yet.
 void completeBlockHashes(std::span<const TokenId> tokens, size_t block_size,
@@ -44,5 +52,12 @@ std::vector<BlockHash> hashTextBlocks(std::string_view text, size_t bytes_per_bl
 
 // A 64-bit key for an engine's block hash sent as bytes (newer vLLM sends 32-byte digests).
 uint64_t engineHashFromBytes(std::string_view bytes);
+
+// For tests: the content hash of one 16-token block through each implementation. Native
+// (AES-NI) returns false when this CPU or build has none; both must always agree.
+namespace internal {
+uint64_t contentHash16Portable(const TokenId* tokens);
+bool contentHash16Native(const TokenId* tokens, uint64_t* out);
+}  // namespace internal
 
 }  // namespace kvf::policy

@@ -203,28 +203,32 @@ void CacheIndex::matchLengths(std::span<const BlockHash> hashes, std::span<uint3
 void CacheIndex::hashAndMatch(std::span<const TokenId> tokens, std::vector<BlockHash>* hashes,
                               std::span<uint32_t> out) const {
   RunTracker run(out);
-  hashes->clear();
   size_t bs = config_.block_size;
   size_t blocks = bs == 0 ? 0 : tokens.size() / bs;
-  hashes->reserve(blocks);
+  hashes->resize(blocks);
   // A software pipeline: hashing runs kAhead blocks ahead of the lookups, kStep blocks at a
-  // time, and each new hash's slot is prefetched at once, so the table's cache misses are in
-  // flight while the next blocks are hashed (both cost ~4 ns per block; neither waits).
+  // time straight into `hashes` (no allocation, no per-step resize), and each new hash's slot
+  // is prefetched at once, so the table's cache misses are in flight while the next blocks
+  // are hashed. (A loop that hashed and probed one block per iteration measured the same.)
   constexpr size_t kAhead = 64;
-  constexpr size_t kStep = 8;
+  constexpr size_t kStep = 16;
+  BlockHash* dst = hashes->data();
+  size_t hashed = 0;
+  BlockHash parent = kRootBlockHash;
   auto extend = [&](size_t upto) {
-    size_t have = hashes->size();
-    completeBlockHashes(tokens.first(upto * bs), bs, hashes);
-    for (size_t j = have; j < upto; ++j) entries_.prefetch((*hashes)[j]);
+    parent = hashTokenBlocksTo(tokens.subspan(hashed * bs), bs, parent,
+                               std::span<BlockHash>(dst + hashed, upto - hashed));
+    for (size_t j = hashed; j < upto; ++j) entries_.prefetch(dst[j]);
+    hashed = upto;
   };
   extend(std::min(blocks, kAhead));
-  for (size_t i = 0; i < blocks; ++i) {
-    if (i % kStep == 0 && hashes->size() < blocks) {
-      extend(std::min(blocks, hashes->size() + kStep));
-    }
-    if (!run.step(i, holders((*hashes)[i]))) return;
+  size_t i = 0;
+  for (; i < blocks; ++i) {
+    if (i % kStep == 0 && hashed < blocks) extend(std::min(blocks, hashed + kStep));
+    if (!run.step(i, holders(dst[i]))) break;
   }
-  run.finish(blocks);
+  if (i == blocks) run.finish(blocks);
+  hashes->resize(hashed);  // only what was hashed; completeBlockHashes() goes on from there
 }
 
 InstanceMask CacheIndex::holders(BlockHash hash) const { return entries_.get(hash); }

@@ -1,9 +1,15 @@
 // Routing hot path of policy/: hash a token-id prompt, match it against a cache index of 1M
 // blocks held by 8 instances, and decide with the hybrid policy. Reports per-call p50/p99 for
-// each step and for the whole path, for 1k, 32k and 128k-token prompts.
+// each step and for the whole path, for 1k, 32k and 128k-token prompts, and what the tail
+// comes from (faults, preemption, and a fixed-work loop as the machine's noise floor).
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <memory>
+#include <new>
 #include <random>
 #include <vector>
 
@@ -13,6 +19,9 @@
 #include "policy/block_hash.h"
 #include "policy/cache_index.h"
 #include "policy/policy.h"
+
+// Heap allocations by this process (operator new below), to report allocations per call.
+thread_local int64_t g_allocations = 0;
 
 namespace {
 
@@ -75,6 +84,47 @@ Fixture& fixtureFor(size_t prompt_tokens) {
 
 enum class Step { kHash, kMatch, kDecide, kMatchDecide, kAll };
 
+// What the OS did to this thread: page faults and context switches (getrusage), and the time it
+// spent runnable but waiting for a CPU (/proc/thread-self/schedstat, 0 where unavailable).
+struct ThreadCounters {
+  int64_t minor_faults = 0;
+  int64_t major_faults = 0;
+  int64_t switches = 0;  // voluntary + involuntary
+  int64_t runq_wait_ns = 0;
+
+  static ThreadCounters now(bool with_schedstat) {
+    ThreadCounters c;
+    rusage u{};
+    getrusage(RUSAGE_THREAD, &u);
+    c.minor_faults = u.ru_minflt;
+    c.major_faults = u.ru_majflt;
+    c.switches = u.ru_nvcsw + u.ru_nivcsw;
+    if (with_schedstat) {
+      if (FILE* f = std::fopen("/proc/thread-self/schedstat", "r")) {
+        long long run = 0, wait = 0;
+        if (std::fscanf(f, "%lld %lld", &run, &wait) == 2) c.runq_wait_ns = wait;
+        std::fclose(f);
+      }
+    }
+    return c;
+  }
+};
+
+// Per-run counters from the start and end of the timed loop, per 1,000 iterations.
+void reportThreadCounters(benchmark::State& state, const ThreadCounters& before,
+                          size_t iterations) {
+  ThreadCounters after = ThreadCounters::now(true);
+  double per_k = iterations == 0 ? 0 : 1000.0 / static_cast<double>(iterations);
+  state.counters["faults_per_kiter"] =
+      static_cast<double>(after.minor_faults - before.minor_faults + after.major_faults -
+                          before.major_faults) *
+      per_k;
+  state.counters["switches_per_kiter"] =
+      static_cast<double>(after.switches - before.switches) * per_k;
+  state.counters["runq_wait_us_per_kiter"] =
+      static_cast<double>(after.runq_wait_ns - before.runq_wait_ns) / 1000.0 * per_k;
+}
+
 void runSteps(benchmark::State& state, Step step) {
   Fixture& f = fixtureFor(static_cast<size_t>(state.range(0)));
   auto policy = createPolicy(PolicyConfig{});
@@ -87,14 +137,18 @@ void runSteps(benchmark::State& state, Step step) {
   std::vector<BlockHash> hashes;
   std::vector<double> micros;
   std::vector<double> rest_micros;
-  micros.reserve(1 << 16);
+  rest_micros.reserve(static_cast<size_t>(state.max_iterations));
+  micros.reserve(static_cast<size_t>(state.max_iterations));
   kvf::Nanos now = 0;
   RouteRequest request;
   request.prompt_tokens = static_cast<int64_t>(f.prompt.size());
   request.session = "bench-session";
   hashTokenBlocks(f.prompt, kBlockSize, &hashes);
   f.index.matchLengths(hashes, matched);
+  ThreadCounters before = ThreadCounters::now(true);
+  int64_t timed_allocations = 0;
   for (auto _ : state) {
+    int64_t allocations = g_allocations;
     auto start = std::chrono::steady_clock::now();
     if (step == Step::kAll) {
       // What the router needs before deciding: hashes only as far as some instance matches.
@@ -117,6 +171,7 @@ void runSteps(benchmark::State& state, Step step) {
       benchmark::DoNotOptimize(decision);
     }
     auto end = std::chrono::steady_clock::now();
+    timed_allocations += g_allocations - allocations;
     micros.push_back(std::chrono::duration<double, std::micro>(end - start).count());
     if (step == Step::kAll) {
       // The rest of the prompt's hashes, needed only for the predicted entries that the
@@ -128,10 +183,139 @@ void runSteps(benchmark::State& state, Step step) {
     }
     ++now;
   }
+  reportThreadCounters(state, before, micros.size());
+  state.counters["allocs_per_call"] =
+      micros.empty() ? 0
+                     : static_cast<double>(timed_allocations) / static_cast<double>(micros.size());
   if (!rest_micros.empty()) state.counters["rest_hash_p50_us"] = percentile(rest_micros, 0.50);
   state.counters["p50_us"] = percentile(micros, 0.50);
   state.counters["p99_us"] = percentile(micros, 0.99);
+  state.counters["p999_us"] = percentile(micros, 0.999);
   state.counters["matched_blocks_inst0"] = matched[0];
+}
+
+// Where the tail of hash + match + decide comes from: each iteration is bracketed (outside its
+// timed window) by getrusage, so iterations during which the thread was switched out or
+// faulted are counted apart; p99_clean_us is the p99 of the others. Interrupts and hypervisor
+// steal leave no trace there: compare with BM_FixedWork at the same p50.
+void BM_HashMatchDecideTail(benchmark::State& state) {
+  Fixture& f = fixtureFor(static_cast<size_t>(state.range(0)));
+  auto policy = createPolicy(PolicyConfig{});
+  std::vector<InstanceSnapshot> snapshots(kInstances);
+  std::vector<uint32_t> matched(kInstances);
+  std::vector<BlockHash> hashes;
+  std::vector<double> all, clean;
+  all.reserve(static_cast<size_t>(state.max_iterations));
+  clean.reserve(static_cast<size_t>(state.max_iterations));
+  RouteRequest request;
+  request.prompt_tokens = static_cast<int64_t>(f.prompt.size());
+  request.session = "bench-session";
+  kvf::Nanos now = 0;
+  int64_t disturbed = 0;
+  for (auto _ : state) {
+    ThreadCounters a = ThreadCounters::now(false);
+    auto start = std::chrono::steady_clock::now();
+    f.index.expire(now);
+    f.index.hashAndMatch(f.prompt, &hashes, matched);
+    for (int i = 0; i < kInstances; ++i) {
+      snapshots[i].matched_tokens = static_cast<int64_t>(matched[i] * kBlockSize);
+    }
+    auto decision = policy->decide(request, snapshots, now);
+    benchmark::DoNotOptimize(decision);
+    double us =
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
+    ThreadCounters b = ThreadCounters::now(false);
+    all.push_back(us);
+    bool hit = b.switches != a.switches || b.minor_faults != a.minor_faults ||
+               b.major_faults != a.major_faults;
+    if (hit) {
+      ++disturbed;
+    } else {
+      clean.push_back(us);
+    }
+    ++now;
+  }
+  // KVF_POLICY_BENCH_DUMP=path: every iteration's time in order, one per line, to see whether
+  // slow iterations come in bursts (the machine) or at random (the code).
+  if (const char* path = std::getenv("KVF_POLICY_BENCH_DUMP")) {
+    if (FILE* out = std::fopen(path, "w")) {
+      for (double us : all) std::fprintf(out, "%.3f\n", us);
+      std::fclose(out);
+    }
+  }
+  state.counters["p50_us"] = percentile(all, 0.50);
+  state.counters["p99_us"] = percentile(all, 0.99);
+  state.counters["p99_clean_us"] = percentile(clean, 0.99);
+  state.counters["switched_or_faulted_iters"] = static_cast<double>(disturbed);
+  state.counters["slow_iters_over_1.5x_p50"] = static_cast<double>(std::count_if(
+      all.begin(), all.end(), [p50 = percentile(all, 0.50)](double v) { return v > 1.5 * p50; }));
+}
+
+// hash + match + decide with the table and the prompt out of the caches, as for a router whose
+// index is far larger than the L3 and whose prompts differ: before each call, 64 MB of other
+// data are read (outside the timed window); with warm_prompt:1 the prompt is then read again, so
+// only the index (and the code) are cold. Shows what the probes cost against DRAM.
+void BM_HashMatchDecideCold(benchmark::State& state) {
+  Fixture& f = fixtureFor(static_cast<size_t>(state.range(0)));
+  auto policy = createPolicy(PolicyConfig{});
+  std::vector<InstanceSnapshot> snapshots(kInstances);
+  std::vector<uint32_t> matched(kInstances);
+  std::vector<BlockHash> hashes;
+  std::vector<uint64_t> evict((64u << 20) / sizeof(uint64_t), 1);
+  std::vector<double> micros;
+  micros.reserve(static_cast<size_t>(state.max_iterations));
+  RouteRequest request;
+  request.prompt_tokens = static_cast<int64_t>(f.prompt.size());
+  request.session = "bench-session";
+  kvf::Nanos now = 0;
+  uint64_t sink = 0;
+  for (auto _ : state) {
+    for (size_t i = 0; i < evict.size(); i += 8) sink += evict[i];
+    if (state.range(1) != 0) {  // the prompt's tokens back in cache: only the index is cold
+      for (TokenId t : f.prompt) sink += t;
+    }
+    benchmark::DoNotOptimize(sink);
+    auto start = std::chrono::steady_clock::now();
+    f.index.expire(now);
+    f.index.hashAndMatch(f.prompt, &hashes, matched);
+    for (int i = 0; i < kInstances; ++i) {
+      snapshots[i].matched_tokens = static_cast<int64_t>(matched[i] * kBlockSize);
+    }
+    auto decision = policy->decide(request, snapshots, now);
+    benchmark::DoNotOptimize(decision);
+    micros.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+            .count());
+    ++now;
+  }
+  state.counters["p50_us"] = percentile(micros, 0.50);
+  state.counters["p99_us"] = percentile(micros, 0.99);
+}
+
+// The machine's noise floor: a fixed chain of dependent multiply-adds (registers only, no
+// memory, no allocation) sized to about range(0) microseconds. Its p99 / p50 is what
+// interrupts, hypervisor steal and the neighbours do to any computation of that length.
+void BM_FixedWork(benchmark::State& state) {
+  // ~1 multiply-add per 4 cycles at ~2.6 GHz: 650 steps per microsecond.
+  const int64_t steps = state.range(0) * 650;
+  std::vector<double> micros;
+  micros.reserve(static_cast<size_t>(state.max_iterations));
+  uint64_t x = 1;
+  ThreadCounters before = ThreadCounters::now(true);
+  for (auto _ : state) {
+    auto start = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < steps; ++i) {
+      x = x * 0x9e3779b97f4a7c15ULL + 1;
+      benchmark::DoNotOptimize(x);
+    }
+    micros.push_back(
+        std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+            .count());
+  }
+  reportThreadCounters(state, before, micros.size());
+  state.counters["p50_us"] = percentile(micros, 0.50);
+  state.counters["p99_us"] = percentile(micros, 0.99);
+  state.counters["p999_us"] = percentile(micros, 0.999);
 }
 
 void BM_Hash(benchmark::State& s) { runSteps(s, Step::kHash); }
@@ -175,7 +359,21 @@ BENCHMARK(BM_Match)->Arg(1024)->Arg(32768)->Arg(131072);
 BENCHMARK(BM_Decide)->Arg(1024)->Arg(32768)->Arg(131072);
 BENCHMARK(BM_MatchDecide)->Arg(1024)->Arg(32768)->Arg(131072);
 BENCHMARK(BM_HashMatchDecide)->Arg(1024)->Arg(32768)->Arg(131072);
+BENCHMARK(BM_HashMatchDecideTail)->Arg(32768);
+BENCHMARK(BM_HashMatchDecideCold)
+    ->ArgsProduct({{1024, 32768, 131072}, {0, 1}})
+    ->ArgNames({"", "warm_prompt"})
+    ->Iterations(400);
+BENCHMARK(BM_FixedWork)->Arg(8)->Arg(13);
 
 }  // namespace
+
+void* operator new(size_t size) {
+  ++g_allocations;
+  if (void* p = std::malloc(size == 0 ? 1 : size)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 BENCHMARK_MAIN();

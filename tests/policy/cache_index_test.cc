@@ -176,5 +176,32 @@ TEST(CacheIndexTest, HashAndMatchAgreesWithHashThenMatch) {
   }
 }
 
+// Block sizes other than 16 (xxh3 content, the stepwise pipeline rather than the fused AES-NI
+// loop) give the same answers as hash-then-match, for runs ending mid-prompt and at its end.
+TEST(CacheIndexTest, HashAndMatchAgreesForOtherBlockSizes) {
+  CacheIndexConfig config;
+  config.block_size = 32;
+  CacheIndex index(config);
+  std::vector<TokenId> t(32 * 150 + 7);
+  std::iota(t.begin(), t.end(), 9);
+  auto full = hashTokenBlocks(t, 32);
+  ASSERT_EQ(full.size(), 150u);
+  index.addSoft(0, std::span<const BlockHash>(full).first(40), 0, false);
+  index.addSoft(1, full, 0, false);
+  for (bool whole : {true, false}) {
+    if (!whole) index.clearInstance(1);
+    std::vector<BlockHash> hashes;
+    std::vector<uint32_t> fused(2);
+    index.hashAndMatch(t, &hashes, fused);
+    EXPECT_EQ(fused, (std::vector<uint32_t>{40, whole ? 150u : 0u}));
+    EXPECT_TRUE(std::equal(hashes.begin(), hashes.end(), full.begin()));
+    if (!whole) {
+      EXPECT_LT(hashes.size(), full.size());
+    }
+    completeBlockHashes(t, 32, &hashes);
+    EXPECT_EQ(hashes, full);
+  }
+}
+
 }  // namespace
 }  // namespace kvf::policy
