@@ -70,6 +70,9 @@ class HttpTest : public ::testing::Test {
                    [this](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
                      co_await streamHandler(w);
                    });
+    server_->route("GET", "/big", [](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
+      co_await w.send(200, "text/plain", std::string(64u << 20, 'b'));
+    });
     server_->route("GET", "/slow", [](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
       asio::steady_timer t(co_await asio::this_coro::executor, 300ms);
       co_await t.async_wait(asio::use_awaitable);
@@ -283,6 +286,34 @@ TEST_F(HttpTest, IdleConnectionClosedAfterTimeout) {
   EXPECT_EQ(raw, "");
   EXPECT_GE(elapsed, 150ms);
   EXPECT_LT(elapsed, 3s);
+}
+
+// A response larger than the socket buffers is written in part at once and the rest
+// asynchronously; a client that never reads still meets the write timeout (the connection is
+// closed, not left hanging) and the server keeps serving others.
+TEST_F(HttpTest, WriteTimeoutAppliesWhenAResponseDoesNotFitTheSocket) {
+  ServerOptions options;
+  options.write_timeout = 200ms;
+  startServer(options);
+  // A raw client asks for the big response and never reads it.
+  tcp::socket idle_reader(io_.context());
+  idle_reader.connect({asio::ip::make_address("127.0.0.1"), server_->port()});
+  std::string get = "GET /big HTTP/1.1\r\nHost: x\r\n\r\n";
+  asio::write(idle_reader, asio::buffer(get));
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (server_->activeConnections() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_EQ(server_->activeConnections(), 1u);
+  auto start = std::chrono::steady_clock::now();
+  while (server_->activeConnections() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(server_->activeConnections(), 0u) << "the stalled write was not timed out";
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 100ms);
+  auto hello = call(makeRequest("GET", "/hello"));
+  ASSERT_TRUE(hello.ok()) << hello.status();
+  EXPECT_EQ(hello->body, "hello");
 }
 
 TEST_F(HttpTest, ClientReadTimeoutAndStaleConnectionRetry) {
