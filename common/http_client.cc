@@ -14,6 +14,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "common/http_read.h"
 #include "common/strings.h"
 
 namespace kvf::http {
@@ -292,8 +293,7 @@ asio::awaitable<absl::StatusOr<std::unique_ptr<ResponseStream>>> HttpClient::ope
     state->read_timeout = read_timeout;
     conn->buffer.clear();
     conn->stream.expires_after(read_timeout);
-    auto [rec, n] =
-        co_await bhttp::async_read_header(conn->stream, conn->buffer, state->parser, kUseTuple);
+    auto [rec, n] = co_await internal::readHeader(conn->stream, conn->buffer, state->parser);
     if (rec) {
       conn->close();
       if (reused && isStaleConnectionError(rec) && n == 0) continue;

@@ -17,6 +17,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "common/http_read.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "common/sse.h"
@@ -441,7 +442,7 @@ asio::awaitable<void> HttpServer::Impl::session(std::shared_ptr<Connection> conn
     parser.body_limit(options.max_body_bytes);
     conn->idle = true;
     stream.expires_after(buffer.size() == 0 ? options.idle_timeout : options.read_timeout);
-    auto [ec, n] = co_await bhttp::async_read_header(stream, buffer, parser, kUseTuple);
+    auto [ec, n] = co_await internal::readHeader(stream, buffer, parser);
     conn->idle = false;
     if (!ec && !parser.is_done() && !parser.chunked() && buffer.size() > 0) {
       // A sized body usually came with the header: parse it from the buffer here instead of a
