@@ -14,6 +14,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "common/http_read.h"
 #include "common/strings.h"
 
 namespace kvf::http {
@@ -32,6 +33,12 @@ class Connection {
 
   beast::tcp_stream stream;
   beast::flat_buffer buffer;
+  // Response body bytes land here before ResponseStream::next() copies them out. One per
+  // connection, reused by every request on it, and left uninitialised: a fresh 64 KiB block
+  // per request (allocated, zeroed or consolidated by malloc) was a visible share of the
+  // proxy's CPU and evicted hot cache lines.
+  static constexpr size_t kBodyBufBytes = 64 * 1024;
+  std::unique_ptr<char[]> body_buf = std::make_unique_for_overwrite<char[]>(kBodyBufBytes);
   std::chrono::steady_clock::time_point last_used{};
 
   void close() {
@@ -59,10 +66,6 @@ struct ResponseStream::State {
   std::unique_ptr<Connection> conn;
   bhttp::response_parser<bhttp::buffer_body> parser;
   std::chrono::milliseconds read_timeout{};
-  // Body bytes land here before next() copies them out; left uninitialised (zeroing 64 KiB
-  // per request was a visible share of the proxy's CPU and evicted hot cache lines).
-  static constexpr size_t kBufBytes = 64 * 1024;
-  std::unique_ptr<char[]> buf = std::make_unique_for_overwrite<char[]>(kBufBytes);
 };
 
 namespace {
@@ -109,8 +112,8 @@ asio::awaitable<absl::StatusOr<std::optional<std::string>>> ResponseStream::next
   auto& parser = state_->parser;
   auto& conn = *state_->conn;
   for (;;) {
-    parser.get().body().data = state_->buf.get();
-    parser.get().body().size = State::kBufBytes;
+    parser.get().body().data = conn.body_buf.get();
+    parser.get().body().size = Connection::kBodyBufBytes;
     boost::system::error_code ec;
     bool progressed = false;
     if (conn.buffer.size() > 0 && !parser.chunked()) {
@@ -135,9 +138,9 @@ asio::awaitable<absl::StatusOr<std::optional<std::string>>> ResponseStream::next
       conn.close();
       co_return ioError(ec, "reading response body from", client_->host(), client_->port());
     }
-    size_t got = State::kBufBytes - parser.get().body().size;
+    size_t got = Connection::kBodyBufBytes - parser.get().body().size;
     if (parser.is_done()) done_ = true;
-    if (got > 0) co_return std::optional<std::string>(std::string(state_->buf.get(), got));
+    if (got > 0) co_return std::optional<std::string>(std::string(conn.body_buf.get(), got));
     if (done_) co_return std::optional<std::string>();
   }
 }
@@ -231,6 +234,9 @@ asio::awaitable<absl::StatusOr<std::unique_ptr<Connection>>> HttpClient::connect
   if (ec) co_return ioError(ec, "connecting to", host_, port_);
   boost::system::error_code ignored;
   conn->stream.socket().set_option(tcp::no_delay(true), ignored);
+  // Synchronous writes return would_block instead of waiting (see open()); asynchronous
+  // operations are unaffected.
+  conn->stream.socket().non_blocking(true, ignored);
   co_return conn;
 }
 
@@ -266,8 +272,16 @@ asio::awaitable<absl::StatusOr<std::unique_ptr<ResponseStream>>> HttpClient::ope
       if (!connected.ok()) co_return connected.status();
       conn = std::move(*connected);
     }
-    conn->stream.expires_after(options_.write_timeout);
-    auto [wec, written] = co_await bhttp::async_write(conn->stream, message, kUseTuple);
+    // A request usually fits the socket's send buffer: write it at once, without arming the
+    // write timer, an asynchronous operation and a trip through the scheduler. What does not
+    // fit (a large body, a slow upstream) goes on asynchronously under the write timeout.
+    bhttp::request_serializer<bhttp::span_body<const char>> serializer{message};
+    boost::system::error_code wec;
+    bhttp::write(conn->stream.socket(), serializer, wec);
+    if (wec == asio::error::would_block || wec == asio::error::try_again) {
+      conn->stream.expires_after(options_.write_timeout);
+      std::tie(wec, std::ignore) = co_await bhttp::async_write(conn->stream, serializer, kUseTuple);
+    }
     if (wec) {
       conn->close();
       if (reused && isStaleConnectionError(wec)) continue;
@@ -279,8 +293,7 @@ asio::awaitable<absl::StatusOr<std::unique_ptr<ResponseStream>>> HttpClient::ope
     state->read_timeout = read_timeout;
     conn->buffer.clear();
     conn->stream.expires_after(read_timeout);
-    auto [rec, n] =
-        co_await bhttp::async_read_header(conn->stream, conn->buffer, state->parser, kUseTuple);
+    auto [rec, n] = co_await internal::readHeader(conn->stream, conn->buffer, state->parser);
     if (rec) {
       conn->close();
       if (reused && isStaleConnectionError(rec) && n == 0) continue;

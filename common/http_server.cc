@@ -17,6 +17,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "common/http_read.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "common/sse.h"
@@ -114,8 +115,16 @@ class BeastResponseWriter final : public ResponseWriter {
     res.keep_alive(keep_alive_);
     res.body() = std::move(body);
     res.prepare_payload();
-    stream_.expires_after(write_timeout_);
-    auto [ec, n] = co_await bhttp::async_write(stream_, res, kUseTuple);
+    // Most responses fit the socket's send buffer: write at once (the socket is non-blocking),
+    // without arming the write timer, an asynchronous operation and a trip through the
+    // scheduler; the rest goes on asynchronously under the write timeout.
+    bhttp::response_serializer<bhttp::string_body> serializer{res};
+    boost::system::error_code ec;
+    bhttp::write(stream_.socket(), serializer, ec);
+    if (ec == asio::error::would_block || ec == asio::error::try_again) {
+      stream_.expires_after(write_timeout_);
+      std::tie(ec, std::ignore) = co_await bhttp::async_write(stream_, serializer, kUseTuple);
+    }
     if (ec) {
       keep_alive_ = false;
       co_return ioError(ec, "writing response");
@@ -352,6 +361,9 @@ asio::awaitable<void> HttpServer::Impl::acceptLoop() {
     if (stopping) break;
     boost::system::error_code ignored;
     socket.set_option(tcp::no_delay(true), ignored);
+    // Synchronous writes return would_block instead of waiting (ResponseWriter::send tries
+    // one before going asynchronous); asynchronous operations are unaffected.
+    socket.non_blocking(true, ignored);
     auto conn = std::make_shared<Connection>();
     {
       std::lock_guard lock(mu);
@@ -430,7 +442,7 @@ asio::awaitable<void> HttpServer::Impl::session(std::shared_ptr<Connection> conn
     parser.body_limit(options.max_body_bytes);
     conn->idle = true;
     stream.expires_after(buffer.size() == 0 ? options.idle_timeout : options.read_timeout);
-    auto [ec, n] = co_await bhttp::async_read_header(stream, buffer, parser, kUseTuple);
+    auto [ec, n] = co_await internal::readHeader(stream, buffer, parser);
     conn->idle = false;
     if (!ec && !parser.is_done() && !parser.chunked() && buffer.size() > 0) {
       // A sized body usually came with the header: parse it from the buffer here instead of a

@@ -134,6 +134,12 @@ void parseRoot(config::ConfigMap& root, RouterConfig* out) {
     getSeconds(*t, "timeout_s", &out->tokenize_timeout, 0.001, 600);
     t->rejectUnknownKeys();
   }
+  if (auto io = root.map("io")) {
+    int64_t busy_poll_us = out->busy_poll / 1000;
+    io->get("busy_poll_us", &busy_poll_us, 0, 100'000);
+    out->busy_poll = busy_poll_us * 1000;
+    io->rejectUnknownKeys();
+  }
   root.get("decision_log", &out->decision_log);
   if (auto a = root.map("admin")) {
     a->get("token", &out->admin_token);

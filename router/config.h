@@ -61,6 +61,9 @@ struct RouterConfig {
   std::string decision_log;               // JSONL path; empty: no log
   std::string admin_token;                // bearer token; empty: admin API disabled
   size_t max_kv_event_bytes = 64u << 20;  // one batch payload
+  // io.busy_poll_us: after handling an event, the io thread polls without sleeping for this
+  // long before it blocks (0: block at once). See docs/router.md ("io").
+  Nanos busy_poll = 0;
 };
 
 // Parses "http://host:port" (no path); InvalidArgument otherwise.

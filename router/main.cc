@@ -13,6 +13,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "router/config.h"
+#include "router/event_loop.h"
 #include "router/router.h"
 
 ABSL_FLAG(std::string, config, "",
@@ -44,6 +45,7 @@ int main(int argc, char** argv) {
   if (absl::GetFlag(FLAGS_port) >= 0) {
     config->port = static_cast<uint16_t>(absl::GetFlag(FLAGS_port));
   }
+  kvf::Nanos busy_poll = config->busy_poll;
   boost::asio::io_context ioc(1);
   kvf::SteadyClock clock;
   auto router = kvf::router::Router::create(ioc, std::move(*config), clock);
@@ -58,7 +60,10 @@ int main(int argc, char** argv) {
     (*router)->stop();
     ioc.stop();
   });
-  ioc.run();
+  // Busy-polling only while a request is in flight: an idle router sleeps at once.
+  std::shared_ptr<kvf::router::Router> running = *router;
+  kvf::router::runEventLoop(ioc, std::chrono::nanoseconds(busy_poll),
+                            [&running] { return running->requestsInFlight() > 0; });
   router->reset();
   return 0;
 }

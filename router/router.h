@@ -53,6 +53,8 @@ class Router : public std::enable_shared_from_this<Router> {
   void stop();
 
   metrics::Registry& registry() { return registry_; }
+  // Completion requests being handled now (parsed, routed or awaiting their upstream).
+  int64_t requestsInFlight() const { return in_flight_; }
   const policy::CacheIndex& index() const { return index_; }
 
  private:
@@ -130,6 +132,7 @@ class Router : public std::enable_shared_from_this<Router> {
   std::vector<std::shared_ptr<Instance>> slots_;  // index = cache-index instance number
   uint64_t next_generation_ = 1;
   uint64_t next_request_ = 1;
+  int64_t in_flight_ = 0;
   std::array<uint64_t, 3> decisions_by_mode_ = {};  // indexed by policy::Mode
   struct DecisionCounter {
     policy::Mode mode;

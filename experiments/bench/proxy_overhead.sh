@@ -5,6 +5,12 @@
 # kvf-proxy-bench sending token-id completions at a fixed rate to each in turn.
 # Usage: experiments/bench/proxy_overhead.sh [rate=200] [rounds=5] [phase_s=3]
 # Writes experiments/results/proxy-overhead/{1k,100k}.json and prints the tables.
+# Environment: KVF_PROXY_TOKENS (default "1000 100000"); KVF_PROXY_ROUTER_EXTRA: YAML lines
+# appended to the router's config (e.g. "server: {busy_poll_us: 0}"); KVF_PROXY_BASE_ROUTER:
+# a second kvf-router binary (e.g. main's, copied aside) added as target router_base in the
+# same rotation, for before/after comparisons, with KVF_PROXY_BASE_EXTRA as its extra YAML.
+# Each router's CPU time (user + system, from /proc) over the run is printed at the end; it
+# includes the KV events of every target's requests (each router subscribes to the engine).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rate=${1:-200}; rounds=${2:-5}; phase=${3:-3}
@@ -21,22 +27,39 @@ wait_http() {
   echo "proxy_overhead: nothing answers on port $1$2 (logs in $dir)" >&2; exit 1
 }
 engine=$(free_port); router=$(free_port); nginx=$(free_port); ev=$(free_port); rp=$(free_port)
+base=${KVF_PROXY_BASE_ROUTER:-}; base_port=$(free_port)
+# CPU seconds (user + system) of a process so far.
+cpu_s() { awk -v hz="$(getconf CLK_TCK)" '{ print ($14 + $15) / hz }' "/proc/$1/stat"; }
 "$bin/kvf-engine" --config engine/configs/engine.yaml --port "$engine" --instance_id e0 \
   --kv_events_endpoint "tcp://127.0.0.1:$ev" --kv_replay_endpoint "tcp://127.0.0.1:$rp" \
   --time_scale 1000 --log_level warn > "$dir/engine.log" 2>&1 &
 pids+=($!)
 wait_http "$engine" /health
-cat > "$dir/router.yaml" <<YAML
-listen: {host: 127.0.0.1, port: $router}
+router_yaml() {  # port extra_yaml
+  cat <<YAML
+listen: {host: 127.0.0.1, port: $1}
 instances:
   - id: e0
     url: http://127.0.0.1:$engine
     kv_events: {endpoint: "tcp://127.0.0.1:$ev", replay_endpoint: "tcp://127.0.0.1:$rp"}
 policy: {kind: hybrid}
+$2
 YAML
+}
+router_yaml "$router" "${KVF_PROXY_ROUTER_EXTRA:-}" > "$dir/router.yaml"
 "$bin/kvf-router" --config "$dir/router.yaml" --log_level warn > "$dir/router.log" 2>&1 &
-pids+=($!)
+router_pid=$!
+pids+=($router_pid)
 wait_http "$router" /health
+targets="direct=127.0.0.1:$engine,router=127.0.0.1:$router"
+if [ -n "$base" ]; then
+  router_yaml "$base_port" "${KVF_PROXY_BASE_EXTRA:-}" > "$dir/router_base.yaml"
+  "$base" --config "$dir/router_base.yaml" --log_level warn > "$dir/router_base.log" 2>&1 &
+  base_pid=$!
+  pids+=($base_pid)
+  wait_http "$base_port" /health
+  targets="$targets,router_base=127.0.0.1:$base_port"
+fi
 # A plain reverse proxy: one worker (the router uses one thread), HTTP/1.1 keep-alive to the
 # upstream, default buffering, bodies up to 64 MiB.
 cat > "$dir/nginx.conf" <<NGINX
@@ -68,11 +91,16 @@ NGINX
 /usr/sbin/nginx -e "$dir/nginx/error.log" -p "$dir/nginx" -c "$dir/nginx.conf" &
 pids+=($!)
 wait_http "$nginx" /health
-echo "load before: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "load before: $(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%H:%M:%S) UTC"
+cpu_router0=$(cpu_s "$router_pid"); [ -n "$base" ] && cpu_base0=$(cpu_s "$base_pid")
 for tokens in ${KVF_PROXY_TOKENS:-1000 100000}; do
   name=$([ "$tokens" = 1000 ] && echo 1k || echo 100k)
-  "$bin/kvf-proxy-bench" --targets "direct=127.0.0.1:$engine,router=127.0.0.1:$router,nginx=127.0.0.1:$nginx" \
+  "$bin/kvf-proxy-bench" --targets "$targets,nginx=127.0.0.1:$nginx" \
     --rate "$rate" --prompt_tokens "$tokens" --rounds "$rounds" --phase_s "$phase" \
     --json_out "$out/$name.json" | tee "$out/$name.md"
 done
-echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "load after: $(cut -d' ' -f1-3 /proc/loadavg) at $(date -u +%H:%M:%S) UTC"
+echo "router CPU over the run: $(awk -v a="$cpu_router0" -v b="$(cpu_s "$router_pid")" 'BEGIN { printf "%.2f s", b - a }')"
+if [ -n "$base" ]; then
+  echo "router_base CPU over the run: $(awk -v a="$cpu_base0" -v b="$(cpu_s "$base_pid")" 'BEGIN { printf "%.2f s", b - a }')"
+fi

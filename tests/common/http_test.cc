@@ -70,6 +70,9 @@ class HttpTest : public ::testing::Test {
                    [this](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
                      co_await streamHandler(w);
                    });
+    server_->route("GET", "/big", [](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
+      co_await w.send(200, "text/plain", std::string(64u << 20, 'b'));
+    });
     server_->route("GET", "/slow", [](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
       asio::steady_timer t(co_await asio::this_coro::executor, 300ms);
       co_await t.async_wait(asio::use_awaitable);
@@ -283,6 +286,91 @@ TEST_F(HttpTest, IdleConnectionClosedAfterTimeout) {
   EXPECT_EQ(raw, "");
   EXPECT_GE(elapsed, 150ms);
   EXPECT_LT(elapsed, 3s);
+}
+
+// A response larger than the socket buffers is written in part at once and the rest
+// asynchronously; a client that never reads still meets the write timeout (the connection is
+// closed, not left hanging) and the server keeps serving others.
+TEST_F(HttpTest, WriteTimeoutAppliesWhenAResponseDoesNotFitTheSocket) {
+  ServerOptions options;
+  options.write_timeout = 200ms;
+  startServer(options);
+  // A raw client asks for the big response and never reads it.
+  tcp::socket idle_reader(io_.context());
+  idle_reader.connect({asio::ip::make_address("127.0.0.1"), server_->port()});
+  std::string get = "GET /big HTTP/1.1\r\nHost: x\r\n\r\n";
+  asio::write(idle_reader, asio::buffer(get));
+  auto deadline = std::chrono::steady_clock::now() + 5s;
+  while (server_->activeConnections() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(1ms);
+  }
+  ASSERT_EQ(server_->activeConnections(), 1u);
+  auto start = std::chrono::steady_clock::now();
+  while (server_->activeConnections() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(5ms);
+  }
+  EXPECT_EQ(server_->activeConnections(), 0u) << "the stalled write was not timed out";
+  EXPECT_GE(std::chrono::steady_clock::now() - start, 100ms);
+  auto hello = call(makeRequest("GET", "/hello"));
+  ASSERT_TRUE(hello.ok()) << hello.status();
+  EXPECT_EQ(hello->body, "hello");
+}
+
+// Headers are parsed as their bytes arrive: one split over several writes is read whole, two
+// pipelined requests in one write both get their answer, and a peer that closes mid-header
+// gets no answer (the connection just closes).
+TEST_F(HttpTest, HeadersSplitAcrossReadsPipelinedAndTruncated) {
+  startServer();
+  std::string raw = io_.run([&]() -> asio::awaitable<std::string> {
+    tcp::socket socket(co_await asio::this_coro::executor);
+    co_await socket.async_connect({asio::ip::make_address("127.0.0.1"), server_->port()},
+                                  asio::use_awaitable);
+    asio::steady_timer pause(co_await asio::this_coro::executor);
+    std::string pieces[] = {"GET /hel", "lo HTTP/1.1\r\nHo", "st: x\r\n",
+                            "\r\nGET /items/a?q=1 HTTP/1.1\r\nHost: x\r\n\r\n"
+                            "GET /hello HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"};
+    for (const auto& piece : pieces) {
+      co_await asio::async_write(socket, asio::buffer(piece), asio::use_awaitable);
+      pause.expires_after(20ms);  // let the server see each piece on its own
+      co_await pause.async_wait(asio::use_awaitable);
+    }
+    std::string out;
+    char buf[4096];
+    for (;;) {
+      auto [ec, n] =
+          co_await socket.async_read_some(asio::buffer(buf), asio::as_tuple(asio::use_awaitable));
+      out.append(buf, n);
+      if (ec) break;
+    }
+    co_return out;
+  });
+  size_t first = raw.find("\r\n\r\nhello");
+  size_t second = raw.find("\r\n\r\na|1");
+  size_t third = raw.find("\r\n\r\nhello", second == std::string::npos ? 0 : second);
+  EXPECT_NE(first, std::string::npos) << raw;
+  EXPECT_NE(second, std::string::npos) << raw;
+  EXPECT_NE(third, std::string::npos) << raw;
+  EXPECT_LT(first, second);
+  EXPECT_EQ(raw.rfind("HTTP/1.1 200", 0), 0u) << raw;
+
+  std::string truncated = io_.run([&]() -> asio::awaitable<std::string> {
+    tcp::socket socket(co_await asio::this_coro::executor);
+    co_await socket.async_connect({asio::ip::make_address("127.0.0.1"), server_->port()},
+                                  asio::use_awaitable);
+    std::string partial = "GET /hello HTTP/1.1\r\nHost: x\r\n";
+    co_await asio::async_write(socket, asio::buffer(partial), asio::use_awaitable);
+    socket.shutdown(tcp::socket::shutdown_send);  // the peer goes away mid-header
+    std::string out;
+    char buf[4096];
+    for (;;) {
+      auto [ec, n] =
+          co_await socket.async_read_some(asio::buffer(buf), asio::as_tuple(asio::use_awaitable));
+      out.append(buf, n);
+      if (ec) break;
+    }
+    co_return out;
+  });
+  EXPECT_EQ(truncated, "");  // closed without an answer (not after the 30 s read timeout)
 }
 
 TEST_F(HttpTest, ClientReadTimeoutAndStaleConnectionRetry) {

@@ -90,4 +90,21 @@ policy: {kind: unified, unified: {link_bandwidth_gbps: 100}}
       << bad.status();
 }
 
+TEST(RouterConfigTest, BusyPollWindow) {
+  constexpr std::string_view kInstances = "instances: [{id: e0, url: \"http://127.0.0.1:8100\"}]\n";
+  auto plain = parseRouterConfig(kInstances, "<test>");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->busy_poll, 0);  // off unless asked for
+  auto set = parseRouterConfig(std::string(kInstances) + "io: {busy_poll_us: 250}\n", "<test>");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->busy_poll, 250 * 1000);
+  for (std::string_view bad : {"io: {busy_poll_us: -1}\n", "io: {busy_poll_us: 200000}\n",
+                               "io: {busy_poll_us: 5, spin: true}\n"}) {
+    auto r = parseRouterConfig(std::string(kInstances) + std::string(bad), "<test>");
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(std::string(r.status().message()).find("io."), std::string::npos)
+        << r.status().message();
+  }
+}
+
 }  // namespace kvf::router

@@ -1,0 +1,60 @@
+// Internal to common/http_server.cc and http_client.cc: reads an HTTP header into a Beast
+// parser with plain socket reads, parsing in place, instead of Beast's composed
+// async_read_header (two nested composed operations and their completion hops per read on
+// a proxy's hot path). Single-threaded like the connection it reads from.
+#pragma once
+
+#include <cstddef>
+#include <utility>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/awaitable.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+namespace kvf::http::internal {
+
+// Reads until `parser` has the whole header (bytes after it stay in `buffer`). Errors are
+// those of async_read_header: end_of_stream when the peer closed before sending anything,
+// partial_message when it closed mid-header, header_limit, bad_* parse errors, and the
+// stream's (timeout, reset). Returns the error and the bytes read from the socket.
+template <bool isRequest>
+boost::asio::awaitable<std::pair<boost::system::error_code, size_t>> readHeader(
+    boost::beast::tcp_stream& stream, boost::beast::flat_buffer& buffer,
+    boost::beast::http::basic_parser<isRequest>& parser) {
+  namespace bhttp = boost::beast::http;
+  std::pair<boost::system::error_code, size_t> result;
+  auto& [ec, total] = result;
+  for (;;) {
+    if (buffer.size() > 0) {
+      size_t used = parser.put(buffer.data(), ec);
+      buffer.consume(used);
+      if (ec != bhttp::error::need_more) {
+        if (ec || parser.is_header_done()) co_return result;
+        continue;
+      }
+      ec = {};
+    }
+    size_t room = boost::beast::read_size(buffer, 64 * 1024);
+    auto [read_ec, n] = co_await stream.async_read_some(
+        buffer.prepare(room), boost::asio::as_tuple(boost::asio::use_awaitable));
+    buffer.commit(n);
+    total += n;
+    if (read_ec == boost::asio::error::eof) {
+      if (parser.got_some()) {
+        parser.put_eof(ec);
+        if (!ec) ec = bhttp::error::partial_message;
+      } else {
+        ec = bhttp::error::end_of_stream;
+      }
+      co_return result;
+    }
+    if (read_ec) {
+      ec = read_ec;
+      co_return result;
+    }
+  }
+}
+
+}  // namespace kvf::http::internal
