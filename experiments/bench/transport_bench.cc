@@ -19,8 +19,7 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "common/cli.h"
 #include "common/log.h"
 #include "common/strings.h"
 #include "transport/transport.h"
@@ -306,10 +305,10 @@ double setupCostUs(const std::string& transport, const Receiver& r) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "kvf-transport-bench [flags]: put bandwidth of kvfabric's transport vs ucx_perftest "
-      "(ucp_put_bw) over shm and tcp on this host; prints a markdown table.");
-  absl::ParseCommandLine(argc, argv);
+  kvf::cli::parseFlags(argc, argv,
+                       "kvf-transport-bench [flags]: put bandwidth of kvfabric's transport vs "
+                       "ucx_perftest (ucp_put_bw) over shm and tcp on this host; prints a "
+                       "markdown table.");
   kvf::log::init("transport-bench", "warn");
   auto blocks = parseList(absl::GetFlag(FLAGS_block_sizes), "block_sizes");
   auto batches = parseList(absl::GetFlag(FLAGS_batch_sizes), "batch_sizes");

@@ -106,6 +106,9 @@ def main(directory):
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help"):
+        print("usage: plot_report.py RESULT_DIR\n\n" + __doc__)
+        sys.exit(0)
     if len(sys.argv) != 2:
         sys.exit("usage: plot_report.py RESULT_DIR")
     main(sys.argv[1])
