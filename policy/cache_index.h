@@ -8,11 +8,13 @@
 
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <span>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "common/clock.h"
+#include "common/flat_u64_map.h"
 #include "policy/block_hash.h"
 #include "policy/block_table.h"
 
@@ -103,26 +105,30 @@ class CacheIndex {
     SoftKey key;
   };
   struct InstanceState {
-    absl::flat_hash_map<uint64_t, BlockHash> engine_to_ours;
+    FlatU64Map<BlockHash> engine_to_ours;
   };
 
-  // An instance holds a block either exactly (from events) or softly (routed, in
-  // soft_expiry_), never both: a confirming event replaces the soft entry.
-  bool holdsSoft(BlockHash hash, int instance) const {
-    return soft_expiry_.contains(SoftKey{hash, instance});
-  }
+  static constexpr Nanos kExpiryInMap = std::numeric_limits<Nanos>::min();
   void clearExact(BlockHash hash, int instance);
+  void setSoftExpiry(BlockHash hash, BlockTable::Entry* entry, int instance, bool fresh,
+                     Nanos expiry);
+  Nanos softExpiry(BlockHash hash, const BlockTable::Entry& entry, int instance) const;
+  void unsetSoft(BlockHash hash, BlockTable::Entry* entry, int instance);
   template <class NextHash>
   bool storeChain(int instance, std::span<const uint64_t> engine_hashes, bool has_parent,
                   uint64_t engine_parent, NextHash next);
-  void dropSoft(const SoftKey& key);
 
   CacheIndexConfig config_;
-  // Holders (exact | soft) per block. Block hashes are already uniform 64-bit values: the
-  // table places them with one multiply by a per-process odd salt, which also keeps crafted
-  // prompts from aiming at one probe sequence (our hash is public).
+  // Holders (exact | soft) per block, and which of them are soft. An instance holds a block
+  // either exactly (from events) or softly (routed), never both: a confirming event clears
+  // the soft bit. Block hashes are already uniform 64-bit values: the table places them with
+  // one multiply by a per-process odd salt, which also keeps crafted prompts from aiming at one
+  // probe sequence (our hash is public).
   BlockTable entries_;
   std::vector<InstanceState> instances_;
+  // The expiry last written for each soft (block, instance): a queued record is current only
+  // while it carries this expiry. It lives in the block's entry while the block has a single
+  // soft holder, and here for blocks with several (entry.soft_expiry == kExpiryInMap).
   absl::flat_hash_map<SoftKey, Nanos> soft_expiry_;
   // Two queues, each ordered by expiry because each has one TTL.
   std::deque<SoftRecord> predicted_queue_;
