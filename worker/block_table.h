@@ -23,6 +23,8 @@ class BlockTable {
   // Forgets `hash`; its pin count must be zero (a pinned block is never evicted).
   void erase(BlockHash hash);
   std::optional<BlockIndex> find(BlockHash hash) const;
+  // Brings the slot of `hash` towards the cache ahead of an insert / erase / find.
+  void prefetch(BlockHash hash) const { entries_.prefetch(hash); }
   bool contains(BlockHash hash) const { return entries_.find(hash) != nullptr; }
   size_t size() const { return entries_.size(); }
   void clear() { entries_.clear(); }
