@@ -11,6 +11,16 @@ InstanceMask bit(int instance) { return InstanceMask{1} << instance; }
 
 bool validInstance(int instance) { return instance >= 0 && instance < kMaxInstances; }
 
+// Event runs (a prompt's blocks, an eviction batch, due expiries) touch one random slot per
+// block: prefetching the slot of the block kAhead positions on keeps that many cache misses in
+// flight instead of one at a time.
+constexpr size_t kAhead = 16;
+
+template <class Table>
+void prefetchAhead(const Table& table, std::span<const uint64_t> keys, size_t i) {
+  if (i + kAhead < keys.size()) table.prefetch(keys[i + kAhead]);
+}
+
 // The leading-run bookkeeping of matchLengths / hashAndMatch: which of the first out.size()
 // instances still hold every block so far, and each one's run length once it ends.
 class RunTracker {
@@ -68,6 +78,8 @@ template <class NextHash>
 bool CacheIndex::storeChain(int instance, std::span<const uint64_t> engine_hashes, bool has_parent,
                             uint64_t engine_parent, NextHash next) {
   InstanceState& state = instances_[instance];
+  if (state.hashes_are_ours)
+    return storeOwnChain(instance, engine_hashes, has_parent, engine_parent, next);
   BlockHash parent = kRootBlockHash;
   if (has_parent) {
     const BlockHash* ours = state.engine_to_ours.find(engine_parent);
@@ -79,6 +91,7 @@ bool CacheIndex::storeChain(int instance, std::span<const uint64_t> engine_hashe
   }
   const InstanceMask me = bit(instance);
   for (size_t i = 0; i < engine_hashes.size(); ++i) {
+    prefetchAhead(state.engine_to_ours, engine_hashes, i);
     parent = next(parent, i);
     auto [mapped, inserted] = state.engine_to_ours.tryEmplace(engine_hashes[i], parent);
     if (inserted && state.engine_to_ours.size() > config_.max_blocks_per_instance) {
@@ -105,11 +118,84 @@ bool CacheIndex::storeChain(int instance, std::span<const uint64_t> engine_hashe
   return true;
 }
 
+// storeChain() for an instance whose engine hashes are ours: the block table itself says what
+// the instance holds exactly (where the mapped path asks its engine->ours map), with the same
+// outcomes: an unknown parent or a full instance rejects the event, a held block is skipped.
+template <class NextHash>
+bool CacheIndex::storeOwnChain(int instance, std::span<const uint64_t> hashes, bool has_parent,
+                               BlockHash parent, NextHash next) {
+  InstanceState& state = instances_[instance];
+  const InstanceMask me = bit(instance);
+  auto holdsExactly = [&](const BlockTable::Entry* e) {
+    return e != nullptr && (e->holders & me) && (e->soft & me) == 0;
+  };
+  if (!has_parent) {
+    parent = kRootBlockHash;
+  } else if (!holdsExactly(entries_.find(parent))) {
+    ++stats_.stored_events_rejected;
+    return false;
+  }
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    prefetchAhead(entries_, hashes, i);
+    parent = next(parent, i);
+    if (parent != hashes[i]) {  // not our hash after all: the instance is misdeclared
+      ++stats_.stored_events_rejected;
+      return false;
+    }
+    BlockTable::Entry* entry = entries_.find(parent);
+    if (holdsExactly(entry)) continue;
+    if (state.own_blocks + 1 > config_.max_blocks_per_instance) {
+      ++stats_.stored_events_rejected;
+      return false;
+    }
+    ++state.own_blocks;
+    if (entry == nullptr) entry = entries_.insert(parent);
+    if (entry->holders & me) {
+      ++stats_.soft_confirmed;
+      --stats_.soft_entries;
+      unsetSoft(parent, entry, instance);
+    }
+    ++stats_.exact_entries;
+    entry->holders |= me;
+  }
+  return true;
+}
+
+void CacheIndex::removeOwnBlocks(int instance, std::span<const uint64_t> hashes) {
+  InstanceState& state = instances_[instance];
+  const InstanceMask me = bit(instance);
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    prefetchAhead(entries_, hashes, i);
+    BlockHash hash = hashes[i];
+    BlockTable::Entry* entry = entries_.find(hash);
+    if (entry == nullptr || (entry->holders & me) == 0 || (entry->soft & me)) {
+      ++stats_.removed_unknown;
+      continue;
+    }
+    --stats_.exact_entries;
+    --state.own_blocks;
+    entries_.clearBits(entry, me);
+  }
+}
+
+void CacheIndex::setEngineHashesAreOurs(int instance, bool value) {
+  if (!validInstance(instance)) return;
+  InstanceState& state = instances_[instance];
+  if (state.hashes_are_ours == value) return;
+  clearInstance(instance);  // the other representation's exact entries cannot carry over
+  state.hashes_are_ours = value;
+}
+
 void CacheIndex::removeBlocks(int instance, std::span<const uint64_t> engine_hashes) {
   if (!validInstance(instance)) return;
   InstanceState& state = instances_[instance];
-  for (uint64_t engine_hash : engine_hashes) {
-    BlockHash* ours = state.engine_to_ours.find(engine_hash);
+  if (state.hashes_are_ours) {
+    removeOwnBlocks(instance, engine_hashes);
+    return;
+  }
+  for (size_t i = 0; i < engine_hashes.size(); ++i) {
+    prefetchAhead(state.engine_to_ours, engine_hashes, i);
+    BlockHash* ours = state.engine_to_ours.find(engine_hashes[i]);
     if (ours == nullptr) {
       ++stats_.removed_unknown;
       continue;
@@ -124,18 +210,24 @@ void CacheIndex::clearInstance(int instance) {
   InstanceState& state = instances_[instance];
   state.engine_to_ours.forEach([&](uint64_t, BlockHash ours) { clearExact(ours, instance); });
   state.engine_to_ours.clear();
-  // Its soft entries (their queued records become stale).
+  // Its soft entries (their queued records become stale), and its exact ones where no map
+  // lists them.
   const InstanceMask me = bit(instance);
-  std::vector<BlockHash> soft;
+  std::vector<BlockHash> held;
   entries_.forEach([&](BlockHash hash, const BlockTable::Entry& e) {
-    if (e.soft & me) soft.push_back(hash);
+    if (e.holders & me) held.push_back(hash);
   });
-  for (BlockHash hash : soft) {
-    --stats_.soft_entries;
+  for (BlockHash hash : held) {
     BlockTable::Entry* entry = entries_.find(hash);
-    unsetSoft(hash, entry, instance);
+    if (entry->soft & me) {
+      --stats_.soft_entries;
+      unsetSoft(hash, entry, instance);
+    } else {
+      --stats_.exact_entries;  // only with hashes_are_ours: clearExact dropped the others
+    }
     entries_.clearBits(entry, me);
   }
+  state.own_blocks = 0;
 }
 
 void CacheIndex::addSoft(int instance, std::span<const BlockHash> hashes, Nanos now,
@@ -144,7 +236,9 @@ void CacheIndex::addSoft(int instance, std::span<const BlockHash> hashes, Nanos 
   Nanos expiry = now + (approximate ? config_.approximate_ttl : config_.predicted_ttl);
   auto& queue = approximate ? approximate_queue_ : predicted_queue_;
   const InstanceMask me = bit(instance);
-  for (BlockHash hash : hashes) {
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    prefetchAhead(entries_, hashes, i);
+    BlockHash hash = hashes[i];
     BlockTable::Entry* entry = entries_.find(hash);
     bool fresh = entry == nullptr || (entry->holders & me) == 0;
     if (!fresh && (entry->soft & me) == 0) continue;  // already confirmed
@@ -162,6 +256,7 @@ void CacheIndex::addSoft(int instance, std::span<const BlockHash> hashes, Nanos 
 void CacheIndex::expire(Nanos now) {
   for (auto* queue : {&predicted_queue_, &approximate_queue_}) {
     while (!queue->empty() && queue->front().expiry <= now) {
+      if (queue->size() > kAhead) entries_.prefetch((*queue)[kAhead].key.hash);
       SoftRecord record = queue->front();
       queue->pop_front();
       const int instance = record.key.instance;
@@ -266,7 +361,9 @@ InstanceMask CacheIndex::exactHolders(BlockHash hash) const {
 }
 
 size_t CacheIndex::instanceBlocks(int instance) const {
-  return validInstance(instance) ? instances_[instance].engine_to_ours.size() : 0;
+  if (!validInstance(instance)) return 0;
+  const InstanceState& state = instances_[instance];
+  return state.hashes_are_ours ? state.own_blocks : state.engine_to_ours.size();
 }
 
 CacheIndexStats CacheIndex::stats() const {

@@ -66,6 +66,14 @@ class CacheIndex {
   void removeBlocks(int instance, std::span<const uint64_t> engine_hashes);
   // AllBlocksCleared, restart or removal of an instance: drops every entry it holds.
   void clearInstance(int instance);
+  // Declares that `instance`'s engine hashes token-free blocks with our hashBlockKey chained
+  // from kRootBlockHash (a simulator's engine given it as its keyed hasher), so its engine
+  // hashes are our hashes and no engine->ours map is kept: each stored block is checked
+  // (hashBlockKey(parent, key) must equal the engine's hash, else the event is rejected) and
+  // removals name our hashes. Entries and statistics are those of the mapped path. Live
+  // engines never get this: they hash with their own function. Call while the instance holds
+  // no exact entry (before its first event, or after clearInstance).
+  void setEngineHashesAreOurs(int instance, bool value);
 
   // Routing-time entries for `instance` covering `hashes`, expiring at now + ttl (predicted
   // when `approximate` is false, else approximate). Refreshes existing soft entries.
@@ -106,6 +114,8 @@ class CacheIndex {
   };
   struct InstanceState {
     FlatU64Map<BlockHash> engine_to_ours;
+    bool hashes_are_ours = false;
+    size_t own_blocks = 0;  // exact entries while hashes_are_ours (no map to count)
   };
 
   static constexpr Nanos kExpiryInMap = std::numeric_limits<Nanos>::min();
@@ -114,6 +124,10 @@ class CacheIndex {
                      Nanos expiry);
   Nanos softExpiry(BlockHash hash, const BlockTable::Entry& entry, int instance) const;
   void unsetSoft(BlockHash hash, BlockTable::Entry* entry, int instance);
+  template <class NextHash>
+  bool storeOwnChain(int instance, std::span<const uint64_t> hashes, bool has_parent,
+                     BlockHash parent, NextHash next);
+  void removeOwnBlocks(int instance, std::span<const uint64_t> hashes);
   template <class NextHash>
   bool storeChain(int instance, std::span<const uint64_t> engine_hashes, bool has_parent,
                   uint64_t engine_parent, NextHash next);

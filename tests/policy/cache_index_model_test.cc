@@ -184,10 +184,17 @@ std::vector<BlockHash> chain(const std::vector<uint64_t>& keys) {
 }
 
 // An engine's hash for our hash `ours` on instance `inst`: instance 1 folds hashes into a few
-// values, so it keeps reusing engine hashes for other content.
-uint64_t engineHash(BlockHash ours, int inst) { return inst == 1 ? ours % 7 : ours ^ 0x5a5a; }
+// values, so it keeps reusing engine hashes for other content; instance 2 hashes as we do
+// when `own_hashes` (CacheIndex::setEngineHashesAreOurs, the model still maps them).
+uint64_t engineHash(BlockHash ours, int inst, bool own_hashes) {
+  if (inst == 2 && own_hashes) return ours;
+  return inst == 1 ? ours % 7 : ours ^ 0x5a5a;
+}
 
-TEST(CacheIndexModelTest, AgreesWithReferenceModelUnderRandomOperations) {
+class CacheIndexModelTest : public testing::TestWithParam<bool> {};
+
+TEST_P(CacheIndexModelTest, AgreesWithReferenceModelUnderRandomOperations) {
+  const bool own_hashes = GetParam();
   CacheIndexConfig config;
   config.block_size = 16;
   config.predicted_ttl = 40;
@@ -196,6 +203,7 @@ TEST(CacheIndexModelTest, AgreesWithReferenceModelUnderRandomOperations) {
   config.max_soft_entries = 60;
   for (uint64_t seed : {1u, 2u, 3u}) {
     CacheIndex index(config);
+    if (own_hashes) index.setEngineHashesAreOurs(2, true);
     ModelIndex model(config);
     std::mt19937_64 rng(seed);
     const int instances[] = {0, 1, 2, 63};
@@ -209,9 +217,10 @@ TEST(CacheIndexModelTest, AgreesWithReferenceModelUnderRandomOperations) {
         case 0:
         case 1: {  // a stored run [from, to) with its parent (engine hash of block from-1)
           std::vector<uint64_t> engine, run_keys(keys.begin() + from, keys.begin() + to);
-          for (size_t i = from; i < to; ++i) engine.push_back(engineHash(ours[i], inst));
+          for (size_t i = from; i < to; ++i)
+            engine.push_back(engineHash(ours[i], inst, own_hashes));
           std::optional<uint64_t> parent;
-          if (from > 0) parent = engineHash(ours[from - 1], inst);
+          if (from > 0) parent = engineHash(ours[from - 1], inst, own_hashes);
           bool a = index.storeKeyedBlocks(inst, engine, parent.has_value(), parent.value_or(0),
                                           run_keys, config.block_size);
           bool b = model.storeKeyed(inst, engine, parent, run_keys);
@@ -220,7 +229,8 @@ TEST(CacheIndexModelTest, AgreesWithReferenceModelUnderRandomOperations) {
         }
         case 2: {
           std::vector<uint64_t> engine;
-          for (size_t i = from; i < to; ++i) engine.push_back(engineHash(ours[i], inst));
+          for (size_t i = from; i < to; ++i)
+            engine.push_back(engineHash(ours[i], inst, own_hashes));
           index.removeBlocks(inst, engine);
           model.remove(inst, engine);
           break;
@@ -248,6 +258,30 @@ TEST(CacheIndexModelTest, AgreesWithReferenceModelUnderRandomOperations) {
     EXPECT_GT(index.stats().soft_confirmed, 100u);
     EXPECT_GT(index.stats().soft_expired, 100u);
   }
+}
+
+INSTANTIATE_TEST_SUITE_P(EngineHashes, CacheIndexModelTest, testing::Values(false, true),
+                         [](const auto& p) { return p.param ? "OwnHashes" : "Mapped"; });
+
+// An instance declared to hash as we do rejects a store whose hashes are not ours.
+TEST(CacheIndexOwnHashesTest, ForeignHashesAreRejected) {
+  CacheIndex index;
+  index.setEngineHashesAreOurs(0, true);
+  std::vector<uint64_t> keys = {5, 6};
+  std::vector<BlockHash> ours;
+  hashKeyBlocks(keys, &ours);
+  std::vector<uint64_t> foreign = {ours[0], ours[1] + 1};
+  EXPECT_FALSE(index.storeKeyedBlocks(0, foreign, false, 0, keys, kDefaultBlockSize));
+  EXPECT_EQ(index.stats().stored_events_rejected, 1u);
+  EXPECT_EQ(index.exactHolders(ours[0]), 1u);  // blocks before the mismatch stay, as mapped
+  EXPECT_TRUE(index.storeKeyedBlocks(0, ours, false, 0, keys, kDefaultBlockSize));
+  EXPECT_EQ(index.instanceBlocks(0), 2u);
+  index.removeBlocks(0, std::vector<uint64_t>{ours[1], 12345});
+  EXPECT_EQ(index.stats().removed_unknown, 1u);
+  EXPECT_EQ(index.instanceBlocks(0), 1u);
+  index.clearInstance(0);
+  EXPECT_EQ(index.stats().exact_entries, 0u);
+  EXPECT_EQ(index.stats().blocks, 0u);
 }
 
 }  // namespace
