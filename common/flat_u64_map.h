@@ -57,7 +57,15 @@ class FlatU64Map {
   bool contains(uint64_t key) const { return find(key) != nullptr; }
   // Brings the home slot of `key` towards the cache ahead of find().
   void prefetch(uint64_t key) const {
-    if (slots_ != nullptr) __builtin_prefetch(&slots_[home(key)]);
+    if (slots_ == nullptr) return;
+    const char* p = reinterpret_cast<const char*>(&slots_[home(key)]);
+#if defined(__x86_64__)
+    // An asm statement, not __builtin_prefetch: GCC 12 silently dropped the builtin from some
+    // inlined event loops (the cache index's addSoft / removal / store runs).
+    asm volatile("prefetcht0 %0" : : "m"(*p));
+#else
+    __builtin_prefetch(p);
+#endif
   }
 
   // The value of `key`, inserting `value` first when absent; second = inserted.
