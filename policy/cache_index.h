@@ -1,9 +1,10 @@
 // The cache index: which instances hold which blocks, keyed by our chained BlockHash, with an
 // instance bitmask per block (up to kMaxInstances instances) in a flat BlockTable. Fed by exact KV
-// events (engine hash -> our hash through BlockStored token ids, so BlockRemoved resolves), by
-// short-TTL predicted entries written at routing time until an event confirms them, and by
-// approximate entries (what was routed, with expiry) for instances without events. Pure and
-// deterministic: time comes in as arguments. Single-threaded: the owner serialises every call.
+// events (engine hash -> our hash through BlockStored token ids, so BlockRemoved resolves; no
+// map for a simulator's engine that hashes as we do), by short-TTL predicted entries written
+// at routing time until an event confirms them, and by approximate entries (what was routed,
+// with expiry) for instances without events. Pure and deterministic: time comes in as
+// arguments. Single-threaded: the owner serialises every call.
 #pragma once
 
 #include <cstdint>
