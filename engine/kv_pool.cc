@@ -1,5 +1,6 @@
 #include "engine/kv_pool.h"
 
+#include <algorithm>
 #include <cassert>
 #include <cstdlib>
 #include <cstring>
@@ -96,7 +97,10 @@ std::vector<BlockIndex> KvPool::findCachedPrefix(std::span<const BlockHash> hash
     if (b >= blocks_.size() || !blocks_[b].has_hash || blocks_[b].hash != hashes[i]) break;
     out.push_back(b);
   }
+  constexpr size_t kAhead = 8;  // table misses in flight (a lookup past the run is harmless)
+  for (size_t j = i; j < std::min(hashes.size(), i + kAhead); ++j) table_.prefetch(hashes[j]);
   for (; i < hashes.size(); ++i) {
+    if (i + kAhead < hashes.size()) table_.prefetch(hashes[i + kAhead]);
     auto b = table_.find(hashes[i]);
     if (!b) break;
     out.push_back(*b);
@@ -124,12 +128,20 @@ std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
     unlink(b);
     Block& blk = blocks_[b];
     if (blk.has_hash) {
-      table_.erase(blk.hash);
       removed.block_hashes.push_back(blk.hash);
       blk.has_hash = false;
     }
     blk.ref_count = 1;
     out.push_back(b);
+  }
+  // Evicted hashes leave the table after the walk, with their slots prefetched a few ahead
+  // (one random slot each: the misses overlap instead of queueing).
+  constexpr size_t kAhead = 8;
+  const auto& evicted = removed.block_hashes;
+  for (size_t j = 0; j < std::min(evicted.size(), kAhead); ++j) table_.prefetch(evicted[j]);
+  for (size_t j = 0; j < evicted.size(); ++j) {
+    if (j + kAhead < evicted.size()) table_.prefetch(evicted[j + kAhead]);
+    table_.erase(evicted[j]);
   }
   if (sink_ != nullptr && !removed.block_hashes.empty()) sink_->onBlockRemoved(std::move(removed));
   return out;

@@ -104,8 +104,13 @@ SchedulerStats Scheduler::statsNow() const {
 void Scheduler::ensureHashes(Request& r) {
   const int64_t bs = pool_->blockSize();
   if (r.token_free) {
+    const KeyedBlockHasher& kh = config_.keyed_hasher;
     while (static_cast<int64_t>(r.block_hashes.size() + 1) * bs <= r.numTokens()) {
       size_t i = r.block_hashes.size();
+      if (kh.hash != nullptr) {
+        r.block_hashes.push_back(kh.hash(i == 0 ? kh.root : r.block_hashes[i - 1], blockKey(r, i)));
+        continue;
+      }
       BlockHash parent = i == 0 ? 0 : r.block_hashes[i - 1];
       r.block_hashes.push_back(hashBlockKey(config_.hash_seed, parent, blockKey(r, i)));
     }
@@ -286,7 +291,10 @@ void Scheduler::cacheFullBlocks(Request& r) {
     }
     sink_->onBlockStored(std::move(ev));
   };
+  constexpr size_t kAhead = 8;  // cache misses in flight
   for (size_t i = r.num_cached_blocks; i < full; ++i) {
+    if (i + kAhead < full)
+      pool_->prefetchCacheBlock(r.blocks[i + kAhead], r.block_hashes[i + kAhead]);
     if (!pool_->cacheBlock(r.blocks[i], r.block_hashes[i])) {
       flush(i);  // a duplicate of a block cached elsewhere ends the run
       run_start = i + 1;

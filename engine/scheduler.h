@@ -23,6 +23,15 @@
 
 namespace kvf::engine {
 
+// How token-free blocks (PromptBlocks) are hashed: by default hashBlockKey(hash_seed, parent,
+// key) chained from 0; a simulator may supply its router index's function and root instead, so
+// the engine's hashes are the index's own (policy::CacheIndex::setEngineHashesAreOurs) and the
+// index keeps no engine->ours map. Only the hash values change, not what is cached.
+struct KeyedBlockHasher {
+  uint64_t (*hash)(uint64_t parent, uint64_t key) = nullptr;
+  uint64_t root = 0;
+};
+
 struct SchedulerConfig {
   int64_t max_num_batched_tokens = 8192;
   int max_num_seqs = 256;
@@ -31,6 +40,7 @@ struct SchedulerConfig {
   int64_t vocab_size = 151936;
   TokenId eos_token_id = -1;               // -1: the profile's (set by finalizeEngineConfig)
   uint64_t hash_seed = 0x6b7666656e67ULL;  // engine-specific block-hash seed
+  KeyedBlockHasher keyed_hasher;           // not from YAML: set by a simulator
 };
 
 // A KV event sink that also takes the stores of token-free requests (PromptBlocks): their

@@ -1,14 +1,15 @@
-// The cache index's block table: BlockHash -> InstanceMask of holders, as one open-addressed
-// array of 16-byte {hash, mask} slots with linear probing, so a lookup touches one cache line
-// (a second only when its probe run crosses a line). Block hashes are already uniform, so the
-// slot comes from one salted multiply; big tables ask for transparent huge pages (a probe into
-// a 32 MB table otherwise misses the TLB as well as the cache). Single-threaded, owned by
-// CacheIndex.
+// The cache index's block table: BlockHash -> the instances holding the block (all holders, which
+// of them only softly: routed, no event yet, and a soft expiry), as one open-addressed array of
+// 32-byte slots with linear probing (common/flat_u64_map.h), so a lookup touches one cache line
+// (a second only when its probe run crosses one). Block hashes are already uniform, so the slot
+// comes from one salted multiply; big tables ask for transparent huge pages. Single-threaded, owned
+// by CacheIndex.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
+#include "common/flat_u64_map.h"
 #include "policy/block_hash.h"
 
 namespace kvf::policy {
@@ -17,52 +18,54 @@ using InstanceMask = uint64_t;
 
 class BlockTable {
  public:
-  // `salt` must be odd: it keys the slot choice, so crafted prompts cannot aim at one probe run.
-  explicit BlockTable(uint64_t salt);
-  ~BlockTable();
-  BlockTable(const BlockTable&) = delete;
-  BlockTable& operator=(const BlockTable&) = delete;
+  // A present block's holders are non-zero; soft is a subset of holders. soft_expiry belongs to
+  // the cache index (CacheIndex: the expiry of the only soft holder, or a marker).
+  struct Entry {
+    InstanceMask holders = 0;
+    InstanceMask soft = 0;
+    int64_t soft_expiry = 0;
+  };
 
-  // Holders of `hash`; 0 when absent (a present block always has a non-zero mask).
+  // `salt` must be odd: it keys the slot choice, so crafted prompts cannot aim at one probe run.
+  explicit BlockTable(uint64_t salt) : map_(salt) {}
+
+  // Holders of `hash`; 0 when absent.
   InstanceMask get(BlockHash hash) const {
-    if (hash == kEmpty) return zero_key_mask_;
-    if (slots_ == nullptr) return 0;
-    for (size_t i = home(hash);; i = (i + 1) & mask_) {
-      const Slot& s = slots_[i];
-      if (s.hash == hash) return s.holders;
-      if (s.hash == kEmpty) return 0;
-    }
+    const Entry* e = map_.find(hash);
+    return e == nullptr ? 0 : e->holders;
   }
   // Brings the home slot of `hash` towards the cache ahead of get().
-  void prefetch(BlockHash hash) const {
-    if (slots_ != nullptr) __builtin_prefetch(&slots_[home(hash)]);
-  }
+  void prefetch(BlockHash hash) const { map_.prefetch(hash); }
   // holders |= bits (inserting the block); `bits` must be non-zero.
-  void add(BlockHash hash, InstanceMask bits);
-  // holders &= ~bits; the block goes once no holder is left.
-  void remove(BlockHash hash, InstanceMask bits);
+  void add(BlockHash hash, InstanceMask bits) { insert(hash)->holders |= bits; }
+  // holders &= ~bits (and soft); the block goes once no holder is left.
+  void remove(BlockHash hash, InstanceMask bits) {
+    if (Entry* e = map_.find(hash)) clearBits(e, bits);
+  }
 
-  size_t size() const { return size_; }
-  size_t capacity() const { return mask_ + 1; }
+  // Entry-level access, one probe for several updates. Pointers stay valid until the next
+  // insert(). find: null when absent. insert: finds or inserts {0, 0}; the caller then sets
+  // holders (an entry must not stay empty). clearBits: holders and soft &= ~bits, erasing the
+  // entry once no holder is left.
+  Entry* find(BlockHash hash) { return map_.find(hash); }
+  const Entry* find(BlockHash hash) const { return map_.find(hash); }
+  Entry* insert(BlockHash hash) { return map_.tryEmplace(hash, Entry{}).first; }
+  void clearBits(Entry* e, InstanceMask bits) {
+    e->holders &= ~bits;
+    e->soft &= ~bits;
+    if (e->holders == 0) map_.eraseValue(e);
+  }
+  // f(hash, entry) for every block; f must not insert or erase.
+  template <class F>
+  void forEach(F&& f) const {
+    map_.forEach(f);
+  }
+
+  size_t size() const { return map_.size(); }
+  size_t capacity() const { return map_.capacity(); }
 
  private:
-  struct Slot {
-    BlockHash hash;
-    InstanceMask holders;
-  };
-  static constexpr BlockHash kEmpty = 0;  // hash 0 itself lives in zero_key_mask_
-
-  size_t home(BlockHash hash) const { return static_cast<size_t>((hash * salt_) >> shift_); }
-  void grow();
-  void eraseAt(size_t i);
-
-  uint64_t salt_;
-  Slot* slots_ = nullptr;
-  size_t bytes_ = 0;
-  size_t mask_ = 0;  // capacity - 1 (0 before the first insert)
-  int shift_ = 63;   // 64 - log2(capacity)
-  size_t size_ = 0;
-  InstanceMask zero_key_mask_ = 0;
+  FlatU64Map<Entry> map_;
 };
 
 }  // namespace kvf::policy

@@ -7,23 +7,19 @@ namespace kvf::policy {
 
 namespace {
 
-uint64_t processSalt() {
-  // ASLR places this variable differently in every process; the mix spreads its few random
-  // bits over the word, and | 1 keeps the multiply a bijection.
-  static const uint64_t kSalt = [] {
-    static const char anchor = 0;
-    uint64_t x = reinterpret_cast<uintptr_t>(&anchor) ^ 0x9e3779b97f4a7c15ULL;
-    x ^= x >> 31;
-    x *= 0xbf58476d1ce4e5b9ULL;
-    x ^= x >> 29;
-    return x | 1;
-  }();
-  return kSalt;
-}
-
 InstanceMask bit(int instance) { return InstanceMask{1} << instance; }
 
 bool validInstance(int instance) { return instance >= 0 && instance < kMaxInstances; }
+
+// Event runs (a prompt's blocks, an eviction batch, due expiries) touch one random slot per
+// block: prefetching the slot of the block kAhead positions on keeps that many cache misses in
+// flight instead of one at a time.
+constexpr size_t kAhead = 16;
+
+template <class Table>
+void prefetchAhead(const Table& table, std::span<const uint64_t> keys, size_t i) {
+  if (i + kAhead < keys.size()) table.prefetch(keys[i + kAhead]);
+}
 
 // The leading-run bookkeeping of matchLengths / hashAndMatch: which of the first out.size()
 // instances still hold every block so far, and each one's run length once it ends.
@@ -82,64 +78,156 @@ template <class NextHash>
 bool CacheIndex::storeChain(int instance, std::span<const uint64_t> engine_hashes, bool has_parent,
                             uint64_t engine_parent, NextHash next) {
   InstanceState& state = instances_[instance];
+  if (state.hashes_are_ours)
+    return storeOwnChain(instance, engine_hashes, has_parent, engine_parent, next);
   BlockHash parent = kRootBlockHash;
   if (has_parent) {
-    auto it = state.engine_to_ours.find(engine_parent);
-    if (it == state.engine_to_ours.end()) {
+    const BlockHash* ours = state.engine_to_ours.find(engine_parent);
+    if (ours == nullptr) {
       ++stats_.stored_events_rejected;
       return false;
     }
-    parent = it->second;
+    parent = *ours;
   }
+  const InstanceMask me = bit(instance);
   for (size_t i = 0; i < engine_hashes.size(); ++i) {
+    prefetchAhead(state.engine_to_ours, engine_hashes, i);
     parent = next(parent, i);
-    auto [it, inserted] = state.engine_to_ours.try_emplace(engine_hashes[i], parent);
+    auto [mapped, inserted] = state.engine_to_ours.tryEmplace(engine_hashes[i], parent);
     if (inserted && state.engine_to_ours.size() > config_.max_blocks_per_instance) {
-      state.engine_to_ours.erase(it);
+      state.engine_to_ours.eraseValue(mapped);
       ++stats_.stored_events_rejected;
       return false;
     }
-    if (!inserted && it->second != parent) {
+    if (!inserted && *mapped != parent) {
       // The engine reused a hash for other content (its hash differs from ours in what it
       // covers); the newest mapping wins and the old block loses this instance.
-      clearExact(it->second, instance);
-      it->second = parent;
+      clearExact(*mapped, instance);
+      *mapped = parent;
     }
-    if (entries_.get(parent) & bit(instance)) {
-      if (!holdsSoft(parent, instance)) continue;  // already held exactly
-      ++stats_.soft_confirmed;
-      dropSoft(SoftKey{parent, instance});
+    BlockTable::Entry* entry = entries_.insert(parent);
+    if (entry->holders & me) {
+      if ((entry->soft & me) == 0) continue;  // already held exactly
+      ++stats_.soft_confirmed;                // the predicted entry becomes exact
+      --stats_.soft_entries;
+      unsetSoft(parent, entry, instance);
     }
     ++stats_.exact_entries;
-    entries_.add(parent, bit(instance));
+    entry->holders |= me;
   }
   return true;
+}
+
+// storeChain() for an instance whose engine hashes are ours: the block table itself says what
+// the instance holds exactly (where the mapped path asks its engine->ours map), with the same
+// outcomes: an unknown parent or a full instance rejects the event, a held block is skipped.
+template <class NextHash>
+bool CacheIndex::storeOwnChain(int instance, std::span<const uint64_t> hashes, bool has_parent,
+                               BlockHash parent, NextHash next) {
+  InstanceState& state = instances_[instance];
+  const InstanceMask me = bit(instance);
+  auto holdsExactly = [&](const BlockTable::Entry* e) {
+    return e != nullptr && (e->holders & me) && (e->soft & me) == 0;
+  };
+  if (!has_parent) {
+    parent = kRootBlockHash;
+  } else if (!holdsExactly(entries_.find(parent))) {
+    ++stats_.stored_events_rejected;
+    return false;
+  }
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    prefetchAhead(entries_, hashes, i);
+    parent = next(parent, i);
+    if (parent != hashes[i]) {  // not our hash after all: the instance is misdeclared
+      ++stats_.stored_events_rejected;
+      return false;
+    }
+    BlockTable::Entry* entry = entries_.find(parent);
+    if (holdsExactly(entry)) continue;
+    if (state.own_blocks + 1 > config_.max_blocks_per_instance) {
+      ++stats_.stored_events_rejected;
+      return false;
+    }
+    ++state.own_blocks;
+    if (entry == nullptr) entry = entries_.insert(parent);
+    if (entry->holders & me) {
+      ++stats_.soft_confirmed;
+      --stats_.soft_entries;
+      unsetSoft(parent, entry, instance);
+    }
+    ++stats_.exact_entries;
+    entry->holders |= me;
+  }
+  return true;
+}
+
+void CacheIndex::removeOwnBlocks(int instance, std::span<const uint64_t> hashes) {
+  InstanceState& state = instances_[instance];
+  const InstanceMask me = bit(instance);
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    prefetchAhead(entries_, hashes, i);
+    BlockHash hash = hashes[i];
+    BlockTable::Entry* entry = entries_.find(hash);
+    if (entry == nullptr || (entry->holders & me) == 0 || (entry->soft & me)) {
+      ++stats_.removed_unknown;
+      continue;
+    }
+    --stats_.exact_entries;
+    --state.own_blocks;
+    entries_.clearBits(entry, me);
+  }
+}
+
+void CacheIndex::setEngineHashesAreOurs(int instance, bool value) {
+  if (!validInstance(instance)) return;
+  InstanceState& state = instances_[instance];
+  if (state.hashes_are_ours == value) return;
+  clearInstance(instance);  // the other representation's exact entries cannot carry over
+  state.hashes_are_ours = value;
 }
 
 void CacheIndex::removeBlocks(int instance, std::span<const uint64_t> engine_hashes) {
   if (!validInstance(instance)) return;
   InstanceState& state = instances_[instance];
-  for (uint64_t engine_hash : engine_hashes) {
-    auto it = state.engine_to_ours.find(engine_hash);
-    if (it == state.engine_to_ours.end()) {
+  if (state.hashes_are_ours) {
+    removeOwnBlocks(instance, engine_hashes);
+    return;
+  }
+  for (size_t i = 0; i < engine_hashes.size(); ++i) {
+    prefetchAhead(state.engine_to_ours, engine_hashes, i);
+    BlockHash* ours = state.engine_to_ours.find(engine_hashes[i]);
+    if (ours == nullptr) {
       ++stats_.removed_unknown;
       continue;
     }
-    clearExact(it->second, instance);
-    state.engine_to_ours.erase(it);
+    clearExact(*ours, instance);
+    state.engine_to_ours.eraseValue(ours);
   }
 }
 
 void CacheIndex::clearInstance(int instance) {
   if (!validInstance(instance)) return;
   InstanceState& state = instances_[instance];
-  for (const auto& [engine_hash, ours] : state.engine_to_ours) clearExact(ours, instance);
-  state.engine_to_ours = {};
-  std::vector<SoftKey> soft;
-  for (const auto& [key, expiry] : soft_expiry_) {
-    if (key.instance == instance) soft.push_back(key);
+  state.engine_to_ours.forEach([&](uint64_t, BlockHash ours) { clearExact(ours, instance); });
+  state.engine_to_ours.clear();
+  // Its soft entries (their queued records become stale), and its exact ones where no map
+  // lists them.
+  const InstanceMask me = bit(instance);
+  std::vector<BlockHash> held;
+  entries_.forEach([&](BlockHash hash, const BlockTable::Entry& e) {
+    if (e.holders & me) held.push_back(hash);
+  });
+  for (BlockHash hash : held) {
+    BlockTable::Entry* entry = entries_.find(hash);
+    if (entry->soft & me) {
+      --stats_.soft_entries;
+      unsetSoft(hash, entry, instance);
+    } else {
+      --stats_.exact_entries;  // only with hashes_are_ours: clearExact dropped the others
+    }
+    entries_.clearBits(entry, me);
   }
-  for (const SoftKey& key : soft) dropSoft(key);
+  state.own_blocks = 0;
 }
 
 void CacheIndex::addSoft(int instance, std::span<const BlockHash> hashes, Nanos now,
@@ -147,46 +235,84 @@ void CacheIndex::addSoft(int instance, std::span<const BlockHash> hashes, Nanos 
   if (!validInstance(instance)) return;
   Nanos expiry = now + (approximate ? config_.approximate_ttl : config_.predicted_ttl);
   auto& queue = approximate ? approximate_queue_ : predicted_queue_;
-  for (BlockHash hash : hashes) {
-    SoftKey key{hash, instance};
-    if (entries_.get(hash) & bit(instance)) {
-      auto it = soft_expiry_.find(key);
-      if (it == soft_expiry_.end()) continue;  // already confirmed
-      it->second = expiry;
-    } else {
-      if (soft_expiry_.size() >= config_.max_soft_entries) break;
-      soft_expiry_.emplace(key, expiry);
+  const InstanceMask me = bit(instance);
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    prefetchAhead(entries_, hashes, i);
+    BlockHash hash = hashes[i];
+    BlockTable::Entry* entry = entries_.find(hash);
+    bool fresh = entry == nullptr || (entry->holders & me) == 0;
+    if (!fresh && (entry->soft & me) == 0) continue;  // already confirmed
+    if (fresh) {
+      if (stats_.soft_entries >= config_.max_soft_entries) break;
+      if (entry == nullptr) entry = entries_.insert(hash);
+      entry->holders |= me;
       ++stats_.soft_entries;
-      entries_.add(hash, bit(instance));
     }
-    queue.push_back(SoftRecord{expiry, key});
+    setSoftExpiry(hash, entry, instance, fresh, expiry);
+    queue.push_back(SoftRecord{expiry, SoftKey{hash, instance}});
   }
 }
 
 void CacheIndex::expire(Nanos now) {
   for (auto* queue : {&predicted_queue_, &approximate_queue_}) {
     while (!queue->empty() && queue->front().expiry <= now) {
+      if (queue->size() > kAhead) entries_.prefetch((*queue)[kAhead].key.hash);
       SoftRecord record = queue->front();
       queue->pop_front();
-      auto it = soft_expiry_.find(record.key);
-      // A refreshed entry has a later expiry and a later record; this one is stale.
-      if (it == soft_expiry_.end() || it->second != record.expiry) continue;
+      const int instance = record.key.instance;
+      BlockTable::Entry* entry = entries_.find(record.key.hash);
+      // Confirmed or cleared since; or refreshed: a later expiry and a later record.
+      if (entry == nullptr || (entry->soft & bit(instance)) == 0) continue;
+      if (softExpiry(record.key.hash, *entry, instance) != record.expiry) continue;
       ++stats_.soft_expired;
-      dropSoft(record.key);
+      --stats_.soft_entries;
+      unsetSoft(record.key.hash, entry, instance);
+      entries_.clearBits(entry, bit(instance));
     }
   }
 }
 
-void CacheIndex::dropSoft(const SoftKey& key) {
-  if (soft_expiry_.erase(key) == 0) return;
-  --stats_.soft_entries;
-  entries_.remove(key.hash, bit(key.instance));
+// Where a soft entry's expiry lives: in the block's slot while the block has one soft holder
+// (the common case: one routed instance, confirmed or expired before another routes there),
+// else every soft holder's in soft_expiry_ (entry.soft_expiry == kExpiryInMap).
+void CacheIndex::setSoftExpiry(BlockHash hash, BlockTable::Entry* entry, int instance, bool fresh,
+                               Nanos expiry) {
+  const InstanceMask me = bit(instance);
+  const InstanceMask others = entry->soft & ~me;
+  const bool in_map = others != 0 && entry->soft_expiry == kExpiryInMap;
+  entry->soft |= me;
+  if (others == 0) {
+    // A refresh of the last soft holder of a block that had several: back into the slot.
+    if (!fresh && entry->soft_expiry == kExpiryInMap) soft_expiry_.erase(SoftKey{hash, instance});
+    entry->soft_expiry = expiry;
+    return;
+  }
+  if (!in_map) {  // a second soft holder: the first one's expiry moves out of the slot
+    soft_expiry_.insert_or_assign(SoftKey{hash, std::countr_zero(others)}, entry->soft_expiry);
+    entry->soft_expiry = kExpiryInMap;
+  }
+  soft_expiry_.insert_or_assign(SoftKey{hash, instance}, expiry);
+}
+
+Nanos CacheIndex::softExpiry(BlockHash hash, const BlockTable::Entry& entry, int instance) const {
+  if (entry.soft_expiry != kExpiryInMap) return entry.soft_expiry;
+  auto it = soft_expiry_.find(SoftKey{hash, instance});
+  return it == soft_expiry_.end() ? kExpiryInMap : it->second;
+}
+
+// Clears `instance`'s soft bit; the caller keeps it as a holder (confirmed) or clears that too.
+void CacheIndex::unsetSoft(BlockHash hash, BlockTable::Entry* entry, int instance) {
+  if (entry->soft_expiry == kExpiryInMap) soft_expiry_.erase(SoftKey{hash, instance});
+  entry->soft &= ~bit(instance);
+  if (entry->soft == 0) entry->soft_expiry = 0;
 }
 
 void CacheIndex::clearExact(BlockHash hash, int instance) {
-  if ((entries_.get(hash) & bit(instance)) == 0 || holdsSoft(hash, instance)) return;
+  const InstanceMask me = bit(instance);
+  BlockTable::Entry* entry = entries_.find(hash);
+  if (entry == nullptr || (entry->holders & me) == 0 || (entry->soft & me)) return;
   --stats_.exact_entries;
-  entries_.remove(hash, bit(instance));
+  entries_.clearBits(entry, me);
 }
 
 void CacheIndex::matchLengths(std::span<const BlockHash> hashes, std::span<uint32_t> out) const {
@@ -234,16 +360,14 @@ void CacheIndex::hashAndMatch(std::span<const TokenId> tokens, std::vector<Block
 InstanceMask CacheIndex::holders(BlockHash hash) const { return entries_.get(hash); }
 
 InstanceMask CacheIndex::exactHolders(BlockHash hash) const {
-  InstanceMask exact = 0;
-  for (InstanceMask held = entries_.get(hash); held != 0; held &= held - 1) {
-    int instance = std::countr_zero(held);
-    if (!holdsSoft(hash, instance)) exact |= bit(instance);
-  }
-  return exact;
+  const BlockTable::Entry* entry = entries_.find(hash);
+  return entry == nullptr ? 0 : entry->holders & ~entry->soft;
 }
 
 size_t CacheIndex::instanceBlocks(int instance) const {
-  return validInstance(instance) ? instances_[instance].engine_to_ours.size() : 0;
+  if (!validInstance(instance)) return 0;
+  const InstanceState& state = instances_[instance];
+  return state.hashes_are_ours ? state.own_blocks : state.engine_to_ours.size();
 }
 
 CacheIndexStats CacheIndex::stats() const {

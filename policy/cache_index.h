@@ -1,18 +1,21 @@
 // The cache index: which instances hold which blocks, keyed by our chained BlockHash, with an
 // instance bitmask per block (up to kMaxInstances instances) in a flat BlockTable. Fed by exact KV
-// events (engine hash -> our hash through BlockStored token ids, so BlockRemoved resolves), by
-// short-TTL predicted entries written at routing time until an event confirms them, and by
-// approximate entries (what was routed, with expiry) for instances without events. Pure and
-// deterministic: time comes in as arguments. Single-threaded: the owner serialises every call.
+// events (engine hash -> our hash through BlockStored token ids, so BlockRemoved resolves; no
+// map for a simulator's engine that hashes as we do), by short-TTL predicted entries written
+// at routing time until an event confirms them, and by approximate entries (what was routed,
+// with expiry) for instances without events. Pure and deterministic: time comes in as
+// arguments. Single-threaded: the owner serialises every call.
 #pragma once
 
 #include <cstdint>
 #include <deque>
+#include <limits>
 #include <span>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "common/clock.h"
+#include "common/flat_u64_map.h"
 #include "policy/block_hash.h"
 #include "policy/block_table.h"
 
@@ -64,6 +67,14 @@ class CacheIndex {
   void removeBlocks(int instance, std::span<const uint64_t> engine_hashes);
   // AllBlocksCleared, restart or removal of an instance: drops every entry it holds.
   void clearInstance(int instance);
+  // Declares that `instance`'s engine hashes token-free blocks with our hashBlockKey chained
+  // from kRootBlockHash (a simulator's engine given it as its keyed hasher), so its engine
+  // hashes are our hashes and no engine->ours map is kept: each stored block is checked
+  // (hashBlockKey(parent, key) must equal the engine's hash, else the event is rejected) and
+  // removals name our hashes. Entries and statistics are those of the mapped path. Live
+  // engines never get this: they hash with their own function. Call while the instance holds
+  // no exact entry (before its first event, or after clearInstance).
+  void setEngineHashesAreOurs(int instance, bool value);
 
   // Routing-time entries for `instance` covering `hashes`, expiring at now + ttl (predicted
   // when `approximate` is false, else approximate). Refreshes existing soft entries.
@@ -103,26 +114,36 @@ class CacheIndex {
     SoftKey key;
   };
   struct InstanceState {
-    absl::flat_hash_map<uint64_t, BlockHash> engine_to_ours;
+    FlatU64Map<BlockHash> engine_to_ours;
+    bool hashes_are_ours = false;
+    size_t own_blocks = 0;  // exact entries while hashes_are_ours (no map to count)
   };
 
-  // An instance holds a block either exactly (from events) or softly (routed, in
-  // soft_expiry_), never both: a confirming event replaces the soft entry.
-  bool holdsSoft(BlockHash hash, int instance) const {
-    return soft_expiry_.contains(SoftKey{hash, instance});
-  }
+  static constexpr Nanos kExpiryInMap = std::numeric_limits<Nanos>::min();
   void clearExact(BlockHash hash, int instance);
+  void setSoftExpiry(BlockHash hash, BlockTable::Entry* entry, int instance, bool fresh,
+                     Nanos expiry);
+  Nanos softExpiry(BlockHash hash, const BlockTable::Entry& entry, int instance) const;
+  void unsetSoft(BlockHash hash, BlockTable::Entry* entry, int instance);
+  template <class NextHash>
+  bool storeOwnChain(int instance, std::span<const uint64_t> hashes, bool has_parent,
+                     BlockHash parent, NextHash next);
+  void removeOwnBlocks(int instance, std::span<const uint64_t> hashes);
   template <class NextHash>
   bool storeChain(int instance, std::span<const uint64_t> engine_hashes, bool has_parent,
                   uint64_t engine_parent, NextHash next);
-  void dropSoft(const SoftKey& key);
 
   CacheIndexConfig config_;
-  // Holders (exact | soft) per block. Block hashes are already uniform 64-bit values: the
-  // table places them with one multiply by a per-process odd salt, which also keeps crafted
-  // prompts from aiming at one probe sequence (our hash is public).
+  // Holders (exact | soft) per block, and which of them are soft. An instance holds a block
+  // either exactly (from events) or softly (routed), never both: a confirming event clears
+  // the soft bit. Block hashes are already uniform 64-bit values: the table places them with
+  // one multiply by a per-process odd salt, which also keeps crafted prompts from aiming at one
+  // probe sequence (our hash is public).
   BlockTable entries_;
   std::vector<InstanceState> instances_;
+  // The expiry last written for each soft (block, instance): a queued record is current only
+  // while it carries this expiry. It lives in the block's entry while the block has a single
+  // soft holder, and here for blocks with several (entry.soft_expiry == kExpiryInMap).
   absl::flat_hash_map<SoftKey, Nanos> soft_expiry_;
   // Two queues, each ordered by expiry because each has one TTL.
   std::deque<SoftRecord> predicted_queue_;

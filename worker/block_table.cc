@@ -7,43 +7,43 @@
 namespace kvf::worker {
 
 bool BlockTable::insert(BlockHash hash, BlockIndex block) {
-  return entries_.try_emplace(hash, Entry{block, 0}).second;
+  return entries_.tryEmplace(hash, Entry{block, 0}).second;
 }
 
 void BlockTable::erase(BlockHash hash) {
-  auto it = entries_.find(hash);
-  if (it == entries_.end()) return;
-  assert(it->second.pins == 0 && "evicting a pinned block");
-  entries_.erase(it);
+  Entry* e = entries_.find(hash);
+  if (e == nullptr) return;
+  assert(e->pins == 0 && "evicting a pinned block");
+  entries_.eraseValue(e);
 }
 
 std::optional<BlockIndex> BlockTable::find(BlockHash hash) const {
-  auto it = entries_.find(hash);
-  if (it == entries_.end()) return std::nullopt;
-  return it->second.block;
+  const Entry* e = entries_.find(hash);
+  if (e == nullptr) return std::nullopt;
+  return e->block;
 }
 
 absl::Status BlockTable::pin(BlockHash hash) {
-  auto it = entries_.find(hash);
-  if (it == entries_.end()) {
+  Entry* e = entries_.find(hash);
+  if (e == nullptr) {
     return absl::NotFoundError(strCat("block ", hash, " is not cached"));
   }
-  ++it->second.pins;
+  ++e->pins;
   return absl::OkStatus();
 }
 
 absl::Status BlockTable::unpin(BlockHash hash) {
-  auto it = entries_.find(hash);
-  if (it == entries_.end() || it->second.pins == 0) {
+  Entry* e = entries_.find(hash);
+  if (e == nullptr || e->pins == 0) {
     return absl::FailedPreconditionError(strCat("block ", hash, " is not pinned"));
   }
-  --it->second.pins;
+  --e->pins;
   return absl::OkStatus();
 }
 
 uint32_t BlockTable::pins(BlockHash hash) const {
-  auto it = entries_.find(hash);
-  return it == entries_.end() ? 0 : it->second.pins;
+  const Entry* e = entries_.find(hash);
+  return e == nullptr ? 0 : e->pins;
 }
 
 }  // namespace kvf::worker

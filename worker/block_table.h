@@ -7,8 +7,8 @@
 #include <cstdint>
 #include <optional>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "common/flat_u64_map.h"
 #include "worker/kv_events.h"
 
 namespace kvf::worker {
@@ -23,7 +23,9 @@ class BlockTable {
   // Forgets `hash`; its pin count must be zero (a pinned block is never evicted).
   void erase(BlockHash hash);
   std::optional<BlockIndex> find(BlockHash hash) const;
-  bool contains(BlockHash hash) const { return entries_.contains(hash); }
+  // Brings the slot of `hash` towards the cache ahead of an insert / erase / find.
+  void prefetch(BlockHash hash) const { entries_.prefetch(hash); }
+  bool contains(BlockHash hash) const { return entries_.find(hash) != nullptr; }
   size_t size() const { return entries_.size(); }
   void clear() { entries_.clear(); }
 
@@ -38,7 +40,8 @@ class BlockTable {
     BlockIndex block = 0;
     uint32_t pins = 0;
   };
-  absl::flat_hash_map<BlockHash, Entry> entries_;
+  // Open addressing, one probe per cache line (engine block hashes are uniform xxh3 values).
+  FlatU64Map<Entry> entries_;
 };
 
 }  // namespace kvf::worker

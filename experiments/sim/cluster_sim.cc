@@ -56,6 +56,7 @@ absl::Status Sim::init(const std::string& rep_dir) {
   for (int i = 0; i < setup_.engines; ++i) {
     instance_ids_.push_back(std::to_string(i));
     KVF_ASSIGN_OR_RETURN(engines_[i].core, makeCore(engines_[i]));
+    if (setup_.sim.token_free) index_.setEngineHashesAreOurs(i, true);  // see makeCore
   }
   matched_.resize(engines_.size());
   if (setup_.sim.decision_log) {

@@ -77,6 +77,29 @@ TEST(TokenFree, SharedKeysHitLikeSharedTokens) {
   EXPECT_FALSE(sink.stores[0].first.parent_block_hash.has_value());
 }
 
+// A supplied keyed hasher (a simulator's: its router index's function) replaces the engine's
+// own: the published hashes are its chain from its root, and the cache behaves as before.
+uint64_t toyHash(uint64_t parent, uint64_t key) { return parent * 1000003 + key; }
+
+TEST(TokenFree, SuppliedKeyedHasherNamesTheBlocks) {
+  KeyedSink sink;
+  EngineConfig config = makeConfig(16, 64, 8192);
+  config.scheduler.keyed_hasher = {&toyHash, 7};
+  auto core = EngineCore::create(config, &sink);
+  ASSERT_TRUE(core.ok()) << core.status();
+  Nanos now = 0;
+  ASSERT_TRUE((*core)->add(keyed("a", 50, {1, 2, 3}, 77, 1), now).ok());
+  EXPECT_EQ(runUntilFirstToken(**core, "a", &now), 0);
+  ASSERT_TRUE((*core)->add(keyed("b", 60, {1, 2, 9}, 78, 1), now).ok());
+  EXPECT_EQ(runUntilFirstToken(**core, "b", &now), 32);
+  ASSERT_GE(sink.stores.size(), 2u);
+  uint64_t h1 = toyHash(7, 1), h2 = toyHash(h1, 2), h3 = toyHash(h2, 3);
+  EXPECT_EQ(sink.stores[0].first.block_hashes, (std::vector<uint64_t>{h1, h2, h3}));
+  EXPECT_EQ(sink.stores[1].first.block_hashes, (std::vector<uint64_t>{toyHash(h2, 9)}));
+  EXPECT_EQ(sink.stores[1].first.parent_block_hash, h2);
+  EXPECT_TRUE((*core)->pool().table().contains(h3));
+}
+
 TEST(TokenFree, GeneratedBlocksAreCachedAndEqualForEqualPrompts) {
   KeyedSink sink;
   auto core = EngineCore::create(makeConfig(16, 64, 8192), &sink);

@@ -1,0 +1,288 @@
+// CacheIndex against a reference model written with ordered std containers straight from the
+// documented semantics (exact entries via an engine->ours map, soft entries with a current
+// expiry and two expiry queues, a confirmed soft entry turns exact). Random operations on a few
+// instances, shared prefixes, reused engine hashes and both TTLs exercise the index's packed
+// representation (soft bits and expiries inside the block table, several soft holders per
+// block); every holder mask and statistic must agree after every operation.
+#include <gtest/gtest.h>
+
+#include <deque>
+#include <map>
+#include <optional>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "policy/cache_index.h"
+
+namespace kvf::policy {
+namespace {
+
+class ModelIndex {
+ public:
+  explicit ModelIndex(CacheIndexConfig config) : config_(config) {}
+
+  bool storeKeyed(int inst, const std::vector<uint64_t>& engine, std::optional<uint64_t> parent_e,
+                  const std::vector<uint64_t>& keys) {
+    auto& map = e2o_[inst];
+    BlockHash parent = kRootBlockHash;
+    if (parent_e) {
+      auto it = map.find(*parent_e);
+      if (it == map.end()) {
+        ++stats_.stored_events_rejected;
+        return false;
+      }
+      parent = it->second;
+    }
+    for (size_t i = 0; i < engine.size(); ++i) {
+      parent = hashBlockKey(parent, keys[i]);
+      seen_.insert(parent);  // off the key tree when the parent was a reused engine hash
+      auto [it, inserted] = map.try_emplace(engine[i], parent);
+      if (inserted && map.size() > config_.max_blocks_per_instance) {
+        map.erase(it);
+        ++stats_.stored_events_rejected;
+        return false;
+      }
+      if (!inserted && it->second != parent) {
+        clearExact(it->second, inst);
+        it->second = parent;
+      }
+      if (holds(parent, inst)) {
+        if (!soft_.contains({parent, inst})) continue;
+        ++stats_.soft_confirmed;
+        soft_.erase({parent, inst});
+      }
+      exact_.insert({parent, inst});
+    }
+    return true;
+  }
+  void remove(int inst, const std::vector<uint64_t>& engine) {
+    auto& map = e2o_[inst];
+    for (uint64_t e : engine) {
+      auto it = map.find(e);
+      if (it == map.end()) {
+        ++stats_.removed_unknown;
+        continue;
+      }
+      clearExact(it->second, inst);
+      map.erase(it);
+    }
+  }
+  void clearInstance(int inst) {
+    for (auto& [e, ours] : e2o_[inst]) clearExact(ours, inst);
+    e2o_[inst].clear();
+    for (auto it = soft_.begin(); it != soft_.end();) {
+      it = it->first.second == inst ? soft_.erase(it) : std::next(it);
+    }
+  }
+  void addSoft(int inst, const std::vector<BlockHash>& hashes, Nanos now, bool approximate) {
+    Nanos expiry = now + (approximate ? config_.approximate_ttl : config_.predicted_ttl);
+    for (BlockHash h : hashes) {
+      seen_.insert(h);
+      if (holds(h, inst)) {
+        if (!soft_.contains({h, inst})) continue;
+      } else if (soft_.size() >= config_.max_soft_entries) {
+        break;
+      }
+      soft_[{h, inst}] = expiry;
+      (approximate ? approx_q_ : pred_q_).push_back({expiry, h, inst});
+    }
+  }
+  void expire(Nanos now) {
+    for (auto* q : {&pred_q_, &approx_q_}) {
+      while (!q->empty() && q->front().expiry <= now) {
+        Record r = q->front();
+        q->pop_front();
+        auto it = soft_.find({r.hash, r.inst});
+        if (it == soft_.end() || it->second != r.expiry) continue;
+        ++stats_.soft_expired;
+        soft_.erase(it);
+      }
+    }
+  }
+  InstanceMask holders(BlockHash h) const { return exactHolders(h) | softHolders(h); }
+  InstanceMask exactHolders(BlockHash h) const { return mask(exact_, h); }
+  size_t instanceBlocks(int inst) const {
+    auto it = e2o_.find(inst);
+    return it == e2o_.end() ? 0 : it->second.size();
+  }
+  CacheIndexStats stats() const {
+    CacheIndexStats s = stats_;
+    s.exact_entries = exact_.size();
+    s.soft_entries = soft_.size();
+    s.blocks = 0;
+    for (BlockHash h : seen_) s.blocks += holders(h) != 0;
+    return s;
+  }
+  // Every hash stored or routed so far.
+  const std::set<BlockHash>& seen() const { return seen_; }
+
+ private:
+  using Key = std::pair<BlockHash, int>;
+  struct Record {
+    Nanos expiry;
+    BlockHash hash;
+    int inst;
+  };
+  bool holds(BlockHash h, int inst) const {
+    return exact_.contains({h, inst}) || soft_.contains({h, inst});
+  }
+  void clearExact(BlockHash h, int inst) { exact_.erase({h, inst}); }
+  InstanceMask softHolders(BlockHash h) const {
+    InstanceMask m = 0;
+    for (auto it = soft_.lower_bound({h, 0}); it != soft_.end() && it->first.first == h; ++it) {
+      m |= InstanceMask{1} << it->first.second;
+    }
+    return m;
+  }
+  static InstanceMask mask(const std::set<Key>& s, BlockHash h) {
+    InstanceMask m = 0;
+    for (auto it = s.lower_bound({h, 0}); it != s.end() && it->first == h; ++it) {
+      m |= InstanceMask{1} << it->second;
+    }
+    return m;
+  }
+
+  CacheIndexConfig config_;
+  std::map<int, std::map<uint64_t, BlockHash>> e2o_;
+  std::set<Key> exact_;
+  std::map<Key, Nanos> soft_;
+  std::deque<Record> pred_q_, approx_q_;
+  std::set<BlockHash> seen_;
+  CacheIndexStats stats_;
+};
+
+void expectSame(const CacheIndex& index, const ModelIndex& model, int step) {
+  CacheIndexStats a = index.stats(), b = model.stats();
+  ASSERT_EQ(a.exact_entries, b.exact_entries) << "step " << step;
+  ASSERT_EQ(a.soft_entries, b.soft_entries) << "step " << step;
+  ASSERT_EQ(a.stored_events_rejected, b.stored_events_rejected) << "step " << step;
+  ASSERT_EQ(a.removed_unknown, b.removed_unknown) << "step " << step;
+  ASSERT_EQ(a.soft_expired, b.soft_expired) << "step " << step;
+  ASSERT_EQ(a.soft_confirmed, b.soft_confirmed) << "step " << step;
+  for (BlockHash h : model.seen()) {
+    ASSERT_EQ(index.holders(h), model.holders(h)) << "step " << step;
+    ASSERT_EQ(index.exactHolders(h), model.exactHolders(h)) << "step " << step;
+  }
+  for (int i : {0, 1, 2, 63}) ASSERT_EQ(index.instanceBlocks(i), model.instanceBlocks(i));
+  ASSERT_EQ(a.blocks, b.blocks) << "step " << step;
+}
+
+// Prompts: chains of content keys sharing prefixes (a tree of depth kDepth, fan-out 3).
+constexpr int kDepth = 5;
+
+std::vector<uint64_t> randomKeys(std::mt19937_64& rng) {
+  std::vector<uint64_t> keys(kDepth);
+  for (auto& k : keys) k = rng() % 3;
+  return keys;
+}
+
+std::vector<BlockHash> chain(const std::vector<uint64_t>& keys) {
+  std::vector<BlockHash> out;
+  hashKeyBlocks(keys, &out);
+  return out;
+}
+
+// An engine's hash for our hash `ours` on instance `inst`: instance 1 folds hashes into a few
+// values, so it keeps reusing engine hashes for other content; instance 2 hashes as we do
+// when `own_hashes` (CacheIndex::setEngineHashesAreOurs, the model still maps them).
+uint64_t engineHash(BlockHash ours, int inst, bool own_hashes) {
+  if (inst == 2 && own_hashes) return ours;
+  return inst == 1 ? ours % 7 : ours ^ 0x5a5a;
+}
+
+class CacheIndexModelTest : public testing::TestWithParam<bool> {};
+
+TEST_P(CacheIndexModelTest, AgreesWithReferenceModelUnderRandomOperations) {
+  const bool own_hashes = GetParam();
+  CacheIndexConfig config;
+  config.block_size = 16;
+  config.predicted_ttl = 40;
+  config.approximate_ttl = 90;
+  config.max_blocks_per_instance = 30;
+  config.max_soft_entries = 60;
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    CacheIndex index(config);
+    if (own_hashes) index.setEngineHashesAreOurs(2, true);
+    ModelIndex model(config);
+    std::mt19937_64 rng(seed);
+    const int instances[] = {0, 1, 2, 63};
+    Nanos now = 0;
+    for (int step = 0; step < 4000; ++step) {
+      int inst = instances[rng() % 4];
+      auto keys = randomKeys(rng);
+      auto ours = chain(keys);
+      size_t from = rng() % kDepth, to = from + 1 + rng() % (kDepth - from);
+      switch (rng() % 6) {
+        case 0:
+        case 1: {  // a stored run [from, to) with its parent (engine hash of block from-1)
+          std::vector<uint64_t> engine, run_keys(keys.begin() + from, keys.begin() + to);
+          for (size_t i = from; i < to; ++i)
+            engine.push_back(engineHash(ours[i], inst, own_hashes));
+          std::optional<uint64_t> parent;
+          if (from > 0) parent = engineHash(ours[from - 1], inst, own_hashes);
+          bool a = index.storeKeyedBlocks(inst, engine, parent.has_value(), parent.value_or(0),
+                                          run_keys, config.block_size);
+          bool b = model.storeKeyed(inst, engine, parent, run_keys);
+          ASSERT_EQ(a, b) << "step " << step;
+          break;
+        }
+        case 2: {
+          std::vector<uint64_t> engine;
+          for (size_t i = from; i < to; ++i)
+            engine.push_back(engineHash(ours[i], inst, own_hashes));
+          index.removeBlocks(inst, engine);
+          model.remove(inst, engine);
+          break;
+        }
+        case 3:
+        case 4: {
+          bool approximate = rng() % 3 == 0;
+          std::vector<BlockHash> run(ours.begin(), ours.begin() + to);
+          index.addSoft(inst, run, now, approximate);
+          model.addSoft(inst, run, now, approximate);
+          break;
+        }
+        default:
+          if (rng() % 40 == 0) {  // a restart
+            index.clearInstance(inst);
+            model.clearInstance(inst);
+          } else {
+            now += static_cast<Nanos>(rng() % 12);
+            index.expire(now);
+            model.expire(now);
+          }
+      }
+      expectSame(index, model, step);
+    }
+    EXPECT_GT(index.stats().soft_confirmed, 100u);
+    EXPECT_GT(index.stats().soft_expired, 100u);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(EngineHashes, CacheIndexModelTest, testing::Values(false, true),
+                         [](const auto& p) { return p.param ? "OwnHashes" : "Mapped"; });
+
+// An instance declared to hash as we do rejects a store whose hashes are not ours.
+TEST(CacheIndexOwnHashesTest, ForeignHashesAreRejected) {
+  CacheIndex index;
+  index.setEngineHashesAreOurs(0, true);
+  std::vector<uint64_t> keys = {5, 6};
+  std::vector<BlockHash> ours;
+  hashKeyBlocks(keys, &ours);
+  std::vector<uint64_t> foreign = {ours[0], ours[1] + 1};
+  EXPECT_FALSE(index.storeKeyedBlocks(0, foreign, false, 0, keys, kDefaultBlockSize));
+  EXPECT_EQ(index.stats().stored_events_rejected, 1u);
+  EXPECT_EQ(index.exactHolders(ours[0]), 1u);  // blocks before the mismatch stay, as mapped
+  EXPECT_TRUE(index.storeKeyedBlocks(0, ours, false, 0, keys, kDefaultBlockSize));
+  EXPECT_EQ(index.instanceBlocks(0), 2u);
+  index.removeBlocks(0, std::vector<uint64_t>{ours[1], 12345});
+  EXPECT_EQ(index.stats().removed_unknown, 1u);
+  EXPECT_EQ(index.instanceBlocks(0), 1u);
+  index.clearInstance(0);
+  EXPECT_EQ(index.stats().exact_entries, 0u);
+  EXPECT_EQ(index.stats().blocks, 0u);
+}
+
+}  // namespace
+}  // namespace kvf::policy
