@@ -11,6 +11,7 @@
 #include <memory>
 #include <new>
 #include <random>
+#include <span>
 #include <vector>
 
 #include <benchmark/benchmark.h>
@@ -198,6 +199,20 @@ void runSteps(benchmark::State& state, Step step) {
 // timed window) by getrusage, so iterations during which the thread was switched out or
 // faulted are counted apart; p99_clean_us is the p99 of the others. Interrupts and hypervisor
 // steal leave no trace there: compare with BM_FixedWork at the same p50.
+// What the router does before it can send: expire, hash the prompt as far as some instance
+// matches, fill the snapshots' match lengths, decide.
+void routeOnce(Fixture& f, Policy& policy, const RouteRequest& request, kvf::Nanos now,
+               std::vector<BlockHash>* hashes, std::span<uint32_t> matched,
+               std::vector<InstanceSnapshot>& snapshots) {
+  f.index.expire(now);
+  f.index.hashAndMatch(f.prompt, hashes, matched);
+  for (int i = 0; i < kInstances; ++i) {
+    snapshots[i].matched_tokens = static_cast<int64_t>(matched[i] * kBlockSize);
+  }
+  auto decision = policy.decide(request, snapshots, now);
+  benchmark::DoNotOptimize(decision);
+}
+
 void BM_HashMatchDecideTail(benchmark::State& state) {
   Fixture& f = fixtureFor(static_cast<size_t>(state.range(0)));
   auto policy = createPolicy(PolicyConfig{});
@@ -215,13 +230,7 @@ void BM_HashMatchDecideTail(benchmark::State& state) {
   for (auto _ : state) {
     ThreadCounters a = ThreadCounters::now(false);
     auto start = std::chrono::steady_clock::now();
-    f.index.expire(now);
-    f.index.hashAndMatch(f.prompt, &hashes, matched);
-    for (int i = 0; i < kInstances; ++i) {
-      snapshots[i].matched_tokens = static_cast<int64_t>(matched[i] * kBlockSize);
-    }
-    auto decision = policy->decide(request, snapshots, now);
-    benchmark::DoNotOptimize(decision);
+    routeOnce(f, *policy, request, now, &hashes, matched, snapshots);
     double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
     ThreadCounters b = ThreadCounters::now(false);
@@ -276,13 +285,7 @@ void BM_HashMatchDecideCold(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(sink);
     auto start = std::chrono::steady_clock::now();
-    f.index.expire(now);
-    f.index.hashAndMatch(f.prompt, &hashes, matched);
-    for (int i = 0; i < kInstances; ++i) {
-      snapshots[i].matched_tokens = static_cast<int64_t>(matched[i] * kBlockSize);
-    }
-    auto decision = policy->decide(request, snapshots, now);
-    benchmark::DoNotOptimize(decision);
+    routeOnce(f, *policy, request, now, &hashes, matched, snapshots);
     micros.push_back(
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
             .count());

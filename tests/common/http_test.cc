@@ -24,6 +24,19 @@ namespace {
 using namespace std::chrono_literals;
 using tcp = asio::ip::tcp;
 
+// Everything the peer sends until it closes the connection (or the read fails).
+asio::awaitable<std::string> readUntilClosed(tcp::socket& socket) {
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    auto [ec, n] =
+        co_await socket.async_read_some(asio::buffer(buf), asio::as_tuple(asio::use_awaitable));
+    out.append(buf, n);
+    if (ec) break;
+  }
+  co_return out;
+}
+
 // Requests are built outside coroutines: GCC 12 miscompiles aggregate initializers holding
 // string literals inside a co_await expression ("array used as initializer").
 ClientRequest makeRequest(std::string method, std::string target, std::string body = {},
@@ -113,15 +126,7 @@ class HttpTest : public ::testing::Test {
       co_await socket.async_connect({asio::ip::make_address("127.0.0.1"), server_->port()},
                                     asio::use_awaitable);
       co_await asio::async_write(socket, asio::buffer(bytes), asio::use_awaitable);
-      std::string out;
-      char buf[4096];
-      for (;;) {
-        auto [ec, n] =
-            co_await socket.async_read_some(asio::buffer(buf), asio::as_tuple(asio::use_awaitable));
-        out.append(buf, n);
-        if (ec) break;
-      }
-      co_return out;
+      co_return co_await readUntilClosed(socket);
     });
   }
 
@@ -334,15 +339,7 @@ TEST_F(HttpTest, HeadersSplitAcrossReadsPipelinedAndTruncated) {
       pause.expires_after(20ms);  // let the server see each piece on its own
       co_await pause.async_wait(asio::use_awaitable);
     }
-    std::string out;
-    char buf[4096];
-    for (;;) {
-      auto [ec, n] =
-          co_await socket.async_read_some(asio::buffer(buf), asio::as_tuple(asio::use_awaitable));
-      out.append(buf, n);
-      if (ec) break;
-    }
-    co_return out;
+    co_return co_await readUntilClosed(socket);
   });
   size_t first = raw.find("\r\n\r\nhello");
   size_t second = raw.find("\r\n\r\na|1");
@@ -360,15 +357,7 @@ TEST_F(HttpTest, HeadersSplitAcrossReadsPipelinedAndTruncated) {
     std::string partial = "GET /hello HTTP/1.1\r\nHost: x\r\n";
     co_await asio::async_write(socket, asio::buffer(partial), asio::use_awaitable);
     socket.shutdown(tcp::socket::shutdown_send);  // the peer goes away mid-header
-    std::string out;
-    char buf[4096];
-    for (;;) {
-      auto [ec, n] =
-          co_await socket.async_read_some(asio::buffer(buf), asio::as_tuple(asio::use_awaitable));
-      out.append(buf, n);
-      if (ec) break;
-    }
-    co_return out;
+    co_return co_await readUntilClosed(socket);
   });
   EXPECT_EQ(truncated, "");  // closed without an answer (not after the 30 s read timeout)
 }
