@@ -19,9 +19,7 @@
 #include <boost/json.hpp>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
+#include "common/cli.h"
 #include "common/http_client.h"
 #include "common/json.h"
 #include "common/sse.h"
@@ -214,14 +212,8 @@ int run() {
 }  // namespace kvf::bench
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Open-loop trace-sized load for kvf-engine instances.\n"
-      "Usage: kvf-engine-load --targets h:p,h:p --trace t.jsonl --rate 40");
-  absl::FlagsUsageConfig usage_config;
-  usage_config.contains_help_flags = [](absl::string_view file) {
-    return file.find("engine_load.cc") != absl::string_view::npos;
-  };
-  absl::SetFlagsUsageConfig(usage_config);
-  absl::ParseCommandLine(argc, argv);
+  kvf::cli::parseFlags(argc, argv,
+                       "Open-loop trace-sized load for kvf-engine instances.\n"
+                       "Usage: kvf-engine-load --targets h:p,h:p --trace t.jsonl --rate 40");
   return kvf::bench::run();
 }
