@@ -8,8 +8,8 @@
 
 namespace kvf::cli {
 
-// Sets the usage message, parses argv (exiting on --help or a bad flag) and returns the
-// positional arguments (argv[0] excluded).
+// Sets the usage message, parses argv and returns the positional arguments (argv[0] excluded).
+// --help and the other usage flags print and exit with status 0; a bad flag exits non-zero.
 std::vector<std::string> parseFlags(int argc, char** argv, const char* usage);
 
 }  // namespace kvf::cli
