@@ -11,6 +11,11 @@ InstanceMask bit(int instance) { return InstanceMask{1} << instance; }
 
 bool validInstance(int instance) { return instance >= 0 && instance < kMaxInstances; }
 
+// Whether `me` holds the block exactly (from events), not only softly (routed).
+bool holdsExactly(const BlockTable::Entry* entry, InstanceMask me) {
+  return entry != nullptr && (entry->holders & me) && (entry->soft & me) == 0;
+}
+
 // Event runs (a prompt's blocks, an eviction batch, due expiries) touch one random slot per
 // block: prefetching the slot of the block kAhead positions on keeps that many cache misses in
 // flight instead of one at a time.
@@ -106,16 +111,21 @@ bool CacheIndex::storeChain(int instance, std::span<const uint64_t> engine_hashe
       *mapped = parent;
     }
     BlockTable::Entry* entry = entries_.insert(parent);
-    if (entry->holders & me) {
-      if ((entry->soft & me) == 0) continue;  // already held exactly
-      ++stats_.soft_confirmed;                // the predicted entry becomes exact
-      --stats_.soft_entries;
-      unsetSoft(parent, entry, instance);
-    }
-    ++stats_.exact_entries;
-    entry->holders |= me;
+    if (!holdsExactly(entry, me)) markExact(parent, entry, instance);
   }
   return true;
+}
+
+// Makes `instance` an exact holder of a block it does not hold exactly yet (a predicted entry
+// is confirmed). `entry` is the block's slot (inserted when the block was absent).
+void CacheIndex::markExact(BlockHash hash, BlockTable::Entry* entry, int instance) {
+  const InstanceMask me = bit(instance);
+  if (entry->holders & me) {
+    ++stats_.soft_confirmed;
+    unsetSoft(hash, entry, instance);
+  }
+  ++stats_.exact_entries;
+  entry->holders |= me;
 }
 
 // storeChain() for an instance whose engine hashes are ours: the block table itself says what
@@ -126,12 +136,9 @@ bool CacheIndex::storeOwnChain(int instance, std::span<const uint64_t> hashes, b
                                BlockHash parent, NextHash next) {
   InstanceState& state = instances_[instance];
   const InstanceMask me = bit(instance);
-  auto holdsExactly = [&](const BlockTable::Entry* e) {
-    return e != nullptr && (e->holders & me) && (e->soft & me) == 0;
-  };
   if (!has_parent) {
     parent = kRootBlockHash;
-  } else if (!holdsExactly(entries_.find(parent))) {
+  } else if (!holdsExactly(entries_.find(parent), me)) {
     ++stats_.stored_events_rejected;
     return false;
   }
@@ -143,20 +150,14 @@ bool CacheIndex::storeOwnChain(int instance, std::span<const uint64_t> hashes, b
       return false;
     }
     BlockTable::Entry* entry = entries_.find(parent);
-    if (holdsExactly(entry)) continue;
+    if (holdsExactly(entry, me)) continue;
     if (state.own_blocks + 1 > config_.max_blocks_per_instance) {
       ++stats_.stored_events_rejected;
       return false;
     }
     ++state.own_blocks;
     if (entry == nullptr) entry = entries_.insert(parent);
-    if (entry->holders & me) {
-      ++stats_.soft_confirmed;
-      --stats_.soft_entries;
-      unsetSoft(parent, entry, instance);
-    }
-    ++stats_.exact_entries;
-    entry->holders |= me;
+    markExact(parent, entry, instance);
   }
   return true;
 }
@@ -168,7 +169,7 @@ void CacheIndex::removeOwnBlocks(int instance, std::span<const uint64_t> hashes)
     prefetchAhead(entries_, hashes, i);
     BlockHash hash = hashes[i];
     BlockTable::Entry* entry = entries_.find(hash);
-    if (entry == nullptr || (entry->holders & me) == 0 || (entry->soft & me)) {
+    if (!holdsExactly(entry, me)) {
       ++stats_.removed_unknown;
       continue;
     }
@@ -220,7 +221,6 @@ void CacheIndex::clearInstance(int instance) {
   for (BlockHash hash : held) {
     BlockTable::Entry* entry = entries_.find(hash);
     if (entry->soft & me) {
-      --stats_.soft_entries;
       unsetSoft(hash, entry, instance);
     } else {
       --stats_.exact_entries;  // only with hashes_are_ours: clearExact dropped the others
@@ -265,7 +265,6 @@ void CacheIndex::expire(Nanos now) {
       if (entry == nullptr || (entry->soft & bit(instance)) == 0) continue;
       if (softExpiry(record.key.hash, *entry, instance) != record.expiry) continue;
       ++stats_.soft_expired;
-      --stats_.soft_entries;
       unsetSoft(record.key.hash, entry, instance);
       entries_.clearBits(entry, bit(instance));
     }
@@ -300,8 +299,10 @@ Nanos CacheIndex::softExpiry(BlockHash hash, const BlockTable::Entry& entry, int
   return it == soft_expiry_.end() ? kExpiryInMap : it->second;
 }
 
-// Clears `instance`'s soft bit; the caller keeps it as a holder (confirmed) or clears that too.
+// Drops `instance`'s soft entry (its bit and expiry); the caller keeps it as a holder
+// (confirmed) or clears that too.
 void CacheIndex::unsetSoft(BlockHash hash, BlockTable::Entry* entry, int instance) {
+  --stats_.soft_entries;
   if (entry->soft_expiry == kExpiryInMap) soft_expiry_.erase(SoftKey{hash, instance});
   entry->soft &= ~bit(instance);
   if (entry->soft == 0) entry->soft_expiry = 0;
@@ -310,7 +311,7 @@ void CacheIndex::unsetSoft(BlockHash hash, BlockTable::Entry* entry, int instanc
 void CacheIndex::clearExact(BlockHash hash, int instance) {
   const InstanceMask me = bit(instance);
   BlockTable::Entry* entry = entries_.find(hash);
-  if (entry == nullptr || (entry->holders & me) == 0 || (entry->soft & me)) return;
+  if (!holdsExactly(entry, me)) return;
   --stats_.exact_entries;
   entries_.clearBits(entry, me);
 }

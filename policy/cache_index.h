@@ -121,6 +121,7 @@ class CacheIndex {
 
   static constexpr Nanos kExpiryInMap = std::numeric_limits<Nanos>::min();
   void clearExact(BlockHash hash, int instance);
+  void markExact(BlockHash hash, BlockTable::Entry* entry, int instance);
   void setSoftExpiry(BlockHash hash, BlockTable::Entry* entry, int instance, bool fresh,
                      Nanos expiry);
   Nanos softExpiry(BlockHash hash, const BlockTable::Entry& entry, int instance) const;
