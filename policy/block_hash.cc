@@ -177,19 +177,6 @@ uint64_t content16(const TokenId* tokens) {
   return portableContent16(tokens);
 }
 
-void chain16(const TokenId* src, size_t blocks, BlockHash parent, BlockHash* dst) {
-#if KVF_POLICY_AESNI
-  if (cpuHasAes()) {
-    aesniChain16(src, blocks, parent, dst);
-    return;
-  }
-#endif
-  for (size_t i = 0; i < blocks; ++i, src += kDefaultBlockSize) {
-    parent = chain(parent, portableContent16(src));
-    dst[i] = parent;
-  }
-}
-
 // Blocks of any other size: xxh3 over their bytes.
 inline uint64_t contentHash(const TokenId* tokens, size_t count) {
   if (count == kDefaultBlockSize) return content16(tokens);
@@ -223,10 +210,11 @@ BlockHash hashTokenBlocksTo(std::span<const TokenId> tokens, size_t block_size, 
   out = out.first(std::min(out.size(), tokens.size() / block_size));  // never read past tokens
   if (out.empty()) return parent;
   const TokenId* src = tokens.data();
-  if (block_size == kDefaultBlockSize) {
-    chain16(src, out.size(), parent, out.data());
-    return out.back();
+#if KVF_POLICY_AESNI
+  if (block_size == kDefaultBlockSize && cpuHasAes()) {
+    return aesniChain16(src, out.size(), parent, out.data());
   }
+#endif
   for (size_t i = 0; i < out.size(); ++i, src += block_size) {
     parent = chain(parent, contentHash(src, block_size));
     out[i] = parent;
