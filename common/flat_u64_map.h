@@ -95,19 +95,10 @@ class FlatU64Map {
 
   // Removes `key`; false when absent.
   bool erase(uint64_t key) {
-    if (key == kEmpty) {
-      if (!has_zero_) return false;
-      has_zero_ = false;
-      --size_;
-      return true;
-    }
-    if (slots_ == nullptr) return false;
-    for (size_t i = home(key);; i = (i + 1) & mask_) {
-      if (slots_[i].key == kEmpty) return false;
-      if (slots_[i].key != key) continue;
-      eraseAt(i);
-      return true;
-    }
+    V* v = find(key);
+    if (v == nullptr) return false;
+    eraseValue(v);
+    return true;
   }
   // Removes the entry whose value `v` points to (from find / tryEmplace, still valid).
   void eraseValue(V* v) {

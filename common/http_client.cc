@@ -14,7 +14,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
-#include "common/http_read.h"
+#include "common/http_io.h"
 #include "common/strings.h"
 
 namespace kvf::http {
@@ -272,16 +272,11 @@ asio::awaitable<absl::StatusOr<std::unique_ptr<ResponseStream>>> HttpClient::ope
       if (!connected.ok()) co_return connected.status();
       conn = std::move(*connected);
     }
-    // A request usually fits the socket's send buffer: write it at once, without arming the
-    // write timer, an asynchronous operation and a trip through the scheduler. What does not
-    // fit (a large body, a slow upstream) goes on asynchronously under the write timeout.
+    // A request usually fits the socket's send buffer and goes out at once; a large body or a
+    // slow upstream continues asynchronously under the write timeout.
     bhttp::request_serializer<bhttp::span_body<const char>> serializer{message};
-    boost::system::error_code wec;
-    bhttp::write(conn->stream.socket(), serializer, wec);
-    if (wec == asio::error::would_block || wec == asio::error::try_again) {
-      conn->stream.expires_after(options_.write_timeout);
-      std::tie(wec, std::ignore) = co_await bhttp::async_write(conn->stream, serializer, kUseTuple);
-    }
+    boost::system::error_code wec =
+        co_await internal::writeNowOrAsync(conn->stream, serializer, options_.write_timeout);
     if (wec) {
       conn->close();
       if (reused && isStaleConnectionError(wec)) continue;

@@ -17,7 +17,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
-#include "common/http_read.h"
+#include "common/http_io.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "common/sse.h"
@@ -115,16 +115,9 @@ class BeastResponseWriter final : public ResponseWriter {
     res.keep_alive(keep_alive_);
     res.body() = std::move(body);
     res.prepare_payload();
-    // Most responses fit the socket's send buffer: write at once (the socket is non-blocking),
-    // without arming the write timer, an asynchronous operation and a trip through the
-    // scheduler; the rest goes on asynchronously under the write timeout.
     bhttp::response_serializer<bhttp::string_body> serializer{res};
-    boost::system::error_code ec;
-    bhttp::write(stream_.socket(), serializer, ec);
-    if (ec == asio::error::would_block || ec == asio::error::try_again) {
-      stream_.expires_after(write_timeout_);
-      std::tie(ec, std::ignore) = co_await bhttp::async_write(stream_, serializer, kUseTuple);
-    }
+    boost::system::error_code ec =
+        co_await internal::writeNowOrAsync(stream_, serializer, write_timeout_);
     if (ec) {
       keep_alive_ = false;
       co_return ioError(ec, "writing response");

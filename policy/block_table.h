@@ -34,15 +34,8 @@ class BlockTable {
     const Entry* e = map_.find(hash);
     return e == nullptr ? 0 : e->holders;
   }
-  // Brings the home slot of `hash` towards the cache ahead of get().
+  // Brings the home slot of `hash` towards the cache ahead of get() / find() / insert().
   void prefetch(BlockHash hash) const { map_.prefetch(hash); }
-  // holders |= bits (inserting the block); `bits` must be non-zero.
-  void add(BlockHash hash, InstanceMask bits) { insert(hash)->holders |= bits; }
-  // holders &= ~bits (and soft); the block goes once no holder is left.
-  void remove(BlockHash hash, InstanceMask bits) {
-    if (Entry* e = map_.find(hash)) clearBits(e, bits);
-  }
-
   // Entry-level access, one probe for several updates. Pointers stay valid until the next
   // insert(). find: null when absent. insert: finds or inserts {0, 0}; the caller then sets
   // holders (an entry must not stay empty). clearBits: holders and soft &= ~bits, erasing the
@@ -62,7 +55,6 @@ class BlockTable {
   }
 
   size_t size() const { return map_.size(); }
-  size_t capacity() const { return map_.capacity(); }
 
  private:
   FlatU64Map<Entry> map_;

@@ -1,14 +1,17 @@
-// Internal to common/http_server.cc and http_client.cc: reads an HTTP header into a Beast
-// parser with plain socket reads, parsing in place, instead of Beast's composed
-// async_read_header (two nested composed operations and their completion hops per read on
-// a proxy's hot path). Single-threaded like the connection it reads from.
+// Internal to common/http_server.cc and http_client.cc, the proxy's hot path: reads an HTTP
+// header into a Beast parser with plain socket reads, parsing in place, instead of Beast's
+// composed async_read_header (two nested composed operations and their completion hops per
+// read); writes a message at once when it fits the socket. Single-threaded like the connection.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <tuple>
 #include <utility>
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/awaitable.hpp>
+#include <boost/asio/error.hpp>
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
@@ -55,6 +58,22 @@ boost::asio::awaitable<std::pair<boost::system::error_code, size_t>> readHeader(
       co_return result;
     }
   }
+}
+
+// Writes the serializer's message: at once when it fits the socket's send buffer (the socket
+// must be non-blocking), without arming the timer, an asynchronous operation and a trip through
+// the scheduler; what does not fit goes on asynchronously under `timeout`.
+template <class Serializer>
+boost::asio::awaitable<boost::system::error_code> writeNowOrAsync(
+    boost::beast::tcp_stream& stream, Serializer& serializer, std::chrono::milliseconds timeout) {
+  boost::system::error_code ec;
+  boost::beast::http::write(stream.socket(), serializer, ec);
+  if (ec == boost::asio::error::would_block || ec == boost::asio::error::try_again) {
+    stream.expires_after(timeout);
+    std::tie(ec, std::ignore) = co_await boost::beast::http::async_write(
+        stream, serializer, boost::asio::as_tuple(boost::asio::use_awaitable));
+  }
+  co_return ec;
 }
 
 }  // namespace kvf::http::internal
