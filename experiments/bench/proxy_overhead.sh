@@ -46,18 +46,20 @@ policy: {kind: hybrid}
 $2
 YAML
 }
-router_yaml "$router" "${KVF_PROXY_ROUTER_EXTRA:-}" > "$dir/router.yaml"
-"$bin/kvf-router" --config "$dir/router.yaml" --log_level warn > "$dir/router.log" 2>&1 &
-router_pid=$!
-pids+=($router_pid)
-wait_http "$router" /health
+# start_router NAME BINARY PORT EXTRA_YAML: starts it, waits for /health, sets started_pid.
+start_router() {
+  router_yaml "$3" "$4" > "$dir/$1.yaml"
+  "$2" --config "$dir/$1.yaml" --log_level warn > "$dir/$1.log" 2>&1 &
+  started_pid=$!
+  pids+=($started_pid)
+  wait_http "$3" /health
+}
+start_router router "$bin/kvf-router" "$router" "${KVF_PROXY_ROUTER_EXTRA:-}"
+router_pid=$started_pid
 targets="direct=127.0.0.1:$engine,router=127.0.0.1:$router"
 if [ -n "$base" ]; then
-  router_yaml "$base_port" "${KVF_PROXY_BASE_EXTRA:-}" > "$dir/router_base.yaml"
-  "$base" --config "$dir/router_base.yaml" --log_level warn > "$dir/router_base.log" 2>&1 &
-  base_pid=$!
-  pids+=($base_pid)
-  wait_http "$base_port" /health
+  start_router router_base "$base" "$base_port" "${KVF_PROXY_BASE_EXTRA:-}"
+  base_pid=$started_pid
   targets="$targets,router_base=127.0.0.1:$base_port"
 fi
 # A plain reverse proxy: one worker (the router uses one thread), HTTP/1.1 keep-alive to the
