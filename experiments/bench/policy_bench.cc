@@ -126,24 +126,51 @@ void reportThreadCounters(benchmark::State& state, const ThreadCounters& before,
       static_cast<double>(after.runq_wait_ns - before.runq_wait_ns) / 1000.0 * per_k;
 }
 
+// The router's state for one decision on a fixture's prompt: policy, per-instance snapshots,
+// match lengths, the prompt's hashes and the request.
+struct RouteBench {
+  explicit RouteBench(const Fixture& f)
+      : policy(createPolicy(PolicyConfig{})), snapshots(kInstances), matched(kInstances) {
+    request.prompt_tokens = static_cast<int64_t>(f.prompt.size());
+    request.session = "bench-session";
+  }
+  // Match lengths into the snapshots, then decide.
+  void decide(kvf::Nanos now) {
+    for (int i = 0; i < kInstances; ++i) {
+      snapshots[i].matched_tokens = static_cast<int64_t>(matched[i] * kBlockSize);
+    }
+    auto decision = policy->decide(request, snapshots, now);
+    benchmark::DoNotOptimize(decision);
+  }
+  // What the router does before it can send: expire, hash the prompt as far as some instance
+  // matches, decide.
+  void route(Fixture& f, kvf::Nanos now) {
+    f.index.expire(now);
+    f.index.hashAndMatch(f.prompt, &hashes, matched);
+    decide(now);
+  }
+
+  std::unique_ptr<Policy> policy;
+  std::vector<InstanceSnapshot> snapshots;
+  std::vector<uint32_t> matched;
+  std::vector<BlockHash> hashes;
+  RouteRequest request;
+};
+
 void runSteps(benchmark::State& state, Step step) {
   Fixture& f = fixtureFor(static_cast<size_t>(state.range(0)));
-  auto policy = createPolicy(PolicyConfig{});
-  std::vector<InstanceSnapshot> snapshots(kInstances);
+  RouteBench r(f);
   for (int i = 0; i < kInstances; ++i) {
-    snapshots[i].running = 1 + i % 3;
-    snapshots[i].pending_prefill_tokens = 1000 * i;
+    r.snapshots[i].running = 1 + i % 3;
+    r.snapshots[i].pending_prefill_tokens = 1000 * i;
   }
-  std::vector<uint32_t> matched(kInstances);
-  std::vector<BlockHash> hashes;
+  std::vector<BlockHash>& hashes = r.hashes;
+  std::vector<uint32_t>& matched = r.matched;
   std::vector<double> micros;
   std::vector<double> rest_micros;
   rest_micros.reserve(static_cast<size_t>(state.max_iterations));
   micros.reserve(static_cast<size_t>(state.max_iterations));
   kvf::Nanos now = 0;
-  RouteRequest request;
-  request.prompt_tokens = static_cast<int64_t>(f.prompt.size());
-  request.session = "bench-session";
   hashTokenBlocks(f.prompt, kBlockSize, &hashes);
   f.index.matchLengths(hashes, matched);
   ThreadCounters before = ThreadCounters::now(true);
@@ -165,11 +192,7 @@ void runSteps(benchmark::State& state, Step step) {
       f.index.matchLengths(hashes, matched);
     }
     if (step == Step::kDecide || step == Step::kMatchDecide || step == Step::kAll) {
-      for (int i = 0; i < kInstances; ++i) {
-        snapshots[i].matched_tokens = static_cast<int64_t>(matched[i] * kBlockSize);
-      }
-      auto decision = policy->decide(request, snapshots, now);
-      benchmark::DoNotOptimize(decision);
+      r.decide(now);
     }
     auto end = std::chrono::steady_clock::now();
     timed_allocations += g_allocations - allocations;
@@ -199,38 +222,18 @@ void runSteps(benchmark::State& state, Step step) {
 // timed window) by getrusage, so iterations during which the thread was switched out or
 // faulted are counted apart; p99_clean_us is the p99 of the others. Interrupts and hypervisor
 // steal leave no trace there: compare with BM_FixedWork at the same p50.
-// What the router does before it can send: expire, hash the prompt as far as some instance
-// matches, fill the snapshots' match lengths, decide.
-void routeOnce(Fixture& f, Policy& policy, const RouteRequest& request, kvf::Nanos now,
-               std::vector<BlockHash>* hashes, std::span<uint32_t> matched,
-               std::vector<InstanceSnapshot>& snapshots) {
-  f.index.expire(now);
-  f.index.hashAndMatch(f.prompt, hashes, matched);
-  for (int i = 0; i < kInstances; ++i) {
-    snapshots[i].matched_tokens = static_cast<int64_t>(matched[i] * kBlockSize);
-  }
-  auto decision = policy.decide(request, snapshots, now);
-  benchmark::DoNotOptimize(decision);
-}
-
 void BM_HashMatchDecideTail(benchmark::State& state) {
   Fixture& f = fixtureFor(static_cast<size_t>(state.range(0)));
-  auto policy = createPolicy(PolicyConfig{});
-  std::vector<InstanceSnapshot> snapshots(kInstances);
-  std::vector<uint32_t> matched(kInstances);
-  std::vector<BlockHash> hashes;
+  RouteBench r(f);
   std::vector<double> all, clean;
   all.reserve(static_cast<size_t>(state.max_iterations));
   clean.reserve(static_cast<size_t>(state.max_iterations));
-  RouteRequest request;
-  request.prompt_tokens = static_cast<int64_t>(f.prompt.size());
-  request.session = "bench-session";
   kvf::Nanos now = 0;
   int64_t disturbed = 0;
   for (auto _ : state) {
     ThreadCounters a = ThreadCounters::now(false);
     auto start = std::chrono::steady_clock::now();
-    routeOnce(f, *policy, request, now, &hashes, matched, snapshots);
+    r.route(f, now);
     double us =
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start).count();
     ThreadCounters b = ThreadCounters::now(false);
@@ -266,16 +269,10 @@ void BM_HashMatchDecideTail(benchmark::State& state) {
 // only the index (and the code) are cold. Shows what the probes cost against DRAM.
 void BM_HashMatchDecideCold(benchmark::State& state) {
   Fixture& f = fixtureFor(static_cast<size_t>(state.range(0)));
-  auto policy = createPolicy(PolicyConfig{});
-  std::vector<InstanceSnapshot> snapshots(kInstances);
-  std::vector<uint32_t> matched(kInstances);
-  std::vector<BlockHash> hashes;
+  RouteBench r(f);
   std::vector<uint64_t> evict((64u << 20) / sizeof(uint64_t), 1);
   std::vector<double> micros;
   micros.reserve(static_cast<size_t>(state.max_iterations));
-  RouteRequest request;
-  request.prompt_tokens = static_cast<int64_t>(f.prompt.size());
-  request.session = "bench-session";
   kvf::Nanos now = 0;
   uint64_t sink = 0;
   for (auto _ : state) {
@@ -285,7 +282,7 @@ void BM_HashMatchDecideCold(benchmark::State& state) {
     }
     benchmark::DoNotOptimize(sink);
     auto start = std::chrono::steady_clock::now();
-    routeOnce(f, *policy, request, now, &hashes, matched, snapshots);
+    r.route(f, now);
     micros.push_back(
         std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
             .count());
