@@ -27,6 +27,7 @@ thread_local int64_t g_allocations = 0;
 namespace {
 
 using kvf::bench::percentile;
+using kvf::bench::reserveTouched;
 
 using namespace kvf::policy;
 constexpr int kInstances = 8;
@@ -168,8 +169,8 @@ void runSteps(benchmark::State& state, Step step) {
   std::vector<uint32_t>& matched = r.matched;
   std::vector<double> micros;
   std::vector<double> rest_micros;
-  rest_micros.reserve(static_cast<size_t>(state.max_iterations));
-  micros.reserve(static_cast<size_t>(state.max_iterations));
+  reserveTouched(rest_micros, static_cast<size_t>(state.max_iterations));
+  reserveTouched(micros, static_cast<size_t>(state.max_iterations));
   kvf::Nanos now = 0;
   hashTokenBlocks(f.prompt, kBlockSize, &hashes);
   f.index.matchLengths(hashes, matched);
@@ -226,8 +227,8 @@ void BM_HashMatchDecideTail(benchmark::State& state) {
   Fixture& f = fixtureFor(static_cast<size_t>(state.range(0)));
   RouteBench r(f);
   std::vector<double> all, clean;
-  all.reserve(static_cast<size_t>(state.max_iterations));
-  clean.reserve(static_cast<size_t>(state.max_iterations));
+  reserveTouched(all, static_cast<size_t>(state.max_iterations));
+  reserveTouched(clean, static_cast<size_t>(state.max_iterations));
   kvf::Nanos now = 0;
   int64_t disturbed = 0;
   for (auto _ : state) {
@@ -272,7 +273,7 @@ void BM_HashMatchDecideCold(benchmark::State& state) {
   RouteBench r(f);
   std::vector<uint64_t> evict((64u << 20) / sizeof(uint64_t), 1);
   std::vector<double> micros;
-  micros.reserve(static_cast<size_t>(state.max_iterations));
+  reserveTouched(micros, static_cast<size_t>(state.max_iterations));
   kvf::Nanos now = 0;
   uint64_t sink = 0;
   for (auto _ : state) {
@@ -299,7 +300,7 @@ void BM_FixedWork(benchmark::State& state) {
   // ~1 multiply-add per 4 cycles at ~2.6 GHz: 650 steps per microsecond.
   const int64_t steps = state.range(0) * 650;
   std::vector<double> micros;
-  micros.reserve(static_cast<size_t>(state.max_iterations));
+  reserveTouched(micros, static_cast<size_t>(state.max_iterations));
   uint64_t x = 1;
   ThreadCounters before = ThreadCounters::now(true);
   for (auto _ : state) {
