@@ -34,8 +34,7 @@ Nanos Sim::wallDuration(Nanos engine_duration) const {
 }
 
 void Sim::publish(SimEngine& e) {
-  engine::SchedulerStats s = e.core->stats();
-  e.published_waiting = s.num_waiting;
+  e.published_waiting = e.core->numWaiting();
   e.published_usage = e.core->pool().usage();
 }
 
