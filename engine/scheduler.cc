@@ -269,8 +269,13 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
 
 void Scheduler::cacheFullBlocks(Request& r) {
   const int64_t bs = pool_->blockSize();
-  ensureHashes(r);
   auto full = static_cast<size_t>(r.num_computed_tokens / bs);
+  // Most decode steps fill no block: nothing to hash, cache or publish.
+  if (full <= r.num_cached_blocks &&
+      static_cast<int64_t>(r.block_hashes.size() + 1) * bs > r.numTokens()) {
+    return;
+  }
+  ensureHashes(r);
   size_t run_start = r.num_cached_blocks;
   auto flush = [&](size_t end) {
     if (end <= run_start || sink_ == nullptr) return;

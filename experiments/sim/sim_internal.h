@@ -313,6 +313,7 @@ class Sim {
   std::map<uint64_t, Push> pushes_;
   uint64_t next_push_ = 0;
   std::vector<uint32_t> matched_;
+  std::vector<uint32_t> step_flights_;  // onStepEnd: the flight index of each output
   std::vector<policy::InstanceSnapshot> snaps_;
   std::string scratch_;
   SimStats stats_;
