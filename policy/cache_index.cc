@@ -25,6 +25,10 @@ template <class Table>
 void prefetchAhead(const Table& table, std::span<const uint64_t> keys, size_t i) {
   if (i + kAhead < keys.size()) table.prefetch(keys[i + kAhead]);
 }
+// The same for runs that erase (removals): the slots after the erased one are scanned too.
+void prefetchRunAhead(const BlockTable& table, std::span<const uint64_t> keys, size_t i) {
+  if (i + kAhead < keys.size()) table.prefetchRun(keys[i + kAhead]);
+}
 
 // The leading-run bookkeeping of matchLengths / hashAndMatch: which of the first out.size()
 // instances still hold every block so far, and each one's run length once it ends.
@@ -166,7 +170,7 @@ void CacheIndex::removeOwnBlocks(int instance, std::span<const uint64_t> hashes)
   InstanceState& state = instances_[instance];
   const InstanceMask me = bit(instance);
   for (size_t i = 0; i < hashes.size(); ++i) {
-    prefetchAhead(entries_, hashes, i);
+    prefetchRunAhead(entries_, hashes, i);
     BlockHash hash = hashes[i];
     BlockTable::Entry* entry = entries_.find(hash);
     if (!holdsExactly(entry, me)) {
@@ -260,7 +264,9 @@ void CacheIndex::expire(Nanos now) {
   for (SoftQueue* queue : {&predicted_queue_, &approximate_queue_}) {
     auto& records = queue->records;
     while (!records.empty() && records.front().expiry <= now) {
-      if (records.size() > kAhead && records[kAhead].live) entries_.prefetch(records[kAhead].hash);
+      if (records.size() > kAhead && records[kAhead].live) {
+        entries_.prefetchRun(records[kAhead].hash);
+      }
       SoftRecord record = records.front();
       records.pop_front();
       ++queue->popped;
