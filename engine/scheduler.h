@@ -152,6 +152,7 @@ class Scheduler {
     Request* request;
     int64_t num_tokens;
   };
+  void prefetchRunning() const;
   void ensureHashes(Request& r);
   // Token-free requests: the content key of full block i (prompt or generated).
   uint64_t blockKey(const Request& r, size_t i) const;
