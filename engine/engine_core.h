@@ -95,6 +95,7 @@ class EngineCore {
   void unpin(std::span<const BlockHash> hashes);
 
   SchedulerStats stats() const { return scheduler_->statsNow(); }
+  int numWaiting() const { return scheduler_->numWaiting(); }  // stats().num_waiting
   KvPool& pool() { return *pool_; }
   const TimingModel& timing() const { return *timing_; }
   const Scheduler& scheduler() const { return *scheduler_; }

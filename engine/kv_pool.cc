@@ -33,7 +33,10 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::create(KvPoolOptions options,
 }
 
 KvPool::KvPool(KvPoolOptions options, worker::KvEventSink* sink)
-    : options_(options), sink_(sink), blocks_(static_cast<size_t>(options.num_blocks)) {
+    : options_(options),
+      sink_(sink),
+      blocks_(static_cast<size_t>(options.num_blocks)),
+      state_(static_cast<size_t>(options.num_blocks), 0) {
   for (BlockIndex b = 0; b < blocks_.size(); ++b) pushBack(b);
 }
 
@@ -50,7 +53,6 @@ void KvPool::pushBack(BlockIndex b) {
   if (tail_ != kNone) blocks_[tail_].next = b;
   tail_ = b;
   if (head_ == kNone) head_ = b;
-  blk.in_free_queue = true;
   ++num_free_;
 }
 
@@ -61,13 +63,12 @@ void KvPool::pushFront(BlockIndex b) {
   if (head_ != kNone) blocks_[head_].prev = b;
   head_ = b;
   if (tail_ == kNone) tail_ = b;
-  blk.in_free_queue = true;
   ++num_free_;
 }
 
 void KvPool::unlink(BlockIndex b) {
   Block& blk = blocks_[b];
-  assert(blk.in_free_queue);
+  assert(refs(b) == 0);
   if (blk.prev != kNone)
     blocks_[blk.prev].next = blk.next;
   else
@@ -77,13 +78,12 @@ void KvPool::unlink(BlockIndex b) {
   else
     tail_ = blk.prev;
   blk.prev = blk.next = kNone;
-  blk.in_free_queue = false;
   --num_free_;
 }
 
 void KvPool::ref(BlockIndex b) {
-  if (blocks_[b].ref_count == 0) unlink(b);
-  ++blocks_[b].ref_count;
+  if (refs(b) == 0) unlink(b);
+  ++state_[b];
 }
 
 std::vector<BlockIndex> KvPool::findCachedPrefix(std::span<const BlockHash> hashes,
@@ -94,7 +94,7 @@ std::vector<BlockIndex> KvPool::findCachedPrefix(std::span<const BlockHash> hash
   // A block holds hash h exactly when the table maps h to it (cacheBlock / allocate keep both).
   for (; i < hashes.size() && i < hint.size(); ++i) {
     BlockIndex b = hint[i];
-    if (b >= blocks_.size() || !blocks_[b].has_hash || blocks_[b].hash != hashes[i]) break;
+    if (b >= blocks_.size() || !hasHash(b) || blocks_[b].hash != hashes[i]) break;
     out.push_back(b);
   }
   constexpr size_t kAhead = 8;  // table misses in flight (a lookup past the run is harmless)
@@ -110,7 +110,7 @@ std::vector<BlockIndex> KvPool::findCachedPrefix(std::span<const BlockHash> hash
 
 int64_t KvPool::countUnreferenced(std::span<const BlockIndex> blocks) const {
   int64_t n = 0;
-  for (BlockIndex b : blocks) n += blocks_[b].ref_count == 0 ? 1 : 0;
+  for (BlockIndex b : blocks) n += refs(b) == 0 ? 1 : 0;
   return n;
 }
 
@@ -126,12 +126,8 @@ std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     BlockIndex b = head_;
     unlink(b);
-    Block& blk = blocks_[b];
-    if (blk.has_hash) {
-      removed.block_hashes.push_back(blk.hash);
-      blk.has_hash = false;
-    }
-    blk.ref_count = 1;
+    if (hasHash(b)) removed.block_hashes.push_back(blocks_[b].hash);
+    state_[b] = 1;  // one reference, no hash
     out.push_back(b);
   }
   // Evicted hashes leave the table after the walk, with their slots prefetched a few ahead
@@ -149,10 +145,9 @@ std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
 
 void KvPool::release(std::span<const BlockIndex> blocks) {
   for (BlockIndex b : blocks) {
-    Block& blk = blocks_[b];
-    assert(blk.ref_count > 0);
-    if (--blk.ref_count > 0) continue;
-    if (blk.has_hash) {
+    assert(refs(b) > 0);
+    if ((--state_[b] & kRefMask) > 0) continue;
+    if (hasHash(b)) {
       pushBack(b);
     } else {
       pushFront(b);
@@ -162,19 +157,17 @@ void KvPool::release(std::span<const BlockIndex> blocks) {
 
 bool KvPool::cacheBlock(BlockIndex block, BlockHash hash) {
   if (!options_.enable_prefix_caching) return false;
-  Block& blk = blocks_[block];
-  if (blk.has_hash) return blk.hash == hash;
+  if (hasHash(block)) return blocks_[block].hash == hash;
   if (!table_.insert(hash, block)) return false;
-  blk.has_hash = true;
-  blk.hash = hash;
+  state_[block] |= kHasHash;
+  blocks_[block].hash = hash;
   worker::fillBlockPayload(hash, payload(block));
   return true;
 }
 
 std::optional<BlockHash> KvPool::hashOf(BlockIndex block) const {
-  const Block& blk = blocks_[block];
-  if (!blk.has_hash) return std::nullopt;
-  return blk.hash;
+  if (!hasHash(block)) return std::nullopt;
+  return blocks_[block].hash;
 }
 
 absl::Status KvPool::pin(BlockHash hash) {
@@ -196,7 +189,7 @@ absl::Status KvPool::unpin(BlockHash hash) {
 
 bool KvPool::resetPrefixCache() {
   if (num_free_ != numBlocks()) return false;
-  for (Block& blk : blocks_) blk.has_hash = false;
+  for (uint32_t& st : state_) st &= ~kHasHash;
   table_.clear();
   if (sink_ != nullptr) sink_->onAllBlocksCleared();
   return true;

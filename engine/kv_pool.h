@@ -69,11 +69,12 @@ class KvPool {
   bool cacheBlock(BlockIndex block, BlockHash hash);
   // Brings what cacheBlock(block, hash) touches towards the cache (a few calls ahead of it).
   void prefetchCacheBlock(BlockIndex block, BlockHash hash) const {
+    __builtin_prefetch(&state_[block]);
     __builtin_prefetch(&blocks_[block]);
     table_.prefetch(hash);
   }
   std::optional<BlockHash> hashOf(BlockIndex block) const;
-  int refCount(BlockIndex block) const { return blocks_[block].ref_count; }
+  int refCount(BlockIndex block) const { return static_cast<int>(state_[block] & kRefMask); }
 
   // Keeps a cached block from eviction (KV push source); NotFound if not cached.
   absl::Status pin(BlockHash hash);
@@ -90,14 +91,18 @@ class KvPool {
 
  private:
   static constexpr BlockIndex kNone = ~BlockIndex{0};
+  // A block's hash and free-queue links (16 bytes: four per cache line; the queue walks touch
+  // neighbours at random), and apart its state word: the reference count and whether it holds
+  // a hash. A block is in the free queue exactly when its count is 0.
   struct Block {
-    int ref_count = 0;
-    bool has_hash = false;
     BlockHash hash = 0;
-    BlockIndex prev = kNone;  // free-queue links
+    BlockIndex prev = kNone;
     BlockIndex next = kNone;
-    bool in_free_queue = false;
   };
+  static constexpr uint32_t kHasHash = uint32_t{1} << 31;
+  static constexpr uint32_t kRefMask = kHasHash - 1;
+  bool hasHash(BlockIndex b) const { return (state_[b] & kHasHash) != 0; }
+  uint32_t refs(BlockIndex b) const { return state_[b] & kRefMask; }
   explicit KvPool(KvPoolOptions options, worker::KvEventSink* sink);
   void pushBack(BlockIndex b);
   void pushFront(BlockIndex b);
@@ -107,6 +112,7 @@ class KvPool {
   KvPoolOptions options_;
   worker::KvEventSink* sink_;
   std::vector<Block> blocks_;
+  std::vector<uint32_t> state_;  // per block: reference count | kHasHash
   worker::BlockTable table_;
   BlockIndex head_ = kNone;  // next to evict
   BlockIndex tail_ = kNone;

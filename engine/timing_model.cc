@@ -88,6 +88,11 @@ TimingModel::TimingModel(Profile profile) : profile_(std::move(profile)) {
     double share = static_cast<double>(m.experts_per_token) / m.num_experts;
     expert_params_ = (m.total_params - m.active_params) / (1.0 - share);
     dense_params_ = m.total_params - expert_params_;
+    constexpr size_t kPowTable = 8193;  // the default max_num_batched_tokens, inclusive
+    expert_miss_pow_.resize(kPowTable);
+    for (size_t k = 0; k < kPowTable; ++k) {
+      expert_miss_pow_[k] = std::pow(1.0 - share, static_cast<double>(k));
+    }
   } else {
     dense_params_ = m.total_params;
   }
@@ -114,7 +119,11 @@ double TimingModel::stepSeconds(std::span<const BatchEntry> batch) const {
   if (expert_params_ > 0) {
     // Fraction of experts at least one token of the step routes to (uniform routing).
     double share = static_cast<double>(m.experts_per_token) / m.num_experts;
-    weights += expert_params_ * (1.0 - std::pow(1.0 - share, tokens));
+    // tokens is a sum of integers: exact, so the table holds the very value pow returns.
+    double miss = tokens < static_cast<double>(expert_miss_pow_.size())
+                      ? expert_miss_pow_[static_cast<size_t>(tokens)]
+                      : std::pow(1.0 - share, tokens);
+    weights += expert_params_ * (1.0 - miss);
   }
   double memory_s =
       (weights * m.dtype_bytes + kv_bytes) / (g.hbm_bytes_per_s * g.bandwidth_efficiency);

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/clock.h"
@@ -104,6 +105,9 @@ class TimingModel {
   double kv_bytes_per_token_ = 0;
   double dense_params_ = 0;   // weights every token reads
   double expert_params_ = 0;  // routed-expert weights (all experts)
+  // MoE: pow(1 - experts_per_token / num_experts, k) for step token counts k below its size
+  // (a simulator asks for millions of steps; the values are pow's own).
+  std::vector<double> expert_miss_pow_;
 };
 
 }  // namespace kvf::engine

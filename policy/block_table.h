@@ -36,6 +36,8 @@ class BlockTable {
   }
   // Brings the home slot of `hash` towards the cache ahead of get() / find() / insert().
   void prefetch(BlockHash hash) const { map_.prefetch(hash); }
+  // The same plus the next slot's line when the home slot ends one (erase scans past it).
+  void prefetchRun(BlockHash hash) const { map_.prefetchRun(hash); }
   // Entry-level access, one probe for several updates. Pointers stay valid until the next
   // insert(). find: null when absent. insert: finds or inserts {0, 0}; the caller then sets
   // holders (an entry must not stay empty). clearBits: holders and soft &= ~bits, erasing the

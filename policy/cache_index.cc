@@ -25,6 +25,10 @@ template <class Table>
 void prefetchAhead(const Table& table, std::span<const uint64_t> keys, size_t i) {
   if (i + kAhead < keys.size()) table.prefetch(keys[i + kAhead]);
 }
+// The same for runs that erase (removals): the slots after the erased one are scanned too.
+void prefetchRunAhead(const BlockTable& table, std::span<const uint64_t> keys, size_t i) {
+  if (i + kAhead < keys.size()) table.prefetchRun(keys[i + kAhead]);
+}
 
 // The leading-run bookkeeping of matchLengths / hashAndMatch: which of the first out.size()
 // instances still hold every block so far, and each one's run length once it ends.
@@ -166,7 +170,7 @@ void CacheIndex::removeOwnBlocks(int instance, std::span<const uint64_t> hashes)
   InstanceState& state = instances_[instance];
   const InstanceMask me = bit(instance);
   for (size_t i = 0; i < hashes.size(); ++i) {
-    prefetchAhead(entries_, hashes, i);
+    prefetchRunAhead(entries_, hashes, i);
     BlockHash hash = hashes[i];
     BlockTable::Entry* entry = entries_.find(hash);
     if (!holdsExactly(entry, me)) {
@@ -234,7 +238,7 @@ void CacheIndex::addSoft(int instance, std::span<const BlockHash> hashes, Nanos 
                          bool approximate) {
   if (!validInstance(instance)) return;
   Nanos expiry = now + (approximate ? config_.approximate_ttl : config_.predicted_ttl);
-  auto& queue = approximate ? approximate_queue_ : predicted_queue_;
+  SoftQueue& queue = approximate ? approximate_queue_ : predicted_queue_;
   const InstanceMask me = bit(instance);
   for (size_t i = 0; i < hashes.size(); ++i) {
     prefetchAhead(entries_, hashes, i);
@@ -247,63 +251,87 @@ void CacheIndex::addSoft(int instance, std::span<const BlockHash> hashes, Nanos 
       if (entry == nullptr) entry = entries_.insert(hash);
       entry->holders |= me;
       ++stats_.soft_entries;
+    } else {
+      killRecord(softRecord(hash, *entry, instance));  // refreshed: the new record replaces it
     }
-    setSoftExpiry(hash, entry, instance, fresh, expiry);
-    queue.push_back(SoftRecord{expiry, SoftKey{hash, instance}});
+    auto seq = static_cast<int64_t>(queue.popped + queue.records.size());
+    setSoftRecord(hash, entry, instance, fresh, seq * 2 + (approximate ? 1 : 0));
+    queue.records.push_back(SoftRecord{expiry, hash, instance, true});
   }
 }
 
 void CacheIndex::expire(Nanos now) {
-  for (auto* queue : {&predicted_queue_, &approximate_queue_}) {
-    while (!queue->empty() && queue->front().expiry <= now) {
-      if (queue->size() > kAhead) entries_.prefetch((*queue)[kAhead].key.hash);
-      SoftRecord record = queue->front();
-      queue->pop_front();
-      const int instance = record.key.instance;
-      BlockTable::Entry* entry = entries_.find(record.key.hash);
-      // Confirmed or cleared since; or refreshed: a later expiry and a later record.
-      if (entry == nullptr || (entry->soft & bit(instance)) == 0) continue;
-      if (softExpiry(record.key.hash, *entry, instance) != record.expiry) continue;
+  for (SoftQueue* queue : {&predicted_queue_, &approximate_queue_}) {
+    auto& records = queue->records;
+    while (!records.empty() && records.front().expiry <= now) {
+      if (records.size() > kAhead && records[kAhead].live) {
+        entries_.prefetchRun(records[kAhead].hash);
+      }
+      SoftRecord record = records.front();
+      records.pop_front();
+      ++queue->popped;
+      // Dead: confirmed, cleared or refreshed since (the entry's current record is another).
+      if (!record.live) continue;
+      const int instance = record.instance;
+      BlockTable::Entry* entry = entries_.find(record.hash);
+      if (entry == nullptr || (entry->soft & bit(instance)) == 0) continue;  // not reached
       ++stats_.soft_expired;
-      unsetSoft(record.key.hash, entry, instance);
+      unsetSoft(record.hash, entry, instance);
       entries_.clearBits(entry, bit(instance));
     }
   }
 }
 
-// Where a soft entry's expiry lives: in the block's slot while the block has one soft holder
-// (the common case: one routed instance, confirmed or expired before another routes there),
-// else every soft holder's in soft_expiry_ (entry.soft_expiry == kExpiryInMap).
-void CacheIndex::setSoftExpiry(BlockHash hash, BlockTable::Entry* entry, int instance, bool fresh,
-                               Nanos expiry) {
+// Where a soft entry's record id lives: in the block's slot while the block has one soft
+// holder (the common case: one routed instance, confirmed or expired before another routes
+// there), else every soft holder's in soft_record_ (entry.soft_expiry == kRecordInMap).
+void CacheIndex::setSoftRecord(BlockHash hash, BlockTable::Entry* entry, int instance, bool fresh,
+                               int64_t record) {
   const InstanceMask me = bit(instance);
   const InstanceMask others = entry->soft & ~me;
-  const bool in_map = others != 0 && entry->soft_expiry == kExpiryInMap;
+  const bool in_map = others != 0 && entry->soft_expiry == kRecordInMap;
   entry->soft |= me;
   if (others == 0) {
     // A refresh of the last soft holder of a block that had several: back into the slot.
-    if (!fresh && entry->soft_expiry == kExpiryInMap) soft_expiry_.erase(SoftKey{hash, instance});
-    entry->soft_expiry = expiry;
+    if (!fresh && entry->soft_expiry == kRecordInMap) soft_record_.erase(SoftKey{hash, instance});
+    entry->soft_expiry = record;
     return;
   }
-  if (!in_map) {  // a second soft holder: the first one's expiry moves out of the slot
-    soft_expiry_.insert_or_assign(SoftKey{hash, std::countr_zero(others)}, entry->soft_expiry);
-    entry->soft_expiry = kExpiryInMap;
+  if (!in_map) {  // a second soft holder: the first one's record moves out of the slot
+    soft_record_.insert_or_assign(SoftKey{hash, std::countr_zero(others)}, entry->soft_expiry);
+    entry->soft_expiry = kRecordInMap;
   }
-  soft_expiry_.insert_or_assign(SoftKey{hash, instance}, expiry);
+  soft_record_.insert_or_assign(SoftKey{hash, instance}, record);
 }
 
-Nanos CacheIndex::softExpiry(BlockHash hash, const BlockTable::Entry& entry, int instance) const {
-  if (entry.soft_expiry != kExpiryInMap) return entry.soft_expiry;
-  auto it = soft_expiry_.find(SoftKey{hash, instance});
-  return it == soft_expiry_.end() ? kExpiryInMap : it->second;
+int64_t CacheIndex::softRecord(BlockHash hash, const BlockTable::Entry& entry, int instance) const {
+  if (entry.soft_expiry != kRecordInMap) return entry.soft_expiry;
+  auto it = soft_record_.find(SoftKey{hash, instance});
+  return it == soft_record_.end() ? -1 : it->second;
 }
 
-// Drops `instance`'s soft entry (its bit and expiry); the caller keeps it as a holder
+// Marks a queued record dead (an id of a record already popped, or -1, is ignored).
+void CacheIndex::killRecord(int64_t record) {
+  if (record < 0) return;
+  SoftQueue& queue = (record & 1) != 0 ? approximate_queue_ : predicted_queue_;
+  auto seq = static_cast<uint64_t>(record >> 1);
+  if (seq < queue.popped) return;
+  queue.records[seq - queue.popped].live = false;
+}
+
+// Drops `instance`'s soft entry (its bit and record); the caller keeps it as a holder
 // (confirmed) or clears that too.
 void CacheIndex::unsetSoft(BlockHash hash, BlockTable::Entry* entry, int instance) {
   --stats_.soft_entries;
-  if (entry->soft_expiry == kExpiryInMap) soft_expiry_.erase(SoftKey{hash, instance});
+  if (entry->soft_expiry == kRecordInMap) {
+    auto it = soft_record_.find(SoftKey{hash, instance});
+    if (it != soft_record_.end()) {
+      killRecord(it->second);
+      soft_record_.erase(it);
+    }
+  } else {
+    killRecord(entry->soft_expiry);
+  }
   entry->soft &= ~bit(instance);
   if (entry->soft == 0) entry->soft_expiry = 0;
 }

@@ -109,9 +109,20 @@ class CacheIndex {
       return H::combine(std::move(h), k.hash, k.instance);
     }
   };
+  // A queued soft entry. Killed (live = false) when the entry is confirmed, refreshed or
+  // cleared, so expire() pops it without a table probe.
   struct SoftRecord {
     Nanos expiry;
-    SoftKey key;
+    BlockHash hash;
+    int32_t instance;
+    bool live;
+  };
+  // Records in expiry order (each queue has one TTL). A record's id is its queue position
+  // counted from the first record ever pushed (popped + index) times 2, plus 1 in the
+  // approximate queue: what a soft entry's slot (or soft_record_) names.
+  struct SoftQueue {
+    std::deque<SoftRecord> records;
+    uint64_t popped = 0;
   };
   struct InstanceState {
     FlatU64Map<BlockHash> engine_to_ours;
@@ -119,12 +130,13 @@ class CacheIndex {
     size_t own_blocks = 0;  // exact entries while hashes_are_ours (no map to count)
   };
 
-  static constexpr Nanos kExpiryInMap = std::numeric_limits<Nanos>::min();
+  static constexpr int64_t kRecordInMap = std::numeric_limits<int64_t>::min();
   void clearExact(BlockHash hash, int instance);
   void markExact(BlockHash hash, BlockTable::Entry* entry, int instance);
-  void setSoftExpiry(BlockHash hash, BlockTable::Entry* entry, int instance, bool fresh,
-                     Nanos expiry);
-  Nanos softExpiry(BlockHash hash, const BlockTable::Entry& entry, int instance) const;
+  void setSoftRecord(BlockHash hash, BlockTable::Entry* entry, int instance, bool fresh,
+                     int64_t record);
+  int64_t softRecord(BlockHash hash, const BlockTable::Entry& entry, int instance) const;
+  void killRecord(int64_t record);
   void unsetSoft(BlockHash hash, BlockTable::Entry* entry, int instance);
   template <class NextHash>
   bool storeOwnChain(int instance, std::span<const uint64_t> hashes, bool has_parent,
@@ -142,13 +154,12 @@ class CacheIndex {
   // probe sequence (our hash is public).
   BlockTable entries_;
   std::vector<InstanceState> instances_;
-  // The expiry last written for each soft (block, instance): a queued record is current only
-  // while it carries this expiry. It lives in the block's entry while the block has a single
-  // soft holder, and here for blocks with several (entry.soft_expiry == kExpiryInMap).
-  absl::flat_hash_map<SoftKey, Nanos> soft_expiry_;
-  // Two queues, each ordered by expiry because each has one TTL.
-  std::deque<SoftRecord> predicted_queue_;
-  std::deque<SoftRecord> approximate_queue_;
+  // The queued record of each soft (block, instance) (every other record of it is dead): in
+  // the block's entry (BlockTable::Entry::soft_expiry holds the record id) while the block has
+  // a single soft holder, and here for blocks with several (the entry then holds kRecordInMap).
+  absl::flat_hash_map<SoftKey, int64_t> soft_record_;
+  SoftQueue predicted_queue_;
+  SoftQueue approximate_queue_;
   CacheIndexStats stats_;
   std::vector<TokenId> scratch_;
 };

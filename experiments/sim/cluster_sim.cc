@@ -43,10 +43,21 @@ void Sim::push(Nanos t, Ev kind, uint32_t a, uint64_t b) {
     case Ev::kKvDeliver:
       lane = 2;
       break;
+    case Ev::kReadTimeout:  // now + read_timeout, or an earlier deadline (then the heap)
+      lane = 3;
+      break;
+    case Ev::kStepEnd:  // at most one pending per engine incarnation
+    case Ev::kHealthTick:
+      lane = EventQueue::kEngineHeap;
+      break;
     default:
       break;
   }
   queue_.push(Event{t, next_seq_++, kind, a, b}, lane);
+}
+
+void Sim::pushAtStart(Nanos t, Ev kind, uint32_t a) {
+  queue_.push(Event{t, next_seq_++, kind, a, 0}, EventQueue::kStartLane);
 }
 
 absl::Status Sim::init(const std::string& rep_dir) {
@@ -85,7 +96,7 @@ absl::Status Sim::init(const std::string& rep_dir) {
       std::string key = r.session_id.empty() ? "#" + r.id : r.session_id;
       auto [it, inserted] = last.try_emplace(key, i);
       if (inserted) {
-        push(wallOfArrival(r), Ev::kArrival, i);
+        pushAtStart(wallOfArrival(r), Ev::kArrival, i);
       } else {
         next_in_session_[it->second] = i;
         it->second = i;

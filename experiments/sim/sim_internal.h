@@ -83,14 +83,26 @@ struct EventLater {
 };
 
 // The event queue: a binary heap plus FIFO lanes for kinds always scheduled a fixed delay after
-// the current time (client timeouts, responses, KV deliveries), which therefore arrive in
-// (time, sequence) order and need no heap. pop() takes the least (time, sequence) of the heap
-// top and the lane fronts, so the order is exactly a single heap's. An event that would break
-// its lane's order (scheduled from a later time than now) goes to the heap.
+// the current time (client timeouts, responses, KV deliveries, read deadlines), which therefore
+// arrive in (time, sequence) order and need no heap, and one for the sessions' first arrivals,
+// pushed at start in trace order (at 1M requests 200,000 of them: in the heap every pop paid
+// for its depth). Kinds with at most a few pending per engine (step ends, health ticks) have a
+// heap of their own, a few levels deep and in L1, so the step end, the most frequent event,
+// does not pay for the depth of the arrivals' heap. pop() takes the least (time, sequence) of
+// the heap tops and the lane fronts, so the order is exactly a single heap's. An event that
+// would break its lane's order (scheduled from a later time than now, a trace out of time
+// order) goes to the heap.
 class EventQueue {
  public:
   static constexpr int kHeap = -1;
+  static constexpr int kEngineHeap = -2;  // kinds with a bounded number pending per engine
+  static constexpr int kLanes = 5;
+  static constexpr int kStartLane = 4;  // events pushed before the run, in time order
   void push(const Event& e, int lane) {
+    if (lane == kEngineHeap) {
+      engine_heap_.push(e);
+      return;
+    }
     if (lane != kHeap) {
       std::deque<Event>& q = lanes_[static_cast<size_t>(lane)];
       if (q.empty() || !EventLater()(q.back(), e)) {
@@ -101,7 +113,7 @@ class EventQueue {
     heap_.push(e);
   }
   bool empty() const {
-    if (!heap_.empty()) return false;
+    if (!heap_.empty() || !engine_heap_.empty()) return false;
     for (const auto& q : lanes_) {
       if (!q.empty()) return false;
     }
@@ -110,6 +122,10 @@ class EventQueue {
   Event pop() {
     const Event* best = heap_.empty() ? nullptr : &heap_.top();
     int from = kHeap;
+    if (!engine_heap_.empty() && (best == nullptr || EventLater()(*best, engine_heap_.top()))) {
+      best = &engine_heap_.top();
+      from = kEngineHeap;
+    }
     for (size_t i = 0; i < lanes_.size(); ++i) {
       if (!lanes_[i].empty() && (best == nullptr || EventLater()(*best, lanes_[i].front()))) {
         best = &lanes_[i].front();
@@ -119,6 +135,8 @@ class EventQueue {
     Event e = *best;
     if (from == kHeap) {
       heap_.pop();
+    } else if (from == kEngineHeap) {
+      engine_heap_.pop();
     } else {
       lanes_[static_cast<size_t>(from)].pop_front();
     }
@@ -127,7 +145,8 @@ class EventQueue {
 
  private:
   std::priority_queue<Event, std::vector<Event>, EventLater> heap_;
-  std::array<std::deque<Event>, 3> lanes_;
+  std::priority_queue<Event, std::vector<Event>, EventLater> engine_heap_;
+  std::array<std::deque<Event>, kLanes> lanes_;
 };
 
 // One request from the client's send to its result line.
@@ -214,6 +233,8 @@ class Sim {
  private:
   friend class SimTestPeer;
   void push(Nanos t, Ev kind, uint32_t a, uint64_t b = 0);
+  // The same into EventQueue::kStartLane (init: events already in time order).
+  void pushAtStart(Nanos t, Ev kind, uint32_t a);
   void dispatch(const Event& e);
 
   // Client (cluster_sim.cc).
@@ -292,6 +313,7 @@ class Sim {
   std::map<uint64_t, Push> pushes_;
   uint64_t next_push_ = 0;
   std::vector<uint32_t> matched_;
+  std::vector<uint32_t> step_flights_;  // onStepEnd: the flight index of each output
   std::vector<policy::InstanceSnapshot> snaps_;
   std::string scratch_;
   SimStats stats_;

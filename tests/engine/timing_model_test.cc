@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "engine/engine_config.h"
 #include "engine/timing_model.h"
@@ -30,6 +32,46 @@ TEST(TimingModelTest, QwenH20ReproducesSeedAnchors) {
   // 48 layers x 4 KV heads x 128 x 2 (K,V) x 2 bytes = 96 KiB per token; 281,888 -> 25.8 GiB.
   EXPECT_DOUBLE_EQ(model.kvBytesPerToken(), 98304.0);
   EXPECT_NEAR(model.kvBytesPerToken() * 281888 / (1 << 30), 25.8, 0.05);
+}
+
+// The MoE expert term reads pow(1 - k/E, tokens) from a table below 8193 tokens: every step
+// duration must be the one std::pow gives, on both sides of the table's end.
+TEST(TimingModelTest, MoeStepIsExactlyThePowFormula) {
+  auto profile = loadProfile("engine/profiles/qwen3-coder-30b-a3b-h20.yaml");
+  ASSERT_TRUE(profile.ok());
+  const ModelShape& m = profile->model;
+  ASSERT_GT(m.num_experts, 0);
+  ASSERT_LT(m.experts_per_token, m.num_experts);
+  const GpuFigures& g = profile->gpu;
+  TimingModel model(*profile);
+  double share = static_cast<double>(m.experts_per_token) / m.num_experts;
+  double expert = (m.total_params - m.active_params) / (1.0 - share);
+  double dense = m.total_params - expert;
+  auto reference = [&](const std::vector<BatchEntry>& batch) {
+    double tokens = 0, attn = 0, kv = 0;
+    double per_pair = 4.0 * m.num_layers * m.num_attention_heads * m.head_dim;
+    for (const BatchEntry& e : batch) {
+      auto n = static_cast<double>(e.new_tokens);
+      auto ctx = static_cast<double>(e.context_tokens);
+      tokens += n;
+      attn += per_pair * (n * ctx + n * (n + 1) / 2);
+      kv += model.kvBytesPerToken() * (ctx + n);
+    }
+    double compute = 2.0 * m.active_params * tokens / (g.peak_flops * g.matmul_efficiency) +
+                     attn / (g.peak_flops * g.attention_efficiency);
+    double weights = dense + expert * (1.0 - std::pow(1.0 - share, tokens));
+    double memory = (weights * m.dtype_bytes + kv) / (g.hbm_bytes_per_s * g.bandwidth_efficiency);
+    return g.step_overhead_s + g.per_seq_overhead_s * static_cast<double>(batch.size()) +
+           std::max(compute, memory);
+  };
+  for (int64_t n : {1, 2, 3, 7, 64, 255, 1000, 4096, 8191, 8192, 8193, 8194, 12000}) {
+    std::vector<BatchEntry> prefill{{n, 100}};
+    EXPECT_EQ(model.stepSeconds(prefill), reference(prefill)) << n;
+  }
+  for (int batch = 1; batch <= 300; ++batch) {
+    std::vector<BatchEntry> decode(static_cast<size_t>(batch), BatchEntry{1, 3000 + batch});
+    EXPECT_EQ(model.stepSeconds(decode), reference(decode)) << batch;
+  }
 }
 
 TEST(TimingModelTest, LlamaH100ReproducesAnchors) {

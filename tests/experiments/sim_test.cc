@@ -482,8 +482,8 @@ TEST(SimTokenFree, SameResultsAsTheTokenPath) {
   }
 }
 
-// The event queue's FIFO lanes pop in exactly a single heap's (time, sequence) order, also when
-// a push would break its lane's order (it goes to the heap).
+// The event queue's FIFO lanes and its two heaps pop in exactly a single heap's (time, sequence)
+// order, also when a push would break its lane's order (it goes to the heap).
 TEST(SimEventQueue, LanesKeepTheHeapOrder) {
   std::mt19937_64 rng(17);
   EventQueue queue;
@@ -494,7 +494,8 @@ TEST(SimEventQueue, LanesKeepTheHeapOrder) {
     now += static_cast<Nanos>(rng() % 5);
     int n = 1 + static_cast<int>(rng() % 3);
     for (int i = 0; i < n; ++i) {
-      int lane = static_cast<int>(rng() % 4) - 1;  // -1 = heap
+      // -2 = the engine heap, -1 = the heap, else a lane.
+      int lane = static_cast<int>(rng() % (EventQueue::kLanes + 2)) - 2;
       // Lanes get now + their fixed delay, sometimes from a later "now" (out of order).
       Nanos delay = lane < 0 ? static_cast<Nanos>(rng() % 50) : 10 * (lane + 1);
       Nanos t = now + delay + (rng() % 10 == 0 ? static_cast<Nanos>(rng() % 30) : 0);
