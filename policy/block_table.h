@@ -1,6 +1,6 @@
 // The cache index's block table: BlockHash -> the instances holding the block (all holders, which
-// of them only softly: routed, no event yet, and a soft expiry), as one open-addressed array of
-// 32-byte slots with linear probing (common/flat_u64_map.h), so a lookup touches one cache line
+// of them only softly: routed, no event yet, and their expiry record), as one open-addressed array
+// of 32-byte slots with linear probing (common/flat_u64_map.h), so a lookup touches one cache line
 // (a second only when its probe run crosses one). Block hashes are already uniform, so the slot
 // comes from one salted multiply; big tables ask for transparent huge pages. Single-threaded, owned
 // by CacheIndex.
@@ -18,12 +18,13 @@ using InstanceMask = uint64_t;
 
 class BlockTable {
  public:
-  // A present block's holders are non-zero; soft is a subset of holders. soft_expiry belongs to
-  // the cache index (CacheIndex: the expiry of the only soft holder, or a marker).
+  // A present block's holders are non-zero; soft is a subset of holders. soft_record belongs to
+  // the cache index (CacheIndex: the queued expiry record of the only soft holder, or a marker
+  // saying the records are in its side map).
   struct Entry {
     InstanceMask holders = 0;
     InstanceMask soft = 0;
-    int64_t soft_expiry = 0;
+    int64_t soft_record = 0;
   };
 
   // `salt` must be odd: it keys the slot choice, so crafted prompts cannot aim at one probe run.

@@ -284,28 +284,28 @@ void CacheIndex::expire(Nanos now) {
 
 // Where a soft entry's record id lives: in the block's slot while the block has one soft
 // holder (the common case: one routed instance, confirmed or expired before another routes
-// there), else every soft holder's in soft_record_ (entry.soft_expiry == kRecordInMap).
+// there), else every soft holder's in soft_record_ (entry.soft_record == kRecordInMap).
 void CacheIndex::setSoftRecord(BlockHash hash, BlockTable::Entry* entry, int instance, bool fresh,
                                int64_t record) {
   const InstanceMask me = bit(instance);
   const InstanceMask others = entry->soft & ~me;
-  const bool in_map = others != 0 && entry->soft_expiry == kRecordInMap;
+  const bool in_map = others != 0 && entry->soft_record == kRecordInMap;
   entry->soft |= me;
   if (others == 0) {
     // A refresh of the last soft holder of a block that had several: back into the slot.
-    if (!fresh && entry->soft_expiry == kRecordInMap) soft_record_.erase(SoftKey{hash, instance});
-    entry->soft_expiry = record;
+    if (!fresh && entry->soft_record == kRecordInMap) soft_record_.erase(SoftKey{hash, instance});
+    entry->soft_record = record;
     return;
   }
   if (!in_map) {  // a second soft holder: the first one's record moves out of the slot
-    soft_record_.insert_or_assign(SoftKey{hash, std::countr_zero(others)}, entry->soft_expiry);
-    entry->soft_expiry = kRecordInMap;
+    soft_record_.insert_or_assign(SoftKey{hash, std::countr_zero(others)}, entry->soft_record);
+    entry->soft_record = kRecordInMap;
   }
   soft_record_.insert_or_assign(SoftKey{hash, instance}, record);
 }
 
 int64_t CacheIndex::softRecord(BlockHash hash, const BlockTable::Entry& entry, int instance) const {
-  if (entry.soft_expiry != kRecordInMap) return entry.soft_expiry;
+  if (entry.soft_record != kRecordInMap) return entry.soft_record;
   auto it = soft_record_.find(SoftKey{hash, instance});
   return it == soft_record_.end() ? -1 : it->second;
 }
@@ -323,17 +323,17 @@ void CacheIndex::killRecord(int64_t record) {
 // (confirmed) or clears that too.
 void CacheIndex::unsetSoft(BlockHash hash, BlockTable::Entry* entry, int instance) {
   --stats_.soft_entries;
-  if (entry->soft_expiry == kRecordInMap) {
+  if (entry->soft_record == kRecordInMap) {
     auto it = soft_record_.find(SoftKey{hash, instance});
     if (it != soft_record_.end()) {
       killRecord(it->second);
       soft_record_.erase(it);
     }
   } else {
-    killRecord(entry->soft_expiry);
+    killRecord(entry->soft_record);
   }
   entry->soft &= ~bit(instance);
-  if (entry->soft == 0) entry->soft_expiry = 0;
+  if (entry->soft == 0) entry->soft_record = 0;
 }
 
 void CacheIndex::clearExact(BlockHash hash, int instance) {

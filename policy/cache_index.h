@@ -155,7 +155,7 @@ class CacheIndex {
   BlockTable entries_;
   std::vector<InstanceState> instances_;
   // The queued record of each soft (block, instance) (every other record of it is dead): in
-  // the block's entry (BlockTable::Entry::soft_expiry holds the record id) while the block has
+  // the block's entry (BlockTable::Entry::soft_record holds the record id) while the block has
   // a single soft holder, and here for blocks with several (the entry then holds kRecordInMap).
   absl::flat_hash_map<SoftKey, int64_t> soft_record_;
   SoftQueue predicted_queue_;
