@@ -40,7 +40,7 @@ ABSL_FLAG(int, reap_group, 4,
 ABSL_FLAG(double, seconds_per_point, 0.5, "minimum measuring time per (block, batch) point");
 ABSL_FLAG(bool, perftest, true, "run ucx_perftest -t ucp_put_bw as the reference");
 ABSL_FLAG(std::string, perftest_bin, "ucx_perftest", "ucx_perftest binary");
-ABSL_FLAG(std::string, wait, "poll",
+ABSL_FLAG(std::string, wait, "block",
           "how the caller waits for its oldest batch: poll (done() in a loop, yielding the core "
           "now and then: NIXL's post-then-check pattern) or block (PutHandle::waitFor)");
 ABSL_FLAG(int64_t, busy_poll_us, 2000, "progress threads spin this long after activity");
