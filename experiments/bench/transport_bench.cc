@@ -222,7 +222,11 @@ Point measure(kt::TransportContext& ctx, const std::shared_ptr<kt::MemoryRegion>
   // without waking it), then reaps the n oldest.
   auto reap = [&](size_t n, bool record) {
     const kt::PutHandle& last = *ring[n - 1];
-    if (poll) awaitByPolling(last);
+    if (poll) {
+      awaitByPolling(last);
+    } else {
+      last.waitFor(std::chrono::seconds(60));
+    }
     for (size_t i = 0; i < n; ++i) {
       std::shared_ptr<kt::PutHandle> h = std::move(ring.front());
       ring.pop_front();
