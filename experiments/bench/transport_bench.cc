@@ -6,7 +6,6 @@
 #include <netinet/in.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -330,28 +329,6 @@ double setupCostUs(const std::string& transport, const Receiver& r) {
   return samples[samples.size() / 2];
 }
 
-// The copy bound of the bench's layout: one thread memcpy()ing the same blocks (a 256-block batch
-// of the same shuffled slots) from the same source into a local shared mapping as large as the
-// receiver's region, i.e. the same cache footprint. ucx_perftest re-puts one buffer (2 x block
-// bytes), so at small blocks it copies from L1/L2 while any multi-block layout copies from L3.
-double copyBound(const char* src, uint64_t block, uint64_t region, double seconds) {
-  void* mapped = ::mmap(nullptr, region, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (mapped == MAP_FAILED) return -1;
-  char* dst = static_cast<char*>(mapped);
-  std::memset(dst, 0, region);
-  auto blocks = layout(block, std::max<uint64_t>(256, region / block), region, 0);
-  uint64_t bytes = 0;
-  auto start = Clock::now();
-  double secs = 0;
-  while (secs < seconds) {
-    for (const auto& b : blocks) std::memcpy(dst + b.remote_addr, src + b.local_offset, b.length);
-    bytes += block * blocks.size();
-    secs = std::chrono::duration<double>(Clock::now() - start).count();
-  }
-  ::munmap(mapped, region);
-  return static_cast<double>(bytes) / secs / 1e9;
-}
-
 // All batch sizes of one block size, bracketed by two ucx_perftest runs: the ratio is to their
 // mean, so drift of the machine during the points affects both sides alike.
 void measureBlock(const std::string& transport, kt::TransportContext& ctx,
@@ -359,9 +336,6 @@ void measureBlock(const std::string& transport, kt::TransportContext& ctx,
                   uint64_t block, const std::vector<uint64_t>& batches, uint64_t region) {
   const double seconds = absl::GetFlag(FLAGS_seconds_per_point);
   const bool with_ref = absl::GetFlag(FLAGS_perftest);
-  const bool with_copy = transport == "shm";
-  const char* src = static_cast<const char*>(source->data());
-  double copy_before = with_copy ? copyBound(src, block, region, seconds / 2) : -1;
   double ref_before = with_ref ? perftest(transport, block, seconds) : -1;
   std::vector<std::pair<uint64_t, Point>> points;
   for (uint64_t batch : batches) {
@@ -373,7 +347,6 @@ void measureBlock(const std::string& transport, kt::TransportContext& ctx,
     points.push_back({batch, measure(ctx, source, r, block, batch, region)});
   }
   double ref_after = with_ref ? perftest(transport, block, seconds) : -1;
-  double copy = with_copy ? (copy_before + copyBound(src, block, region, seconds / 2)) / 2 : -1;
   double ref = ref_before > 0 && ref_after > 0 ? (ref_before + ref_after) / 2
                                                : std::max(ref_before, ref_after);
   std::string ref_text =
@@ -382,16 +355,14 @@ void measureBlock(const std::string& transport, kt::TransportContext& ctx,
       block >= 1048576 ? kvf::strCat(block >> 20, " MiB") : kvf::strCat(block >> 10, " KiB");
   for (const auto& [batch, p] : points) {
     if (p.batches == 0) {
-      std::printf("| %s | %s | %lu | - | skipped (batch > --max_batch_mib) | | | | | |\n",
+      std::printf("| %s | %s | %lu | - | skipped (batch > --max_batch_mib) | | | |\n",
                   transport.c_str(), block_text.c_str(), batch);
       continue;
     }
     std::string ratio = ref > 0 ? fmt::format("{:.2f}", p.gbps / ref) : "n/a";
-    std::string copy_text =
-        copy > 0 ? fmt::format("{:.2f} | {:.2f}", copy, p.gbps / copy) : "- | -";
-    std::printf("| %s | %s | %lu | %u | %.2f | %.0f us | %s | %s | %s |\n", transport.c_str(),
-                block_text.c_str(), batch, p.ops, p.gbps, p.p50_us, ref_text.c_str(), ratio.c_str(),
-                copy_text.c_str());
+    std::printf("| %s | %s | %lu | %u | %.2f | %.0f us | %s | %s |\n", transport.c_str(),
+                block_text.c_str(), batch, p.ops, p.gbps, p.p50_us, ref_text.c_str(),
+                ratio.c_str());
   }
   std::fflush(stdout);
 }
@@ -413,8 +384,7 @@ int main(int argc, char** argv) {
   uint64_t region = absl::GetFlag(FLAGS_region_mib) << 20;
   std::printf(
       "| transport | block | blocks/batch | puts/batch | kvf GB/s | batch p50 | "
-      "ucx_perftest GB/s (before / after) | ratio | memcpy GB/s, same layout | kvf / memcpy "
-      "|\n|---|---|---|---|---|---|---|---|---|---|\n");
+      "ucx_perftest GB/s (before / after) | ratio |\n|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> setup_lines;
   for (const std::string& transport : splitWords(absl::GetFlag(FLAGS_transports))) {
     Receiver r = startReceiver(transport, region);
