@@ -6,6 +6,7 @@
 
 #include <ucp/api/ucp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
@@ -101,38 +102,48 @@ class RegionImpl final : public MemoryRegion, public std::enable_shared_from_thi
   std::function<void()> release_done_;
 };
 
-// Completion state shared by a handle, its caller and the progress thread.
+// Completion state shared by a handle, its caller and the progress thread. Completing costs the
+// progress thread a wakeup only when a caller sleeps on this completion: pollers (done()/check(),
+// the NIXL post-then-check pattern) and callers waiting on a later batch cost it nothing. Waking
+// a sleeping thread costs the waker 6-15 us on this VM (an IPI), ~10% of the copy time of a
+// 16 KiB x 256-block batch over shared memory.
 template <class T>
 class Completion {
  public:
-  bool done() const {
-    std::lock_guard lock(mu_);
-    return done_;
-  }
+  bool done() const { return done_.load(std::memory_order_acquire); }
   bool waitFor(std::chrono::milliseconds timeout) const {
+    if (done()) return true;
     std::unique_lock lock(mu_);
-    return cv_.wait_for(lock, timeout, [&] { return done_; });
+    sleepers_.fetch_add(1, std::memory_order_seq_cst);
+    bool ok = cv_.wait_for(lock, timeout, [&] { return done(); });
+    sleepers_.fetch_sub(1, std::memory_order_relaxed);
+    return ok;
   }
   // First call wins; returns false if already completed.
   bool complete(T value) {
     {
       std::lock_guard lock(mu_);
-      if (done_) return false;
-      done_ = true;
-      value_ = value;
+      if (done_.load(std::memory_order_relaxed)) return false;
+      value_ = std::move(value);
+      done_.store(true, std::memory_order_seq_cst);
     }
-    cv_.notify_all();
+    // A waiter registers under mu_ before it checks done() and sleeps: either it saw done, or
+    // its registration is visible here.
+    if (sleepers_.load(std::memory_order_seq_cst) > 0) cv_.notify_all();
     return true;
   }
-  T value() const {
-    std::lock_guard lock(mu_);
-    return value_;
-  }
+  // The outcome once done(); the "pending" placeholder before. Never written after done().
+  const T& value() const { return done() ? value_ : pending(); }
 
  private:
+  static const T& pending() {
+    static const T kPending{absl::UnavailableError("pending")};
+    return kPending;
+  }
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;
-  bool done_ = false;
+  mutable std::atomic<uint32_t> sleepers_{0};
+  std::atomic<bool> done_{false};
   T value_{absl::UnavailableError("pending")};
 };
 

@@ -15,26 +15,28 @@ namespace kvf::transport {
 
 namespace {
 
+// Sorted by local offset (skipped when already sorted), then adjacent blocks - contiguous on both
+// sides - merged in place.
 std::vector<PutOp> coalesce(const std::vector<BlockCopy>& blocks) {
   std::vector<PutOp> ops;
   ops.reserve(blocks.size());
   for (const auto& b : blocks) ops.push_back({b.local_offset, b.remote_addr, b.length});
-  std::sort(ops.begin(), ops.end(),
-            [](const PutOp& a, const PutOp& b) { return a.local_offset < b.local_offset; });
-  std::vector<PutOp> merged;
-  merged.reserve(ops.size());
-  for (const auto& op : ops) {
-    if (!merged.empty()) {
-      PutOp& last = merged.back();
-      if (last.local_offset + last.length == op.local_offset &&
-          last.remote_addr + last.length == op.remote_addr) {
-        last.length += op.length;
-        continue;
-      }
-    }
-    merged.push_back(op);
+  auto by_local = [](const PutOp& a, const PutOp& b) { return a.local_offset < b.local_offset; };
+  if (!std::is_sorted(ops.begin(), ops.end(), by_local)) {
+    std::sort(ops.begin(), ops.end(), by_local);
   }
-  return merged;
+  size_t out = 0;
+  for (size_t i = 1; i < ops.size(); ++i) {
+    PutOp& last = ops[out];
+    if (last.local_offset + last.length == ops[i].local_offset &&
+        last.remote_addr + last.length == ops[i].remote_addr) {
+      last.length += ops[i].length;
+    } else {
+      ops[++out] = ops[i];
+    }
+  }
+  ops.resize(ops.empty() ? 0 : out + 1);
+  return ops;
 }
 
 absl::Status validatePut(const PutRequest& r, const RegionImpl& source, uint32_t max_blocks) {
@@ -69,10 +71,7 @@ absl::Status validatePut(const PutRequest& r, const RegionImpl& source, uint32_t
 
 uint64_t blockChecksum(const void* data, uint64_t length) { return XXH3_64bits(data, length); }
 
-absl::Status Batch::check() const {
-  auto r = completion_.value();
-  return r.status();
-}
+absl::Status Batch::check() const { return completion_.value().status(); }
 
 absl::StatusOr<PutResult> Batch::result() const { return completion_.value(); }
 

@@ -2,8 +2,9 @@
 // `ucx_perftest -t ucp_put_bw` with the same transport and message size, in the same run, over
 // shared memory and TCP on this host; plus the setup cost of the first transfer to a new peer.
 // The receiver is a forked child with its own context and progress thread (as in production);
-// the parent posts batches one at a time and waits for each one's completion.
+// the parent keeps --inflight batches posted and sleeps on every --reap_group-th completion.
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -13,6 +14,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <numeric>
 #include <random>
 #include <string>
@@ -31,10 +33,16 @@ ABSL_FLAG(std::string, batch_sizes, "1,16,256,1024", "blocks per batch");
 ABSL_FLAG(uint64_t, region_mib, 8,
           "source and receiver region (MiB); batches wrap around it. Small (default) keeps the "
           "working set in cache like ucx_perftest's single reused buffer; 256+ measures cold DRAM");
-ABSL_FLAG(int, inflight, 2, "batches kept in flight (1 = post, wait, post)");
+ABSL_FLAG(int, inflight, 8, "batches kept in flight (1 = post, wait, post)");
+ABSL_FLAG(int, reap_group, 4,
+          "the caller waits for the reap_group-th oldest batch, then reaps (and re-posts) that "
+          "many: one caller wakeup per reap_group batches");
 ABSL_FLAG(double, seconds_per_point, 0.5, "minimum measuring time per (block, batch) point");
 ABSL_FLAG(bool, perftest, true, "run ucx_perftest -t ucp_put_bw as the reference");
 ABSL_FLAG(std::string, perftest_bin, "ucx_perftest", "ucx_perftest binary");
+ABSL_FLAG(std::string, wait, "block",
+          "how the caller waits for its oldest batch: poll (done() in a loop, yielding the core "
+          "now and then: NIXL's post-then-check pattern) or block (PutHandle::waitFor)");
 ABSL_FLAG(int64_t, busy_poll_us, 2000, "progress threads spin this long after activity");
 ABSL_FLAG(int, setup_samples, 5, "fresh sender contexts used to time the first put");
 ABSL_FLAG(uint64_t, max_batch_mib, 1024, "skip (block, batch) points whose batch exceeds this");
@@ -176,6 +184,16 @@ struct Point {
   uint64_t batches = 0;
 };
 
+// Polls a handle until done, as a NIXL-style caller would (post, then check): no wakeup for the
+// progress thread to pay. Yields the core every ~1k pauses, so a loaded machine's other threads
+// (the progress thread among them) still run.
+void awaitByPolling(const kt::PutHandle& handle) {
+  for (uint32_t i = 1; !handle.done(); ++i) {
+    __builtin_ia32_pause();
+    if (i % 1024 == 0) sched_yield();
+  }
+}
+
 Point measure(kt::TransportContext& ctx, const std::shared_ptr<kt::MemoryRegion>& source,
               const Receiver& r, uint64_t block, uint64_t batch, uint64_t region) {
   kt::PutRequest req;
@@ -186,49 +204,58 @@ Point measure(kt::TransportContext& ctx, const std::shared_ptr<kt::MemoryRegion>
   Point p;
   std::vector<double> latencies;
   auto budget = std::chrono::duration<double>(absl::GetFlag(FLAGS_seconds_per_point));
-  size_t inflight = static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_inflight)));
-  struct Posted {
-    std::shared_ptr<kt::PutHandle> handle;
-    Clock::time_point at;
-  };
-  std::vector<Posted> ring;
+  const size_t inflight = static_cast<size_t>(std::max(1, absl::GetFlag(FLAGS_inflight)));
+  const size_t group =
+      std::clamp<size_t>(static_cast<size_t>(absl::GetFlag(FLAGS_reap_group)), 1, inflight);
+  const bool poll = absl::GetFlag(FLAGS_wait) == "poll";
+  std::deque<std::shared_ptr<kt::PutHandle>> ring;
   auto post = [&] {
     auto handle = ctx.postPut(req, nullptr);
     if (!handle.ok()) {
       std::fprintf(stderr, "post failed: %s\n", std::string(handle.status().message()).c_str());
       std::exit(1);
     }
-    ring.push_back({*handle, Clock::now()});
+    ring.push_back(*handle);
   };
-  auto reap = [&](bool record) {
-    Posted first = ring.front();
-    ring.erase(ring.begin());
-    if (!first.handle->waitFor(std::chrono::seconds(60)) || !first.handle->check().ok()) {
-      std::fprintf(stderr, "put failed: %s\n",
-                   std::string(first.handle->check().message()).c_str());
-      std::exit(1);
+  // Waits for the n-th oldest batch (the caller sleeps on that one only: the older ones complete
+  // without waking it), then reaps the n oldest.
+  auto reap = [&](size_t n, bool record) {
+    const kt::PutHandle& last = *ring[n - 1];
+    if (poll) {
+      awaitByPolling(last);
+    } else {
+      last.waitFor(std::chrono::seconds(60));
     }
-    p.ops = first.handle->result()->operations;
-    if (record) {
-      latencies.push_back(
-          std::chrono::duration<double, std::micro>(Clock::now() - first.at).count());
+    for (size_t i = 0; i < n; ++i) {
+      std::shared_ptr<kt::PutHandle> h = std::move(ring.front());
+      ring.pop_front();
+      if (!h->waitFor(std::chrono::seconds(60)) || !h->check().ok()) {
+        std::fprintf(stderr, "put failed: %s\n", std::string(h->check().message()).c_str());
+        std::exit(1);
+      }
+      auto result = h->result();
+      p.ops = result->operations;
+      if (record)
+        latencies.push_back(std::chrono::duration<double, std::micro>(result->elapsed).count());
     }
   };
   for (int i = 0; i < 2; ++i) {  // warm-up
     post();
-    reap(false);
+    reap(1, false);
   }
   uint64_t bytes = 0;
   Clock::time_point start = Clock::now();
   for (size_t i = 0; i < inflight; ++i) post();
+  double secs = 0;
   while (true) {
-    reap(true);
-    bytes += block * batch;
-    if (Clock::now() - start >= budget && latencies.size() >= 5) break;
-    post();
+    size_t n = std::min(group, ring.size());
+    reap(n, true);
+    bytes += block * batch * n;
+    secs = std::chrono::duration<double>(Clock::now() - start).count();
+    if (secs >= budget.count() && latencies.size() >= 5) break;
+    for (size_t i = 0; i < n; ++i) post();
   }
-  while (!ring.empty()) reap(false);  // drained, not counted
-  double secs = std::chrono::duration<double>(Clock::now() - start).count();
+  while (!ring.empty()) reap(1, false);  // drained, neither counted nor timed
   p.gbps = static_cast<double>(bytes) / secs / 1e9;
   p.batches = latencies.size();
   std::nth_element(latencies.begin(), latencies.begin() + latencies.size() / 2, latencies.end());
@@ -302,6 +329,44 @@ double setupCostUs(const std::string& transport, const Receiver& r) {
   return samples[samples.size() / 2];
 }
 
+// All batch sizes of one block size, bracketed by two ucx_perftest runs: the ratio is to their
+// mean, so drift of the machine during the points affects both sides alike.
+void measureBlock(const std::string& transport, kt::TransportContext& ctx,
+                  const std::shared_ptr<kt::MemoryRegion>& source, const Receiver& r,
+                  uint64_t block, const std::vector<uint64_t>& batches, uint64_t region) {
+  const double seconds = absl::GetFlag(FLAGS_seconds_per_point);
+  const bool with_ref = absl::GetFlag(FLAGS_perftest);
+  double ref_before = with_ref ? perftest(transport, block, seconds) : -1;
+  std::vector<std::pair<uint64_t, Point>> points;
+  for (uint64_t batch : batches) {
+    if (block * batch > (absl::GetFlag(FLAGS_max_batch_mib) << 20)) {
+      points.push_back({batch, Point{}});
+      continue;
+    }
+    std::fprintf(stderr, "measuring %s block=%lu batch=%lu\n", transport.c_str(), block, batch);
+    points.push_back({batch, measure(ctx, source, r, block, batch, region)});
+  }
+  double ref_after = with_ref ? perftest(transport, block, seconds) : -1;
+  double ref = ref_before > 0 && ref_after > 0 ? (ref_before + ref_after) / 2
+                                               : std::max(ref_before, ref_after);
+  std::string ref_text =
+      ref > 0 ? fmt::format("{:.2f} ({:.1f} / {:.1f})", ref, ref_before, ref_after) : "n/a";
+  std::string block_text =
+      block >= 1048576 ? kvf::strCat(block >> 20, " MiB") : kvf::strCat(block >> 10, " KiB");
+  for (const auto& [batch, p] : points) {
+    if (p.batches == 0) {
+      std::printf("| %s | %s | %lu | - | skipped (batch > --max_batch_mib) | | | |\n",
+                  transport.c_str(), block_text.c_str(), batch);
+      continue;
+    }
+    std::string ratio = ref > 0 ? fmt::format("{:.2f}", p.gbps / ref) : "n/a";
+    std::printf("| %s | %s | %lu | %u | %.2f | %.0f us | %s | %s |\n", transport.c_str(),
+                block_text.c_str(), batch, p.ops, p.gbps, p.p50_us, ref_text.c_str(),
+                ratio.c_str());
+  }
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -309,13 +374,17 @@ int main(int argc, char** argv) {
                        "kvf-transport-bench [flags]: put bandwidth of kvfabric's transport vs "
                        "ucx_perftest (ucp_put_bw) over shm and tcp on this host; prints a "
                        "markdown table.");
+  if (absl::GetFlag(FLAGS_wait) != "poll" && absl::GetFlag(FLAGS_wait) != "block") {
+    std::fprintf(stderr, "--wait: '%s' is not poll or block\n", absl::GetFlag(FLAGS_wait).c_str());
+    return 2;
+  }
   kvf::log::init("transport-bench", "warn");
   auto blocks = parseList(absl::GetFlag(FLAGS_block_sizes), "block_sizes");
   auto batches = parseList(absl::GetFlag(FLAGS_batch_sizes), "batch_sizes");
   uint64_t region = absl::GetFlag(FLAGS_region_mib) << 20;
   std::printf(
       "| transport | block | blocks/batch | puts/batch | kvf GB/s | batch p50 | "
-      "ucx_perftest GB/s | ratio |\n|---|---|---|---|---|---|---|---|\n");
+      "ucx_perftest GB/s (before / after) | ratio |\n|---|---|---|---|---|---|---|---|\n");
   std::vector<std::string> setup_lines;
   for (const std::string& transport : splitWords(absl::GetFlag(FLAGS_transports))) {
     Receiver r = startReceiver(transport, region);
@@ -325,27 +394,8 @@ int main(int argc, char** argv) {
     if (!ctx.ok()) return 1;
     auto source = (*ctx)->registerMemory(memory.data(), memory.size());
     if (!source.ok()) return 1;
-    for (uint64_t block : blocks) {
-      double ref = absl::GetFlag(FLAGS_perftest)
-                       ? perftest(transport, block, absl::GetFlag(FLAGS_seconds_per_point))
-                       : -1;
-      for (uint64_t batch : batches) {
-        if (block * batch > (absl::GetFlag(FLAGS_max_batch_mib) << 20)) {
-          std::printf("| %s | %lu KiB | %lu | - | skipped (batch > --max_batch_mib) | | | |\n",
-                      transport.c_str(), block >> 10, batch);
-          continue;
-        }
-        std::fprintf(stderr, "measuring %s block=%lu batch=%lu\n", transport.c_str(), block, batch);
-        Point p = measure(**ctx, *source, r, block, batch, region);
-        std::string ref_text = ref > 0 ? kvf::strCat(fmt::format("{:.2f}", ref)) : "n/a";
-        std::string ratio = ref > 0 ? fmt::format("{:.2f}", p.gbps / ref) : "n/a";
-        std::printf("| %s | %s | %lu | %u | %.2f | %.0f us | %s | %s |\n", transport.c_str(),
-                    block >= 1048576 ? kvf::strCat(block >> 20, " MiB").c_str()
-                                     : kvf::strCat(block >> 10, " KiB").c_str(),
-                    batch, p.ops, p.gbps, p.p50_us, ref_text.c_str(), ratio.c_str());
-        std::fflush(stdout);
-      }
-    }
+    for (uint64_t block : blocks)
+      measureBlock(transport, **ctx, *source, r, block, batches, region);
     stopReceiver(r);
     setup_lines.push_back(fmt::format("| {} | {:.0f} us |", transport, setup));
   }

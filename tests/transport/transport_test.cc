@@ -12,6 +12,7 @@
 
 #include "transport/asio_completion.h"
 #include "transport/base64.h"
+#include "transport/core.h"
 #include "transport/transport.h"
 
 namespace kvf::transport {
@@ -295,6 +296,32 @@ TEST_P(TransportTest, MissedDeadlineFailsThePutAndTheContextRecovers) {
 
 namespace kvf::transport {
 namespace {
+
+// complete() skips the wakeup when nobody sleeps on the completion; a waiter that goes to
+// sleep just as it completes must still be woken (not left to its timeout).
+TEST(Completion, NeverLosesTheWakeupOfAWaiterRacingTheCompleter) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    Completion<absl::Status> completion;
+    auto at = std::chrono::steady_clock::now() + std::chrono::nanoseconds(rng() % 30000);
+    std::thread completer([&] {
+      while (std::chrono::steady_clock::now() < at) {
+      }
+      EXPECT_TRUE(completion.complete(absl::DataLossError("x")));
+    });
+    auto start = std::chrono::steady_clock::now();
+    ASSERT_TRUE(completion.waitFor(5s)) << "iteration " << i;
+    EXPECT_LT(std::chrono::steady_clock::now() - start, 2s) << "iteration " << i;
+    EXPECT_EQ(completion.value().code(), absl::StatusCode::kDataLoss);
+    completer.join();
+    EXPECT_FALSE(completion.complete(absl::OkStatus()));  // the first outcome stays
+    EXPECT_EQ(completion.value().code(), absl::StatusCode::kDataLoss);
+  }
+  Completion<absl::Status> pending;
+  EXPECT_FALSE(pending.done());
+  EXPECT_EQ(pending.value().code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(pending.waitFor(1ms));
+}
 
 TEST(TransportMetrics, ExportsCountersAtScrapeTime) {
   Pair p = makePair("shm", 1 << 16);
