@@ -1,13 +1,191 @@
 #include "router/fast_parse.h"
 
+#include <algorithm>
 #include <bit>
 #include <cctype>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace kvf::router {
-namespace {
+namespace fast_parse_internal {
+
+// Reads "[" id ("," id)* "]" with every id a plain integer in [0, 2^32), resumably: advance()
+// may be called on a longer prefix of the same body each time (a body still arriving) and
+// stops before an id it cannot see the end of. The bulk runs 64 bytes at a time where a window
+// holds only digits, commas and spaces (the usual `1234,` and `1234, `); everything else, the
+// last id and every error go through the byte-at-a-time step.
+class TokenArrayReader {
+ public:
+  enum class State { kReading, kDone, kFailed };
+
+  // `begin`: the offset of '['.
+  explicit TokenArrayReader(size_t begin) : pos_(begin) {}
+
+  // Reads on over `body` (the body's first bytes; `complete`: all of them).
+  State advance(std::string_view body, bool complete, std::vector<policy::TokenId>* ids) {
+    if (state_ != State::kReading) return state_;
+    const char* const base = body.data();
+    const char* const end = base + body.size();
+    const char* p = base + pos_;
+    if (!opened_) {
+      if (p == end) return complete ? fail() : state_;
+      if (*p != '[') return fail();
+      opened_ = true;
+      pos_ = static_cast<size_t>(++p - base);
+    }
+    int bulk_misses = 0;  // bodies whose windows never qualify stop trying the bulk
+    for (;;) {
+      if (bulk_misses < 4) {
+        const char* q = bulkIds(p, end, ids);
+        bulk_misses = q == p ? bulk_misses + 1 : 0;
+        p = q;
+      }
+      Step step = oneId(&p, end, complete, ids);
+      pos_ = static_cast<size_t>(p - base);
+      if (step == Step::kMore) continue;
+      if (step == Step::kWait) return state_;
+      if (step == Step::kEnd) return state_ = State::kDone;
+      return fail();
+    }
+  }
+
+  // After kDone: the offset just past ']'.
+  size_t end() const { return pos_; }
+
+ private:
+  enum class Step { kMore, kWait, kEnd, kBad };
+
+  State fail() { return state_ = State::kFailed; }
+  static bool isSpace(char c) { return c == ' ' || c == '\n' || c == '\r' || c == '\t'; }
+
+  // One id and what follows it, at *p (after '[' or ','); *p moves past the ',' or ']' only
+  // when the whole id and its delimiter are in view.
+  static Step oneId(const char** at, const char* end, bool complete,
+                    std::vector<policy::TokenId>* ids) {
+    const char* p = *at;
+    while (p < end && isSpace(*p)) ++p;
+    const char* start = p;
+    uint64_t v = 0;
+    while (p < end && *p >= '0' && *p <= '9' && p - start <= 10) {
+      v = v * 10 + static_cast<uint64_t>(*p++ - '0');
+    }
+    size_t digits = static_cast<size_t>(p - start);
+    if (p == end && !complete && digits <= 10) return Step::kWait;
+    if (digits == 0 || digits > 10 || (digits > 1 && *start == '0') || v > UINT32_MAX) {
+      return Step::kBad;
+    }
+    if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) return Step::kBad;  // a double
+    while (p < end && isSpace(*p)) ++p;
+    if (p == end) return complete ? Step::kBad : Step::kWait;
+    if (*p != ',' && *p != ']') return Step::kBad;
+    ids->push_back(static_cast<policy::TokenId>(v));
+    *at = p + 1;
+    return *p == ',' ? Step::kMore : Step::kEnd;
+  }
+
+  // Bit i of the three masks: byte i of the 64 at p is a comma / a space / a digit.
+  static void classify64(const char* p, uint64_t* commas, uint64_t* spaces, uint64_t* digits) {
+    *commas = *spaces = *digits = 0;
+#if defined(__SSE2__)
+    const __m128i comma = _mm_set1_epi8(','), space = _mm_set1_epi8(' ');
+    const __m128i zero = _mm_set1_epi8('0'), nine = _mm_set1_epi8(9);
+    for (int i = 0; i < 4; ++i) {
+      __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i));
+      __m128i d = _mm_sub_epi8(v, zero);
+      auto bits = [](__m128i m) { return static_cast<uint64_t>(_mm_movemask_epi8(m) & 0xFFFF); };
+      *commas |= bits(_mm_cmpeq_epi8(v, comma)) << (16 * i);
+      *spaces |= bits(_mm_cmpeq_epi8(v, space)) << (16 * i);
+      *digits |= bits(_mm_cmpeq_epi8(_mm_min_epu8(d, nine), d)) << (16 * i);
+    }
+#else
+    for (int i = 0; i < 64; ++i) {
+      char c = p[i];
+      *commas |= static_cast<uint64_t>(c == ',') << i;
+      *spaces |= static_cast<uint64_t>(c == ' ') << i;
+      *digits |= static_cast<uint64_t>(c >= '0' && c <= '9') << i;
+    }
+#endif
+  }
+
+  // Value of the `len` (1..8) decimal digits at the low end of `chunk` (the simdjson method:
+  // digit values moved to the high bytes, then three multiplies).
+  static uint64_t digitsValue(uint64_t chunk, size_t len) {
+    uint64_t d = (chunk & 0x0F0F0F0F0F0F0F0FULL) << (8 * (8 - len));
+    d = ((d * 2561) >> 8) & 0x00FF00FF00FF00FFULL;
+    d = ((d * 6553601) >> 16) & 0x0000FFFF0000FFFFULL;
+    return ((d * 42949672960001ULL) >> 32) & 0xFFFFFFFFULL;
+  }
+
+  // Ids of the form spaces? d{1,8} "," while whole 64-byte windows hold only digits, commas and
+  // spaces; returns where it stopped (the start of an id; anything unusual is left to oneId).
+  // Reads up to 8 bytes past a window, so it needs 72 bytes in view.
+  static const char* bulkIds(const char* p, const char* end, std::vector<policy::TokenId>* ids) {
+    policy::TokenId out[32];  // an id takes at least two bytes of the window
+    while (end - p >= 72) {
+      uint64_t commas, spaces, digits;
+      classify64(p, &commas, &spaces, &digits);
+      if ((commas | spaces | digits) != ~0ULL || commas == 0) break;
+      size_t n = 0, start = 0;
+      bool stopped = false;
+      if (spaces == 0) {
+        // Compact arrays: every byte between two commas is a digit.
+        for (uint64_t m = commas; m != 0; m &= m - 1) {
+          size_t c = static_cast<size_t>(std::countr_zero(m));
+          size_t len = c - start;
+          uint64_t chunk;
+          std::memcpy(&chunk, p + start, sizeof chunk);
+          if (len - 1 >= 8 || (len > 1 && (chunk & 0xFF) == '0')) {
+            stopped = true;  // empty, over 8 digits or a leading zero: oneId decides
+            break;
+          }
+          out[n++] = static_cast<policy::TokenId>(digitsValue(chunk, len));
+          start = c + 1;
+        }
+        ids->insert(ids->end(), out, out + n);
+        p += start;
+        if (stopped) break;
+        continue;
+      }
+      for (uint64_t m = commas; m != 0; m &= m - 1) {
+        size_t c = static_cast<size_t>(std::countr_zero(m));
+        uint64_t seg_digits = digits & ((1ULL << c) - 1) & ~((1ULL << start) - 1);
+        if (seg_digits == 0) {
+          stopped = true;
+          break;
+        }
+        size_t first = static_cast<size_t>(std::countr_zero(seg_digits));
+        size_t len = c - first;
+        // Digits must run from `first` right up to the comma (spaces only before them).
+        if (len > 8 || seg_digits + (1ULL << first) != (1ULL << c)) {
+          stopped = true;
+          break;
+        }
+        uint64_t chunk;
+        std::memcpy(&chunk, p + first, sizeof chunk);
+        if (len > 1 && (chunk & 0xFF) == '0') {
+          stopped = true;
+          break;
+        }
+        out[n++] = static_cast<policy::TokenId>(digitsValue(chunk, len));
+        start = c + 1;
+      }
+      ids->insert(ids->end(), out, out + n);
+      p += start;
+      if (stopped) break;
+    }
+    return p;
+  }
+
+  size_t pos_;
+  bool opened_ = false;
+  State state_ = State::kReading;
+};
 
 // Nesting this scanner follows before it declines (json::parse allows 64).
 constexpr int kMaxDepth = 32;
@@ -18,9 +196,9 @@ constexpr int kMaxDepth = 32;
 // plain integers, duplicate fields...). Declining is always safe: the DOM path then decides.
 class TokenCompletionScanner {
  public:
-  explicit TokenCompletionScanner(std::string_view body)
-      : p_(body.data()), end_(body.data() + body.size()) {
-    out.token_ids.reserve(body.size() / 4);  // a token id takes 2-7 bytes plus a comma
+  TokenCompletionScanner(std::string_view body, TokenPromptPrefetch* prefetch)
+      : body_(body), p_(body.data()), end_(body.data() + body.size()), prefetch_(prefetch) {
+    if (prefetch == nullptr) out.token_ids.reserve(body.size() / 4);  // 2-7 bytes per id
   }
 
   bool scan() {
@@ -45,7 +223,30 @@ class TokenCompletionScanner {
     return p_ == end_ && (seen_ & kModel) && (seen_ & kPrompt);
   }
 
+  // Up to the '[' of a top-level "prompt" member: its offset, or nullopt (declined, or not in
+  // view yet: `body` may be a prefix of the document).
+  std::optional<size_t> locatePrompt() {
+    skipSpace();
+    if (!consume('{')) return std::nullopt;
+    for (;;) {
+      skipSpace();
+      std::string_view key;
+      if (!readPlainString(&key)) return std::nullopt;
+      skipSpace();
+      if (!consume(':')) return std::nullopt;
+      skipSpace();
+      if (key == "prompt") {
+        if (peek() != '[') return std::nullopt;
+        return offset();
+      }
+      if (!skipValue(1)) return std::nullopt;
+      skipSpace();
+      if (!consume(',')) return std::nullopt;
+    }
+  }
+
   ParsedRequest out;
+  bool used_prefetch = false;
 
  private:
   static constexpr unsigned kModel = 1, kStream = 2, kMaxTokens = 4, kUser = 8, kPrompt = 16;
@@ -90,78 +291,28 @@ class TokenCompletionScanner {
         return true;
       }
       default:
-        return readTokenArray();
+        return readPrompt();
     }
   }
 
-  // "[" id ("," id)* "]" with every id a plain integer in [0, 2^32). The bulk of the body: it
-  // runs on a local cursor (a member would be reloaded after every store into the vector), and
-  // the usual "1234," is read eight bytes at a time.
-  bool readTokenArray() {
-    if (!consume('[')) return false;
-    const char* p = p_;
-    const char* const end = end_;
-    auto space = [&] {
-      while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) ++p;
-    };
-    std::vector<policy::TokenId>& ids = out.token_ids;
-    for (;;) {
-      if (end - p >= 8) {
-        uint64_t id = 0;
-        size_t used = idThenComma(p, &id);
-        if (used > 0) {
-          ids.push_back(static_cast<policy::TokenId>(id));
-          p += used;
-          continue;
-        }
-      }
-      // Everything else: spaces, the last id, long ids, and the errors.
-      space();
-      const char* start = p;
-      uint64_t v = 0;
-      while (p < end && isDigit(*p) && p - start <= 10) {
-        v = v * 10 + static_cast<uint64_t>(*p++ - '0');
-      }
-      size_t digits = static_cast<size_t>(p - start);
-      if (digits == 0 || digits > 10 || (digits > 1 && *start == '0') || v > UINT32_MAX) {
-        return false;
-      }
-      if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) return false;  // a double
-      ids.push_back(static_cast<policy::TokenId>(v));
-      space();
-      if (p < end && *p == ',') {
-        ++p;
-        continue;
-      }
-      if (p < end && *p == ']') {
-        p_ = p + 1;
-        return true;
-      }
-      return false;
-    }
-  }
+  size_t offset() const { return static_cast<size_t>(p_ - body_.data()); }
 
-  // "d{1,7}," at p (8 readable bytes): the id's value and the bytes taken, or 0 for anything
-  // else. Finds the first non-digit byte with nibble tests and converts the digits with three
-  // multiplies (the simdjson method).
-  static size_t idThenComma(const char* p, uint64_t* id) {
-    uint64_t chunk;
-    std::memcpy(&chunk, p, sizeof chunk);
-    constexpr uint64_t kHigh = 0xF0F0F0F0F0F0F0F0ULL, kThrees = 0x3030303030303030ULL;
-    // A byte is a digit iff its high nibble is 3 before and after adding 6 (a carry out of a
-    // byte >= 0xFA only disturbs bytes after the first non-digit).
-    uint64_t non_digit =
-        ((chunk & kHigh) ^ kThrees) | (((chunk + 0x0606060606060606ULL) & kHigh) ^ kThrees);
-    if (non_digit == 0) return 0;
-    size_t digits = static_cast<size_t>(std::countr_zero(non_digit)) / 8;
-    bool leading_zero = digits > 1 && (chunk & 0xFF) == '0';
-    if (digits == 0 || leading_zero || static_cast<char>(chunk >> (8 * digits)) != ',') return 0;
-    // Digit values in the high bytes, zeros (leading '0's) below, most significant first.
-    uint64_t d = (chunk & 0x0F0F0F0F0F0F0F0FULL) << (8 * (8 - digits));
-    d = ((d * 2561) >> 8) & 0x00FF00FF00FF00FFULL;
-    d = ((d * 6553601) >> 16) & 0x0000FFFF0000FFFFULL;
-    *id = ((d * 42949672960001ULL) >> 32) & 0xFFFFFFFFULL;
-    return digits + 1;
+  // The token ids, resuming the prefetch's reading when it started on this very array.
+  bool readPrompt() {
+    TokenArrayReader local(offset());
+    TokenArrayReader* reader = &local;
+    std::vector<policy::TokenId>* ids = &out.token_ids;
+    if (prefetch_ != nullptr && prefetch_->reader_ && prefetch_->array_begin_ == offset()) {
+      reader = prefetch_->reader_.get();
+      ids = &prefetch_->ids_;
+    }
+    if (reader->advance(body_, true, ids) != TokenArrayReader::State::kDone) return false;
+    if (ids != &out.token_ids) {
+      out.token_ids = std::move(*ids);
+      used_prefetch = true;
+    }
+    p_ = body_.data() + reader->end();
+    return true;
   }
 
   // Digits only (no sign, fraction or exponent), no leading zero, at most `max`.
@@ -289,16 +440,47 @@ class TokenCompletionScanner {
     return p_ != start;
   }
 
+  std::string_view body_;
   const char* p_;
   const char* end_;
+  TokenPromptPrefetch* prefetch_;
   unsigned seen_ = 0;
 };
 
-}  // namespace
+}  // namespace fast_parse_internal
 
-std::optional<ParsedRequest> fastParseTokenCompletion(std::string_view body) {
-  TokenCompletionScanner scanner(body);
+using fast_parse_internal::TokenArrayReader;
+using fast_parse_internal::TokenCompletionScanner;
+
+TokenPromptPrefetch::TokenPromptPrefetch(size_t body_bytes) : body_bytes_(body_bytes) {}
+TokenPromptPrefetch::~TokenPromptPrefetch() = default;
+
+void TokenPromptPrefetch::feed(std::string_view received) {
+  if (gave_up_) return;
+  if (!reader_) {
+    TokenCompletionScanner scanner(received, nullptr);
+    std::optional<size_t> at = scanner.locatePrompt();
+    if (!at) {
+      // What precedes the prompt is short in practice; past this it is not worth waiting for.
+      constexpr size_t kLocateWithinBytes = 64 * 1024;
+      gave_up_ = received.size() >= std::min(body_bytes_, kLocateWithinBytes);
+      return;
+    }
+    array_begin_ = *at;
+    reader_ = std::make_unique<TokenArrayReader>(*at);
+    ids_.reserve(body_bytes_ / 4);  // a token id takes 2-7 bytes plus a comma
+  }
+  bool complete = received.size() >= body_bytes_;
+  if (reader_->advance(received, complete, &ids_) == TokenArrayReader::State::kFailed) {
+    gave_up_ = true;
+  }
+}
+
+std::optional<ParsedRequest> fastParseTokenCompletion(std::string_view body,
+                                                      TokenPromptPrefetch* prefetch) {
+  TokenCompletionScanner scanner(body, prefetch);
   if (!scanner.scan()) return std::nullopt;
+  if (prefetch != nullptr) prefetch->used_ = scanner.used_prefetch;
   ParsedRequest out = std::move(scanner.out);
   out.has_token_ids = true;
   out.prompt_tokens = static_cast<int64_t>(out.token_ids.size());
