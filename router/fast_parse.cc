@@ -269,7 +269,10 @@ class TokenCompletionScanner {
                      : key == "user"       ? kUser
                      : key == "prompt"     ? kPrompt
                                            : 0u;
-    if (field == 0) return skipValue(1);
+    if (field == 0) {
+      if (key == "kv_transfer_params") out.has_kv_transfer_params = true;
+      return skipValue(1);
+    }
     if (seen_ & field) return false;  // duplicate: the DOM path applies its rule
     seen_ |= field;
     // null is "not given" for the optional fields (as json::get*Or); model and prompt need one.
@@ -476,6 +479,13 @@ void TokenPromptPrefetch::feed(std::string_view received) {
   }
 }
 
+void PromptReadAhead::onBody(std::string_view received, size_t total) {
+  if (received.size() >= total) return;  // the final parse reads the rest in one go
+  if (!prefetch_) prefetch_.emplace(total);
+  prefetch_->feed(received);
+  policy::completeBlockHashes(prefetch_->ids(), block_size_, &hashes_);
+}
+
 std::optional<ParsedRequest> fastParseTokenCompletion(std::string_view body,
                                                       TokenPromptPrefetch* prefetch) {
   TokenCompletionScanner scanner(body, prefetch);
@@ -483,6 +493,7 @@ std::optional<ParsedRequest> fastParseTokenCompletion(std::string_view body,
   if (prefetch != nullptr) prefetch->used_ = scanner.used_prefetch;
   ParsedRequest out = std::move(scanner.out);
   out.has_token_ids = true;
+  if (!out.has_kv_transfer_params) out.has_kv_transfer_params = false;
   out.prompt_tokens = static_cast<int64_t>(out.token_ids.size());
   return out;
 }

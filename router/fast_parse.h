@@ -58,4 +58,22 @@ class TokenPromptPrefetch {
 std::optional<ParsedRequest> fastParseTokenCompletion(std::string_view body,
                                                       TokenPromptPrefetch* prefetch = nullptr);
 
+// The body observer of /v1/completions (HttpServer::route): reads a token-id prompt and hashes
+// its full blocks while the body arrives, so the decision is ready soon after the last byte.
+// Does nothing for a body that arrives whole with its header (the final parse reads it).
+class PromptReadAhead final : public http::BodyObserver {
+ public:
+  explicit PromptReadAhead(size_t block_size) : block_size_(block_size) {}
+  void onBody(std::string_view received, size_t total) override;
+  // For fastParseTokenCompletion / parseRequest; null before any partial body was seen.
+  TokenPromptPrefetch* prefetch() { return prefetch_ ? &*prefetch_ : nullptr; }
+  // After a parse that used() the prefetch: the chained hashes of the prompt's first blocks.
+  std::vector<policy::BlockHash> takeHashes() { return std::move(hashes_); }
+
+ private:
+  size_t block_size_;
+  std::optional<TokenPromptPrefetch> prefetch_;
+  std::vector<policy::BlockHash> hashes_;
+};
+
 }  // namespace kvf::router

@@ -332,6 +332,21 @@ TEST(RequestParseTest, PrefetchLeavesValidityToTheFinalParse) {
   EXPECT_FALSE(twice.used());
 }
 
+// The single pass tells whether the client sent its own kv_transfer_params (the router strips
+// them), so the body need not be searched; nested members of that name do not count.
+TEST(RequestParseTest, SinglePassReportsClientKvTransferParams) {
+  auto with = fastParseTokenCompletion(R"({"model":"m","prompt":[1],"kv_transfer_params":{}})");
+  ASSERT_TRUE(with.has_value());
+  EXPECT_EQ(with->has_kv_transfer_params, std::optional<bool>(true));
+  auto nested =
+      fastParseTokenCompletion(R"({"model":"m","prompt":[1],"x":{"kv_transfer_params":1}})");
+  ASSERT_TRUE(nested.has_value());
+  EXPECT_EQ(nested->has_kv_transfer_params, std::optional<bool>(false));
+  auto dom = parseRequest(ApiKind::kCompletions, post(R"({"model":"m\"","prompt":[1]})"));
+  ASSERT_TRUE(dom.ok());
+  EXPECT_FALSE(dom->has_kv_transfer_params.has_value());  // unknown: the caller searches
+}
+
 TEST(RequestParseTest, SinglePassAppliesSessionHeaderAndBound) {
   auto p = parseRequest(ApiKind::kCompletions,
                         post(R"({"model":"m","prompt":[1],"user":"body"})", "hdr"));
