@@ -126,12 +126,20 @@ class TokenArrayReader {
   // spaces; returns where it stopped (the start of an id; anything unusual is left to oneId).
   // Reads up to 8 bytes past a window, so it needs 72 bytes in view.
   static const char* bulkIds(const char* p, const char* end, std::vector<policy::TokenId>* ids) {
-    policy::TokenId out[32];  // an id takes at least two bytes of the window
+    // Ids collect here and go to the vector in batches; a window adds at most 32 (an id takes
+    // at least two of its bytes).
+    constexpr size_t kBatch = 256;
+    policy::TokenId out[kBatch];
+    size_t n = 0;
     while (end - p >= 72) {
       uint64_t commas, spaces, digits;
       classify64(p, &commas, &spaces, &digits);
       if ((commas | spaces | digits) != ~0ULL || commas == 0) break;
-      size_t n = 0, start = 0;
+      if (n > kBatch - 32) {
+        ids->insert(ids->end(), out, out + n);
+        n = 0;
+      }
+      size_t start = 0;
       bool stopped = false;
       if (spaces == 0) {
         // Compact arrays: every byte between two commas is a digit.
@@ -147,7 +155,6 @@ class TokenArrayReader {
           out[n++] = static_cast<policy::TokenId>(digitsValue(chunk, len));
           start = c + 1;
         }
-        ids->insert(ids->end(), out, out + n);
         p += start;
         if (stopped) break;
         continue;
@@ -175,10 +182,10 @@ class TokenArrayReader {
         out[n++] = static_cast<policy::TokenId>(digitsValue(chunk, len));
         start = c + 1;
       }
-      ids->insert(ids->end(), out, out + n);
       p += start;
       if (stopped) break;
     }
+    ids->insert(ids->end(), out, out + n);
     return p;
   }
 
