@@ -232,18 +232,30 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   asio::io_context& ioc;
   ServerOptions options;
   tcp::acceptor acceptor;
-  std::map<std::string, std::map<std::string, Handler>, std::less<>> exact;   // path -> method
-  std::map<std::string, std::map<std::string, Handler>, std::less<>> prefix;  // prefix -> method
+  struct Route {
+    Handler handler;
+    BodyObserverFactory observe;
+  };
+  using Methods = std::map<std::string, Route>;
+  std::map<std::string, Methods, std::less<>> exact;   // path -> method
+  std::map<std::string, Methods, std::less<>> prefix;  // prefix -> method
   std::atomic<bool> stopping{false};
   mutable std::mutex mu;
   std::set<std::shared_ptr<Connection>> connections;
 
   asio::awaitable<void> acceptLoop();
   asio::awaitable<void> session(std::shared_ptr<Connection> conn);
-  asio::awaitable<void> dispatch(const Request& request, BeastResponseWriter& writer);
+  // One request's head and body; `route` is its handler (null: none for this path/method).
+  asio::awaitable<boost::system::error_code> readRequest(
+      Connection& conn, beast::flat_buffer& buffer,
+      bhttp::request_parser<bhttp::string_body>& parser, Request& request, const Route** route,
+      std::string& spare_body);
+  asio::awaitable<void> dispatch(const Request& request, const Route* route,
+                                 BeastResponseWriter& writer);
   asio::awaitable<void> replyAndClose(beast::tcp_stream& stream, int status,
                                       std::string_view message);
-  const std::map<std::string, Handler>* findRoute(std::string_view path) const;
+  const Methods* findRoute(std::string_view path) const;
+  const Route* findHandler(const Request& head) const;
   void closeConnection(const std::shared_ptr<Connection>& conn);
 };
 
@@ -269,12 +281,13 @@ HttpServer::HttpServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 HttpServer::~HttpServer() { stop(); }
 
-void HttpServer::route(std::string_view method, std::string_view path, Handler handler) {
-  impl_->exact[std::string(path)][std::string(method)] = std::move(handler);
+void HttpServer::route(std::string_view method, std::string_view path, Handler handler,
+                       BodyObserverFactory observe) {
+  impl_->exact[std::string(path)][std::string(method)] = {std::move(handler), std::move(observe)};
 }
 
 void HttpServer::routePrefix(std::string_view method, std::string_view prefix, Handler handler) {
-  impl_->prefix[std::string(prefix)][std::string(method)] = std::move(handler);
+  impl_->prefix[std::string(prefix)][std::string(method)] = {std::move(handler), nullptr};
 }
 
 uint16_t HttpServer::port() const {
@@ -371,9 +384,9 @@ asio::awaitable<void> HttpServer::Impl::acceptLoop() {
   }
 }
 
-const std::map<std::string, Handler>* HttpServer::Impl::findRoute(std::string_view path) const {
+const HttpServer::Impl::Methods* HttpServer::Impl::findRoute(std::string_view path) const {
   if (auto it = exact.find(path); it != exact.end()) return &it->second;
-  const std::map<std::string, Handler>* best = nullptr;
+  const Methods* best = nullptr;
   size_t best_len = 0;
   for (const auto& [p, methods] : prefix) {
     if (path.substr(0, p.size()) == p && p.size() >= best_len) {
@@ -384,21 +397,26 @@ const std::map<std::string, Handler>* HttpServer::Impl::findRoute(std::string_vi
   return best;
 }
 
-asio::awaitable<void> HttpServer::Impl::dispatch(const Request& request,
+const HttpServer::Impl::Route* HttpServer::Impl::findHandler(const Request& head) const {
+  const Methods* methods = findRoute(head.path);
+  if (methods == nullptr) return nullptr;
+  auto it = methods->find(head.method);
+  return it == methods->end() ? nullptr : &it->second;
+}
+
+asio::awaitable<void> HttpServer::Impl::dispatch(const Request& request, const Route* route,
                                                  BeastResponseWriter& writer) {
-  const auto* methods = findRoute(request.path);
-  if (methods == nullptr) {
-    co_await writer.sendError(404, strCat("no route for ", request.path));
-    co_return;
-  }
-  auto it = methods->find(request.method);
-  if (it == methods->end()) {
-    co_await writer.sendError(405, strCat(request.method, " not allowed on ", request.path));
+  if (route == nullptr) {
+    if (findRoute(request.path) == nullptr) {
+      co_await writer.sendError(404, strCat("no route for ", request.path));
+    } else {
+      co_await writer.sendError(405, strCat(request.method, " not allowed on ", request.path));
+    }
     co_return;
   }
   std::string failure;
   try {
-    co_await it->second(request, writer);
+    co_await route->handler(request, writer);
   } catch (const std::exception& e) {
     failure = e.what();
   }
@@ -416,6 +434,42 @@ asio::awaitable<void> HttpServer::Impl::replyAndClose(beast::tcp_stream& stream,
   co_await writer.sendError(status, message);
 }
 
+asio::awaitable<boost::system::error_code> HttpServer::Impl::readRequest(
+    Connection& conn, beast::flat_buffer& buffer, bhttp::request_parser<bhttp::string_body>& parser,
+    Request& request, const Route** route, std::string& spare_body) {
+  beast::tcp_stream& stream = *conn.stream;
+  conn.idle = true;
+  stream.expires_after(buffer.size() == 0 ? options.idle_timeout : options.read_timeout);
+  auto [ec, n] = co_await internal::readHeader(stream, buffer, parser);
+  conn.idle = false;
+  if (ec) co_return ec;
+  const auto& head = parser.get();
+  request.method = std::string(head.method_string());
+  request.target = std::string(head.target());
+  size_t q = request.target.find('?');
+  request.path = request.target.substr(0, q);
+  if (q != std::string::npos) request.query = request.target.substr(q + 1);
+  for (const auto& field : head) {
+    request.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
+  }
+  *route = findHandler(request);
+  if (parser.is_done()) co_return ec;
+  if (!parser.chunked() && parser.content_length()) {
+    // Sized bodies are read straight into the request's body (not through Beast's buffer and
+    // body copy), in reads as large as what has arrived, shown to the route's observer as
+    // they come. The header parser already refused a length over the limit.
+    if (*route != nullptr && (*route)->observe) request.body_observer = (*route)->observe(request);
+    request.body = std::move(spare_body);
+    co_return co_await internal::readSizedBody(
+        stream, buffer, static_cast<size_t>(*parser.content_length()), options.read_timeout,
+        request.body, request.body_observer.get());
+  }
+  stream.expires_after(options.read_timeout);
+  std::tie(ec, n) = co_await bhttp::async_read(stream, buffer, parser, kUseTuple);
+  if (!ec) request.body = std::move(parser.get().body());
+  co_return ec;
+}
+
 asio::awaitable<void> HttpServer::Impl::session(std::shared_ptr<Connection> conn) {
   auto self = shared_from_this();
   beast::tcp_stream& stream = *conn->stream;
@@ -423,6 +477,10 @@ asio::awaitable<void> HttpServer::Impl::session(std::shared_ptr<Connection> conn
   // Beast sizes each read by the buffer's spare capacity (512 bytes for a fresh buffer), so
   // large bodies would arrive in 512-byte reads without this.
   buffer.reserve(64 * 1024);
+  // The last sized body's memory, reused for the next one: resizing it down (or up to where it
+  // was) writes nothing, where a fresh string would zero the whole body before the read.
+  std::string spare_body;
+  constexpr size_t kKeepBodyBytes = 4 << 20;
   std::string remote;
   {
     boost::system::error_code ec;
@@ -433,21 +491,11 @@ asio::awaitable<void> HttpServer::Impl::session(std::shared_ptr<Connection> conn
     bhttp::request_parser<bhttp::string_body> parser;
     parser.header_limit(static_cast<std::uint32_t>(options.max_header_bytes));
     parser.body_limit(options.max_body_bytes);
-    conn->idle = true;
-    stream.expires_after(buffer.size() == 0 ? options.idle_timeout : options.read_timeout);
-    auto [ec, n] = co_await internal::readHeader(stream, buffer, parser);
-    conn->idle = false;
-    if (!ec && !parser.is_done() && !parser.chunked() && buffer.size() > 0) {
-      // A sized body usually came with the header: parse it from the buffer here instead of a
-      // second asynchronous read (one scheduler hop and reactor poll less per request).
-      parser.eager(true);
-      buffer.consume(parser.put(buffer.data(), ec));
-      if (ec == bhttp::error::need_more) ec = {};
-    }
-    if (!ec && !parser.is_done()) {
-      stream.expires_after(options.read_timeout);
-      std::tie(ec, n) = co_await bhttp::async_read(stream, buffer, parser, kUseTuple);
-    }
+    Request request;
+    request.remote = remote;
+    const Route* route = nullptr;
+    boost::system::error_code ec =
+        co_await readRequest(*conn, buffer, parser, request, &route, spare_body);
     if (ec) {
       int status = statusForParseError(ec);
       if (status == 413) {
@@ -460,21 +508,14 @@ asio::awaitable<void> HttpServer::Impl::session(std::shared_ptr<Connection> conn
       }
       break;
     }
-    auto message = parser.release();
-    Request request;
-    request.method = std::string(message.method_string());
-    request.target = std::string(message.target());
-    size_t q = request.target.find('?');
-    request.path = request.target.substr(0, q);
-    if (q != std::string::npos) request.query = request.target.substr(q + 1);
-    for (const auto& field : message) {
-      request.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
-    }
-    request.body = std::move(message.body());
-    request.remote = remote;
+    const auto& message = parser.get();
     BeastResponseWriter writer(stream, message.version(), message.keep_alive() && !stopping,
                                options.write_timeout, &stopping);
-    co_await dispatch(request, writer);
+    co_await dispatch(request, route, writer);
+    size_t capacity = request.body.capacity();
+    if (capacity > spare_body.capacity() && capacity <= kKeepBodyBytes) {
+      spare_body = std::move(request.body);
+    }
     if (!writer.keepAlive()) break;
   }
   boost::system::error_code ignored;

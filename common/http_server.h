@@ -78,8 +78,11 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Registers a handler for an exact path. Must be called before start().
-  void route(std::string_view method, std::string_view path, Handler handler);
+  // Registers a handler for an exact path. Must be called before start(). With `observe`, each
+  // request with a sized body gets an observer that sees the body while it arrives
+  // (Request::body_observer).
+  void route(std::string_view method, std::string_view path, Handler handler,
+             BodyObserverFactory observe = nullptr);
   // Registers a handler for every path starting with `prefix` (longest prefix wins).
   void routePrefix(std::string_view method, std::string_view prefix, Handler handler);
 

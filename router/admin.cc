@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "common/metrics.h"
 #include "common/strings.h"
+#include "router/fast_parse.h"
 #include "router/router.h"
 #include "router/router_internal.h"
 
@@ -29,10 +30,15 @@ bool tokenMatches(std::string_view given, std::string_view expected) {
 }  // namespace
 
 void Router::registerRoutes() {
-  server_->route("POST", "/v1/completions",
-                 [this](const http::Request& r, http::ResponseWriter& w) {
-                   return handleCompletion(ApiKind::kCompletions, r, w);
-                 });
+  size_t block_size = config_.index.block_size;
+  server_->route(
+      "POST", "/v1/completions",
+      [this](const http::Request& r, http::ResponseWriter& w) {
+        return handleCompletion(ApiKind::kCompletions, r, w);
+      },
+      [block_size](const http::Request&) -> std::shared_ptr<http::BodyObserver> {
+        return std::make_shared<PromptReadAhead>(block_size);
+      });
   server_->route("POST", "/v1/chat/completions",
                  [this](const http::Request& r, http::ResponseWriter& w) {
                    return handleCompletion(ApiKind::kChat, r, w);

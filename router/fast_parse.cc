@@ -1,16 +1,17 @@
 #include "router/fast_parse.h"
 
+#include <algorithm>
 #include <bit>
 #include <cctype>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <string>
 
-namespace kvf::router {
-namespace {
+#include "router/token_array_reader.h"
 
-// Nesting this scanner follows before it declines (json::parse allows 64).
-constexpr int kMaxDepth = 32;
+namespace kvf::router {
+namespace fast_parse_internal {
 
 // A strict JSON scanner (RFC 8259: no comments, no trailing commas) specialised for one
 // document shape. Every method returns false to decline: on invalid JSON, and on valid JSON it
@@ -18,9 +19,9 @@ constexpr int kMaxDepth = 32;
 // plain integers, duplicate fields...). Declining is always safe: the DOM path then decides.
 class TokenCompletionScanner {
  public:
-  explicit TokenCompletionScanner(std::string_view body)
-      : p_(body.data()), end_(body.data() + body.size()) {
-    out.token_ids.reserve(body.size() / 4);  // a token id takes 2-7 bytes plus a comma
+  TokenCompletionScanner(std::string_view body, TokenPromptPrefetch* prefetch)
+      : body_(body), p_(body.data()), end_(body.data() + body.size()), prefetch_(prefetch) {
+    if (prefetch == nullptr) out.token_ids.reserve(body.size() / 4);  // 2-7 bytes per id
   }
 
   bool scan() {
@@ -45,7 +46,30 @@ class TokenCompletionScanner {
     return p_ == end_ && (seen_ & kModel) && (seen_ & kPrompt);
   }
 
+  // Up to the '[' of a top-level "prompt" member: its offset, or nullopt (declined, or not in
+  // view yet: `body` may be a prefix of the document).
+  std::optional<size_t> locatePrompt() {
+    skipSpace();
+    if (!consume('{')) return std::nullopt;
+    for (;;) {
+      skipSpace();
+      std::string_view key;
+      if (!readPlainString(&key)) return std::nullopt;
+      skipSpace();
+      if (!consume(':')) return std::nullopt;
+      skipSpace();
+      if (key == "prompt") {
+        if (peek() != '[') return std::nullopt;
+        return offset();
+      }
+      if (!skipValue(1)) return std::nullopt;
+      skipSpace();
+      if (!consume(',')) return std::nullopt;
+    }
+  }
+
   ParsedRequest out;
+  bool used_prefetch = false;
 
  private:
   static constexpr unsigned kModel = 1, kStream = 2, kMaxTokens = 4, kUser = 8, kPrompt = 16;
@@ -68,7 +92,10 @@ class TokenCompletionScanner {
                      : key == "user"       ? kUser
                      : key == "prompt"     ? kPrompt
                                            : 0u;
-    if (field == 0) return skipValue(1);
+    if (field == 0) {
+      if (key == "kv_transfer_params") out.has_kv_transfer_params = true;
+      return skipValue(1);
+    }
     if (seen_ & field) return false;  // duplicate: the DOM path applies its rule
     seen_ |= field;
     // null is "not given" for the optional fields (as json::get*Or); model and prompt need one.
@@ -90,78 +117,28 @@ class TokenCompletionScanner {
         return true;
       }
       default:
-        return readTokenArray();
+        return readPrompt();
     }
   }
 
-  // "[" id ("," id)* "]" with every id a plain integer in [0, 2^32). The bulk of the body: it
-  // runs on a local cursor (a member would be reloaded after every store into the vector), and
-  // the usual "1234," is read eight bytes at a time.
-  bool readTokenArray() {
-    if (!consume('[')) return false;
-    const char* p = p_;
-    const char* const end = end_;
-    auto space = [&] {
-      while (p < end && (*p == ' ' || *p == '\n' || *p == '\r' || *p == '\t')) ++p;
-    };
-    std::vector<policy::TokenId>& ids = out.token_ids;
-    for (;;) {
-      if (end - p >= 8) {
-        uint64_t id = 0;
-        size_t used = idThenComma(p, &id);
-        if (used > 0) {
-          ids.push_back(static_cast<policy::TokenId>(id));
-          p += used;
-          continue;
-        }
-      }
-      // Everything else: spaces, the last id, long ids, and the errors.
-      space();
-      const char* start = p;
-      uint64_t v = 0;
-      while (p < end && isDigit(*p) && p - start <= 10) {
-        v = v * 10 + static_cast<uint64_t>(*p++ - '0');
-      }
-      size_t digits = static_cast<size_t>(p - start);
-      if (digits == 0 || digits > 10 || (digits > 1 && *start == '0') || v > UINT32_MAX) {
-        return false;
-      }
-      if (p < end && (*p == '.' || *p == 'e' || *p == 'E')) return false;  // a double
-      ids.push_back(static_cast<policy::TokenId>(v));
-      space();
-      if (p < end && *p == ',') {
-        ++p;
-        continue;
-      }
-      if (p < end && *p == ']') {
-        p_ = p + 1;
-        return true;
-      }
-      return false;
-    }
-  }
+  size_t offset() const { return static_cast<size_t>(p_ - body_.data()); }
 
-  // "d{1,7}," at p (8 readable bytes): the id's value and the bytes taken, or 0 for anything
-  // else. Finds the first non-digit byte with nibble tests and converts the digits with three
-  // multiplies (the simdjson method).
-  static size_t idThenComma(const char* p, uint64_t* id) {
-    uint64_t chunk;
-    std::memcpy(&chunk, p, sizeof chunk);
-    constexpr uint64_t kHigh = 0xF0F0F0F0F0F0F0F0ULL, kThrees = 0x3030303030303030ULL;
-    // A byte is a digit iff its high nibble is 3 before and after adding 6 (a carry out of a
-    // byte >= 0xFA only disturbs bytes after the first non-digit).
-    uint64_t non_digit =
-        ((chunk & kHigh) ^ kThrees) | (((chunk + 0x0606060606060606ULL) & kHigh) ^ kThrees);
-    if (non_digit == 0) return 0;
-    size_t digits = static_cast<size_t>(std::countr_zero(non_digit)) / 8;
-    bool leading_zero = digits > 1 && (chunk & 0xFF) == '0';
-    if (digits == 0 || leading_zero || static_cast<char>(chunk >> (8 * digits)) != ',') return 0;
-    // Digit values in the high bytes, zeros (leading '0's) below, most significant first.
-    uint64_t d = (chunk & 0x0F0F0F0F0F0F0F0FULL) << (8 * (8 - digits));
-    d = ((d * 2561) >> 8) & 0x00FF00FF00FF00FFULL;
-    d = ((d * 6553601) >> 16) & 0x0000FFFF0000FFFFULL;
-    *id = ((d * 42949672960001ULL) >> 32) & 0xFFFFFFFFULL;
-    return digits + 1;
+  // The token ids, resuming the prefetch's reading when it started on this very array.
+  bool readPrompt() {
+    TokenArrayReader local(offset());
+    TokenArrayReader* reader = &local;
+    std::vector<policy::TokenId>* ids = &out.token_ids;
+    if (prefetch_ != nullptr && prefetch_->reader_ && prefetch_->array_begin_ == offset()) {
+      reader = prefetch_->reader_.get();
+      ids = &prefetch_->ids_;
+    }
+    if (reader->advance(body_, true, ids) != TokenArrayReader::State::kDone) return false;
+    if (ids != &out.token_ids) {
+      out.token_ids = std::move(*ids);
+      used_prefetch = true;
+    }
+    p_ = body_.data() + reader->end();
+    return true;
   }
 
   // Digits only (no sign, fraction or exponent), no leading zero, at most `max`.
@@ -289,18 +266,57 @@ class TokenCompletionScanner {
     return p_ != start;
   }
 
+  std::string_view body_;
   const char* p_;
   const char* end_;
+  TokenPromptPrefetch* prefetch_;
   unsigned seen_ = 0;
 };
 
-}  // namespace
+}  // namespace fast_parse_internal
 
-std::optional<ParsedRequest> fastParseTokenCompletion(std::string_view body) {
-  TokenCompletionScanner scanner(body);
+using fast_parse_internal::TokenArrayReader;
+using fast_parse_internal::TokenCompletionScanner;
+
+TokenPromptPrefetch::TokenPromptPrefetch(size_t body_bytes) : body_bytes_(body_bytes) {}
+TokenPromptPrefetch::~TokenPromptPrefetch() = default;
+
+void TokenPromptPrefetch::feed(std::string_view received) {
+  if (gave_up_) return;
+  if (!reader_) {
+    TokenCompletionScanner scanner(received, nullptr);
+    std::optional<size_t> at = scanner.locatePrompt();
+    if (!at) {
+      // What precedes the prompt is short in practice; past this it is not worth waiting for.
+      constexpr size_t kLocateWithinBytes = 64 * 1024;
+      gave_up_ = received.size() >= std::min(body_bytes_, kLocateWithinBytes);
+      return;
+    }
+    array_begin_ = *at;
+    reader_ = std::make_unique<TokenArrayReader>(*at);
+    ids_.reserve(body_bytes_ / 4);  // a token id takes 2-7 bytes plus a comma
+  }
+  bool complete = received.size() >= body_bytes_;
+  if (reader_->advance(received, complete, &ids_) == TokenArrayReader::State::kFailed) {
+    gave_up_ = true;
+  }
+}
+
+void PromptReadAhead::onBody(std::string_view received, size_t total) {
+  if (received.size() >= total) return;  // the final parse reads the rest in one go
+  if (!prefetch_) prefetch_.emplace(total);
+  prefetch_->feed(received);
+  policy::completeBlockHashes(prefetch_->ids(), block_size_, &hashes_);
+}
+
+std::optional<ParsedRequest> fastParseTokenCompletion(std::string_view body,
+                                                      TokenPromptPrefetch* prefetch) {
+  TokenCompletionScanner scanner(body, prefetch);
   if (!scanner.scan()) return std::nullopt;
+  if (prefetch != nullptr) prefetch->used_ = scanner.used_prefetch;
   ParsedRequest out = std::move(scanner.out);
   out.has_token_ids = true;
+  if (!out.has_kv_transfer_params) out.has_kv_transfer_params = false;
   out.prompt_tokens = static_cast<int64_t>(out.token_ids.size());
   return out;
 }

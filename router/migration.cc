@@ -59,7 +59,10 @@ asio::awaitable<std::optional<std::string>> Router::upstreamBody(RequestContext&
     }
   }
   // No parameters to add and none from the client to strip: the body goes as it came.
-  if (!with_params && request.body.find("kv_transfer_params") == std::string::npos) {
+  bool client_params = ctx.parsed.has_kv_transfer_params
+                           ? *ctx.parsed.has_kv_transfer_params
+                           : request.body.find("kv_transfer_params") != std::string::npos;
+  if (!with_params && !client_params) {
     co_return std::nullopt;
   }
   auto body = withKvTransferParams(request.body, with_params ? &params : nullptr);

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/sse.h"
 #include "common/strings.h"
+#include "router/fast_parse.h"
 #include "router/router.h"
 #include "router/router_internal.h"
 
@@ -35,13 +36,19 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
   ctx.start = clock_.now();
   ctx.kind = kind;
   ctx.id = strCat("kvf-", next_request_++);
-  auto parsed = parseRequest(kind, request);
+  auto* read_ahead = dynamic_cast<PromptReadAhead*>(request.body_observer.get());
+  auto parsed = parseRequest(kind, request, read_ahead ? read_ahead->prefetch() : nullptr);
   if (!parsed.ok()) {
     metrics_->requests_client_error->inc();
     co_await writer.sendStatus(parsed.status());
     co_return;
   }
   ctx.parsed = std::move(*parsed);
+  if (read_ahead && read_ahead->prefetch() && read_ahead->prefetch()->used()) {
+    // Most blocks were hashed while the body arrived; hash the rest.
+    ctx.hashes = read_ahead->takeHashes();
+    completeHashes(ctx);
+  }
   if (!ctx.parsed.has_token_ids && config_.tokenize && !(co_await tokenize(ctx, request))) {
     metrics_->tokenize_fallbacks->inc();
   }

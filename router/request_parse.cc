@@ -131,10 +131,11 @@ absl::Status applySession(const http::Request& request, std::string_view body_us
 
 }  // namespace
 
-absl::StatusOr<ParsedRequest> parseRequest(ApiKind kind, const http::Request& request) {
+absl::StatusOr<ParsedRequest> parseRequest(ApiKind kind, const http::Request& request,
+                                           TokenPromptPrefetch* prefetch) {
   if (kind == ApiKind::kCompletions) {
     // The common shape in one pass without a DOM; anything else (and every error) below.
-    if (auto fast = fastParseTokenCompletion(request.body)) {
+    if (auto fast = fastParseTokenCompletion(request.body, prefetch)) {
       std::string body_user = std::move(fast->session);
       KVF_RETURN_IF_ERROR(applySession(request, body_user, &*fast));
       return std::move(*fast);

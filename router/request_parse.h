@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,6 +14,8 @@
 #include "policy/block_hash.h"
 
 namespace kvf::router {
+
+class TokenPromptPrefetch;
 
 enum class ApiKind { kCompletions, kChat };
 
@@ -26,13 +29,18 @@ struct ParsedRequest {
   std::string text;
   int64_t prompt_tokens = 0;  // exact for token ids, estimated (bytes / 4) for text
   int64_t max_tokens = 16;
+  // Whether the body has a top-level "kv_transfer_params" member, when the parse knows (the
+  // single-pass path); nullopt: search the body.
+  std::optional<bool> has_kv_transfer_params;
 };
 
 inline constexpr int64_t kBytesPerTokenEstimate = 4;
 
 // Token-id completions are read in one pass without a DOM (router/fast_parse.h); every other
 // body, and every invalid one, goes through parseRequestDom, which names the field in errors.
-absl::StatusOr<ParsedRequest> parseRequest(ApiKind kind, const http::Request& request);
+// With `prefetch` (the body read while it arrived), its token ids are taken over.
+absl::StatusOr<ParsedRequest> parseRequest(ApiKind kind, const http::Request& request,
+                                           TokenPromptPrefetch* prefetch = nullptr);
 // The general path alone (tests compare the two paths with it).
 absl::StatusOr<ParsedRequest> parseRequestDom(ApiKind kind, const http::Request& request);
 

@@ -362,6 +362,90 @@ TEST_F(HttpTest, HeadersSplitAcrossReadsPipelinedAndTruncated) {
   EXPECT_EQ(truncated, "");  // closed without an answer (not after the 30 s read timeout)
 }
 
+// Records what a body observer was shown.
+class RecordingObserver final : public BodyObserver {
+ public:
+  void onBody(std::string_view received, size_t total) override {
+    // Each call shows a longer prefix of the same bytes.
+    ok = ok && received.size() >= seen.size() && received.substr(0, seen.size()) == seen;
+    seen = std::string(received);
+    total_seen = total;
+    ++calls;
+  }
+  std::string seen;
+  size_t total_seen = 0;
+  int calls = 0;
+  bool ok = true;
+};
+
+// A route's body observer sees a sized body grow while it arrives in pieces, the handler gets
+// it whole, bytes after it (a pipelined request) stay for the next request, and a body cut short
+// reaches no handler.
+TEST_F(HttpTest, BodyObserverSeesSizedBodiesArriveAndPipelinedRequestsSurvive) {
+  startServer();
+  std::vector<std::shared_ptr<RecordingObserver>> observers;
+  std::vector<std::string> bodies;
+  server_->route(
+      "POST", "/observed",
+      [&](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
+        bodies.push_back(r.body);
+        EXPECT_EQ(r.body_observer.get(), observers.back().get());
+        co_await w.send(200, "text/plain", std::to_string(r.body.size()));
+      },
+      [&](const Request& head) -> std::shared_ptr<BodyObserver> {
+        EXPECT_EQ(head.path, "/observed");
+        EXPECT_TRUE(head.body.empty());
+        observers.push_back(std::make_shared<RecordingObserver>());
+        return observers.back();
+      });
+  std::string body(200000, 'a');
+  for (size_t i = 0; i < body.size(); ++i) body[i] = static_cast<char>('a' + i % 26);
+  std::string head =
+      "POST /observed HTTP/1.1\r\nHost: x\r\nContent-Length: " + std::to_string(body.size()) +
+      "\r\n\r\n";
+  std::string raw = io_.run([&]() -> asio::awaitable<std::string> {
+    tcp::socket socket(co_await asio::this_coro::executor);
+    co_await socket.async_connect({asio::ip::make_address("127.0.0.1"), server_->port()},
+                                  asio::use_awaitable);
+    asio::steady_timer pause(co_await asio::this_coro::executor);
+    std::string pieces[] = {head + body.substr(0, 1000), body.substr(1000, 50000),
+                            body.substr(51000) +
+                                "POST /observed HTTP/1.1\r\nHost: x\r\n"
+                                "Content-Length: 3\r\nConnection: close\r\n\r\nxyz"};
+    for (const auto& piece : pieces) {
+      co_await asio::async_write(socket, asio::buffer(piece), asio::use_awaitable);
+      pause.expires_after(20ms);
+      co_await pause.async_wait(asio::use_awaitable);
+    }
+    co_return co_await readUntilClosed(socket);
+  });
+  ASSERT_EQ(bodies.size(), 2u) << raw;
+  EXPECT_EQ(bodies[0], body);
+  EXPECT_EQ(bodies[1], "xyz");
+  ASSERT_EQ(observers.size(), 2u);
+  EXPECT_TRUE(observers[0]->ok);
+  EXPECT_GE(observers[0]->calls, 3);  // the body arrived in at least three pieces
+  EXPECT_EQ(observers[0]->seen, body);
+  EXPECT_EQ(observers[0]->total_seen, body.size());
+  EXPECT_EQ(observers[1]->seen, "xyz");
+  EXPECT_NE(raw.find("\r\n\r\n200000"), std::string::npos) << raw;
+  EXPECT_NE(raw.find("\r\n\r\n3"), std::string::npos) << raw;
+
+  std::string cut = io_.run([&]() -> asio::awaitable<std::string> {
+    tcp::socket socket(co_await asio::this_coro::executor);
+    co_await socket.async_connect({asio::ip::make_address("127.0.0.1"), server_->port()},
+                                  asio::use_awaitable);
+    std::string partial = head + body.substr(0, 5000);
+    co_await asio::async_write(socket, asio::buffer(partial), asio::use_awaitable);
+    socket.shutdown(tcp::socket::shutdown_send);  // the peer goes away mid-body
+    co_return co_await readUntilClosed(socket);
+  });
+  EXPECT_EQ(cut, "");
+  EXPECT_EQ(bodies.size(), 2u);
+  ASSERT_EQ(observers.size(), 3u);
+  EXPECT_EQ(observers[2]->seen, body.substr(0, 5000));
+}
+
 TEST_F(HttpTest, ClientReadTimeoutAndStaleConnectionRetry) {
   ServerOptions options;
   options.idle_timeout = 100ms;

@@ -1,6 +1,12 @@
 // The router in-process in front of fake engines on loopback: cache-aware placement from KV
 // events and predictions, streaming pass-through, headers and decision log, retries, mid-stream
 // failure, health ejection, admin API and bad input.
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+#include <boost/asio/write.hpp>
+
 #include "tests/router/router_fixture.h"
 
 namespace kvf::router {
@@ -211,6 +217,66 @@ TEST_F(ProxyTest, BadInputGets4xxJsonAndRouterKeepsServing) {
   EXPECT_EQ(health->status, 200);
   auto ok = call(post("/v1/completions", tokenPrompt(0, 32)));
   EXPECT_EQ(ok->status, 200);
+}
+
+// A large token-id body that arrives in pieces is read (and hashed) while it arrives: the
+// decision and headers are the same as for a body read whole, and an invalid body still gets
+// the 400 naming the field, after which the connection and router keep serving.
+TEST_F(ProxyTest, PromptArrivingInPiecesIsReadAheadAndRoutedTheSame) {
+  start(4, "{kind: hybrid}");
+  waitSubscribed();
+  // The prefix is cached on e2 by a request straight to the engine, so the index learns it
+  // from the engine's events alone (no prediction made from the router's own hashes).
+  auto engine = http::HttpClient::create(engine_io_.executor(), "127.0.0.1", engines_[2]->port());
+  auto seeded = engine_io_.run([&]() -> asio::awaitable<absl::StatusOr<http::Response>> {
+    co_return co_await engine->request(post("/v1/completions", tokenPrompt(0, 20000)));
+  });
+  ASSERT_TRUE(seeded.ok()) << seeded.status();
+  ASSERT_EQ(seeded->status, 200);
+  std::string home = "e2";
+  ASSERT_TRUE(eventually([&] { return instanceState(home)["index_blocks"].as_int64() == 1250; }));
+  auto inPieces = [&](const std::string& body) {
+    return engine_io_.run([&]() -> asio::awaitable<std::string> {
+      asio::ip::tcp::socket socket(co_await asio::this_coro::executor);
+      co_await socket.async_connect({asio::ip::make_address("127.0.0.1"), router_->port()},
+                                    asio::use_awaitable);
+      std::string head =
+          "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Session-Id: s1\r\n"
+          "Connection: close\r\nContent-Length: " +
+          std::to_string(body.size()) + "\r\n\r\n";
+      asio::steady_timer pause(co_await asio::this_coro::executor);
+      std::string pieces[] = {head + body.substr(0, 3000), body.substr(3000, 40000),
+                              body.substr(43000)};
+      for (const auto& piece : pieces) {
+        co_await asio::async_write(socket, asio::buffer(piece), asio::use_awaitable);
+        pause.expires_after(30ms);
+        co_await pause.async_wait(asio::use_awaitable);
+      }
+      std::string out;
+      char buf[4096];
+      for (;;) {
+        auto [ec, n] =
+            co_await socket.async_read_some(asio::buffer(buf), asio::as_tuple(asio::use_awaitable));
+        out.append(buf, n);
+        if (ec) break;
+      }
+      co_return out;
+    });
+  };
+  std::string body = tokenPrompt(0, 24000);
+  std::string raw = inPieces(body);
+  ASSERT_EQ(raw.rfind("HTTP/1.1 200", 0), 0u) << raw.substr(0, 300);
+  EXPECT_NE(raw.find("x-kvf-instance: " + home + "\r\n"), std::string::npos) << raw;
+  EXPECT_NE(raw.find("x-kvf-reason: cache_gate\r\n"), std::string::npos) << raw;
+  EXPECT_NE(raw.find("x-kvf-predicted-cached-tokens: 20000\r\n"), std::string::npos) << raw;
+  std::string bad = body;
+  bad.replace(bad.rfind(",23990,"), 7, ",-23990,");  // an invalid id late in the prompt
+  std::string rejected = inPieces(bad);
+  EXPECT_EQ(rejected.rfind("HTTP/1.1 400", 0), 0u) << rejected.substr(0, 300);
+  EXPECT_NE(rejected.find("prompt[23990]"), std::string::npos) << rejected;
+  auto after = call(post("/v1/completions", tokenPrompt(0, 32)));
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->status, 200);
 }
 
 TEST_F(ProxyTest, ChatPromptsTokenizedThroughTheEngineHashExactly) {

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 namespace kvf::router {
@@ -224,6 +225,126 @@ TEST(RequestParseTest, SinglePassNeverAcceptsWhatTheDomPathReadsDifferently) {
     ASSERT_EQ(fast->token_ids, dom->token_ids) << body;
   }
   EXPECT_GT(accepted, 100);  // the edits must leave enough valid bodies to compare
+}
+
+// A long token-id body with ids of mixed lengths and the given separator.
+std::string longTokenBody(std::mt19937& rng, size_t count, std::string_view sep,
+                          std::vector<policy::TokenId>* ids) {
+  std::string body = R"({"model":"m","stream":false,"prompt":[)";
+  for (size_t i = 0; i < count; ++i) {
+    uint64_t pick = rng() % 10;
+    policy::TokenId id = pick == 0   ? static_cast<policy::TokenId>(rng() % 10)
+                         : pick == 1 ? static_cast<policy::TokenId>(rng())  // up to 10 digits
+                         : pick == 2 ? static_cast<policy::TokenId>(rng() % 100000000)
+                                     : static_cast<policy::TokenId>(rng() % 100000);
+    ids->push_back(id);
+    body += std::to_string(id);
+    if (i + 1 < count) body += sep;
+  }
+  body += R"(],"max_tokens":3,"user":"u"})";
+  return body;
+}
+
+// Long arrays go through the 64-byte windows: every separator style, every id length, and the
+// same ids when the body is fed in pieces (a body still arriving) before the final parse.
+TEST(RequestParseTest, LongPromptsReadAlikeWholeAndInPieces) {
+  std::mt19937 rng(5);
+  for (std::string_view sep : {",", ", ", " , ", ",\n  "}) {
+    for (size_t count : {1u, 30u, 2000u}) {
+      std::vector<policy::TokenId> ids;
+      std::string body = longTokenBody(rng, count, sep, &ids);
+      auto whole = fastParseTokenCompletion(body);
+      ASSERT_TRUE(whole.has_value()) << body.substr(0, 200);
+      ASSERT_EQ(whole->token_ids, ids);
+      EXPECT_EQ(whole->max_tokens, 3);
+      for (int trial = 0; trial < 20; ++trial) {
+        TokenPromptPrefetch prefetch(body.size());
+        size_t got = 0;
+        bool located = false;  // the prompt's '[' was in view of a feed
+        while (got < body.size()) {
+          got = std::min(body.size(), got + 1 + rng() % (trial < 10 ? 9 : 4000));
+          if (got == body.size()) break;
+          prefetch.feed(std::string_view(body).substr(0, got));
+          located = located || got > body.find('[');
+        }
+        EXPECT_LE(prefetch.ids().size(), ids.size());
+        auto pieces = fastParseTokenCompletion(body, &prefetch);
+        ASSERT_TRUE(pieces.has_value());
+        EXPECT_EQ(pieces->token_ids, ids);
+        EXPECT_EQ(pieces->session, "u");
+        EXPECT_EQ(prefetch.used(), located);
+      }
+    }
+  }
+}
+
+// Random edits of long bodies, read whole and in pieces: whenever the single-pass path accepts
+// one, the DOM path must read the same ids; both ways must agree with each other.
+TEST(RequestParseTest, LongPromptEditsAgreeWithDomPathWholeAndInPieces) {
+  std::mt19937 rng(17);
+  const std::string alphabet = ",,,  ]]0123456789-.e\n\"[{";
+  int accepted = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    std::vector<policy::TokenId> ids;
+    std::string body = longTokenBody(rng, 60, trial % 2 ? "," : ", ", &ids);
+    for (int edits = 1 + static_cast<int>(rng() % 2); edits > 0; --edits) {
+      size_t at = 30 + rng() % (body.size() - 60);
+      char c = alphabet[rng() % alphabet.size()];
+      if (rng() % 2) {
+        body[at] = c;
+      } else {
+        body.insert(body.begin() + static_cast<std::ptrdiff_t>(at), c);
+      }
+    }
+    auto whole = fastParseTokenCompletion(body);
+    TokenPromptPrefetch prefetch(body.size());
+    for (size_t got = 1 + rng() % 50; got < body.size(); got += 1 + rng() % 50) {
+      prefetch.feed(std::string_view(body).substr(0, got));
+    }
+    auto pieces = fastParseTokenCompletion(body, &prefetch);
+    ASSERT_EQ(whole.has_value(), pieces.has_value()) << body;
+    if (!whole) continue;
+    ++accepted;
+    ASSERT_EQ(whole->token_ids, pieces->token_ids) << body;
+    auto dom = parseRequestDom(ApiKind::kCompletions, post(body));
+    ASSERT_TRUE(dom.ok()) << body << ": " << dom.status();
+    ASSERT_EQ(whole->token_ids, dom->token_ids) << body;
+  }
+  EXPECT_GT(accepted, 300);
+}
+
+// A prefetch never decides validity: an invalid array seen in pieces still declines, and a
+// body whose prompt comes after a member it cannot skip is read by the final parse alone.
+TEST(RequestParseTest, PrefetchLeavesValidityToTheFinalParse) {
+  std::string bad = R"({"model":"m","prompt":[1,2,03,4]})";
+  TokenPromptPrefetch prefetch(bad.size());
+  for (size_t got = 1; got < bad.size(); ++got) prefetch.feed(std::string_view(bad).substr(0, got));
+  EXPECT_FALSE(fastParseTokenCompletion(bad, &prefetch).has_value());
+  std::string escaped = R"({"x\"y":1,"model":"m","prompt":[1,2,3],"x":1})";
+  TokenPromptPrefetch skip(escaped.size());
+  skip.feed(std::string_view(escaped).substr(0, escaped.size() - 3));
+  EXPECT_TRUE(skip.ids().empty());
+  EXPECT_FALSE(fastParseTokenCompletion(escaped, &skip).has_value());  // the DOM path's
+  std::string dup = R"({"model":"m","prompt":[1,2],"prompt":[3]})";
+  TokenPromptPrefetch twice(dup.size());
+  twice.feed(std::string_view(dup).substr(0, dup.size() - 2));
+  EXPECT_FALSE(fastParseTokenCompletion(dup, &twice).has_value());
+  EXPECT_FALSE(twice.used());
+}
+
+// The single pass tells whether the client sent its own kv_transfer_params (the router strips
+// them), so the body need not be searched; nested members of that name do not count.
+TEST(RequestParseTest, SinglePassReportsClientKvTransferParams) {
+  auto with = fastParseTokenCompletion(R"({"model":"m","prompt":[1],"kv_transfer_params":{}})");
+  ASSERT_TRUE(with.has_value());
+  EXPECT_EQ(with->has_kv_transfer_params, std::optional<bool>(true));
+  auto nested =
+      fastParseTokenCompletion(R"({"model":"m","prompt":[1],"x":{"kv_transfer_params":1}})");
+  ASSERT_TRUE(nested.has_value());
+  EXPECT_EQ(nested->has_kv_transfer_params, std::optional<bool>(false));
+  auto dom = parseRequest(ApiKind::kCompletions, post(R"({"model":"m\"","prompt":[1]})"));
+  ASSERT_TRUE(dom.ok());
+  EXPECT_FALSE(dom->has_kv_transfer_params.has_value());  // unknown: the caller searches
 }
 
 TEST(RequestParseTest, SinglePassAppliesSessionHeaderAndBound) {
