@@ -17,6 +17,7 @@
 #include "common/json.h"
 #include "common/sse.h"
 #include "tests/testing/io_thread.h"
+#include "tests/testing/socket_read.h"
 
 namespace kvf::http {
 namespace {
@@ -24,18 +25,7 @@ namespace {
 using namespace std::chrono_literals;
 using tcp = asio::ip::tcp;
 
-// Everything the peer sends until it closes the connection (or the read fails).
-asio::awaitable<std::string> readUntilClosed(tcp::socket& socket) {
-  std::string out;
-  char buf[4096];
-  for (;;) {
-    auto [ec, n] =
-        co_await socket.async_read_some(asio::buffer(buf), asio::as_tuple(asio::use_awaitable));
-    out.append(buf, n);
-    if (ec) break;
-  }
-  co_return out;
-}
+using kvf::testing::readUntilClosed;
 
 // Requests are built outside coroutines: GCC 12 miscompiles aggregate initializers holding
 // string literals inside a co_await expression ("array used as initializer").

@@ -8,6 +8,7 @@
 #include <boost/asio/write.hpp>
 
 #include "tests/router/router_fixture.h"
+#include "tests/testing/socket_read.h"
 
 namespace kvf::router {
 namespace {
@@ -252,15 +253,7 @@ TEST_F(ProxyTest, PromptArrivingInPiecesIsReadAheadAndRoutedTheSame) {
         pause.expires_after(30ms);
         co_await pause.async_wait(asio::use_awaitable);
       }
-      std::string out;
-      char buf[4096];
-      for (;;) {
-        auto [ec, n] =
-            co_await socket.async_read_some(asio::buffer(buf), asio::as_tuple(asio::use_awaitable));
-        out.append(buf, n);
-        if (ec) break;
-      }
-      co_return out;
+      co_return co_await kvf::testing::readUntilClosed(socket);
     });
   };
   std::string body = tokenPrompt(0, 24000);
