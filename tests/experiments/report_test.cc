@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "experiments/report/prom_text.h"
+#include "tests/testing/temp_dir.h"
 
 namespace kvf::experiments {
 namespace {
@@ -80,8 +81,7 @@ void writeRep(const fs::path& dir, double ttft, const std::string& instance, dou
 }
 
 TEST(Report, TablesDeltasAndPlotsFromAResultDirectory) {
-  fs::path dir = fs::path(::testing::TempDir()) / ("kvf_report_" + std::to_string(::getpid()));
-  fs::remove_all(dir);
+  fs::path dir = kvf::testing::freshTempDir("kvf_report");
   writeRep(dir / "arms" / "round_robin" / "rep0", 2.0, "0", 10, 100);
   writeRep(dir / "arms" / "round_robin" / "rep1", 2.0, "1", 30, 100);
   writeRep(dir / "arms" / "lmetric" / "rep0", 1.0, "0", 60, 100);

@@ -89,6 +89,7 @@ class RouterFixture : public ::testing::Test {
     router_io_.stop();  // no handler runs once the router is gone
     router_.reset();
     engine_io_.stop();
+    if (!log_path_.empty()) std::remove(log_path_.c_str());  // the decision log dies with the test
   }
 
   absl::StatusOr<http::Response> call(http::ClientRequest request) {
