@@ -27,11 +27,11 @@ log::RateLimitedLog upstream_log;
 
 asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request& request,
                                                http::ResponseWriter& writer) {
-  ++in_flight_;
+  ++*in_flight_;
   struct InFlight {
-    int64_t* count;
+    std::shared_ptr<int64_t> count;
     ~InFlight() { --*count; }
-  } in_flight{&in_flight_};
+  } in_flight{in_flight_};
   RequestContext ctx;
   ctx.start = clock_.now();
   ctx.kind = kind;

@@ -54,7 +54,7 @@ class Router : public std::enable_shared_from_this<Router> {
 
   metrics::Registry& registry() { return registry_; }
   // Completion requests being handled now (parsed, routed or awaiting their upstream).
-  int64_t requestsInFlight() const { return in_flight_; }
+  int64_t requestsInFlight() const { return *in_flight_; }
   const policy::CacheIndex& index() const { return index_; }
 
  private:
@@ -132,7 +132,9 @@ class Router : public std::enable_shared_from_this<Router> {
   std::vector<std::shared_ptr<Instance>> slots_;  // index = cache-index instance number
   uint64_t next_generation_ = 1;
   uint64_t next_request_ = 1;
-  int64_t in_flight_ = 0;
+  // Shared with every request's coroutine frame: a frame still suspended when the router is
+  // destroyed (shutdown, tests) is destroyed later by its io_context and must not touch it.
+  std::shared_ptr<int64_t> in_flight_ = std::make_shared<int64_t>(0);
   std::array<uint64_t, 3> decisions_by_mode_ = {};  // indexed by policy::Mode
   struct DecisionCounter {
     policy::Mode mode;
