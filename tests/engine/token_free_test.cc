@@ -47,17 +47,21 @@ int64_t runUntilFirstToken(EngineCore& core, const std::string& id, Nanos* now) 
   return -1;
 }
 
+// a (50 tokens: 3 full blocks with keys 1, 2, 3 and a partial one) from cold, then b with the
+// same first two blocks and another third: 2 of b's blocks hit.
+void runSharedPrefixPair(EngineCore& core, Nanos* now) {
+  ASSERT_TRUE(core.add(keyed("a", 50, {1, 2, 3}, 77, 1), *now).ok());
+  EXPECT_EQ(runUntilFirstToken(core, "a", now), 0);
+  ASSERT_TRUE(core.add(keyed("b", 60, {1, 2, 9}, 78, 1), *now).ok());
+  EXPECT_EQ(runUntilFirstToken(core, "b", now), 32);
+}
+
 TEST(TokenFree, SharedKeysHitLikeSharedTokens) {
   KeyedSink sink;
   auto core = EngineCore::create(makeConfig(16, 64, 8192), &sink);
   ASSERT_TRUE(core.ok()) << core.status();
   Nanos now = 0;
-  // 50 tokens: 3 full blocks (keys 1, 2, 3) and a partial one.
-  ASSERT_TRUE((*core)->add(keyed("a", 50, {1, 2, 3}, 77, 1), now).ok());
-  EXPECT_EQ(runUntilFirstToken(**core, "a", &now), 0);
-  // The same first two blocks, another third: 2 blocks hit.
-  ASSERT_TRUE((*core)->add(keyed("b", 60, {1, 2, 9}, 78, 1), now).ok());
-  EXPECT_EQ(runUntilFirstToken(**core, "b", &now), 32);
+  ASSERT_NO_FATAL_FAILURE(runSharedPrefixPair(**core, &now));
   // Exactly 3 full blocks: the last token is computed, so only 2 blocks can hit.
   ASSERT_TRUE((*core)->add(keyed("c", 48, {1, 2, 3}, 79, 1), now).ok());
   EXPECT_EQ(runUntilFirstToken(**core, "c", &now), 32);
@@ -88,10 +92,7 @@ TEST(TokenFree, SuppliedKeyedHasherNamesTheBlocks) {
   auto core = EngineCore::create(config, &sink);
   ASSERT_TRUE(core.ok()) << core.status();
   Nanos now = 0;
-  ASSERT_TRUE((*core)->add(keyed("a", 50, {1, 2, 3}, 77, 1), now).ok());
-  EXPECT_EQ(runUntilFirstToken(**core, "a", &now), 0);
-  ASSERT_TRUE((*core)->add(keyed("b", 60, {1, 2, 9}, 78, 1), now).ok());
-  EXPECT_EQ(runUntilFirstToken(**core, "b", &now), 32);
+  ASSERT_NO_FATAL_FAILURE(runSharedPrefixPair(**core, &now));
   ASSERT_GE(sink.stores.size(), 2u);
   uint64_t h1 = toyHash(7, 1), h2 = toyHash(h1, 2), h3 = toyHash(h2, 3);
   EXPECT_EQ(sink.stores[0].first.block_hashes, (std::vector<uint64_t>{h1, h2, h3}));
