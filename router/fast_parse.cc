@@ -316,7 +316,7 @@ std::optional<ParsedRequest> fastParseTokenCompletion(std::string_view body,
   if (prefetch != nullptr) prefetch->used_ = scanner.used_prefetch;
   ParsedRequest out = std::move(scanner.out);
   out.has_token_ids = true;
-  if (!out.has_kv_transfer_params) out.has_kv_transfer_params = false;
+  if (!out.has_kv_transfer_params.has_value()) out.has_kv_transfer_params = false;  // scanned: none
   out.prompt_tokens = static_cast<int64_t>(out.token_ids.size());
   return out;
 }
