@@ -46,6 +46,9 @@ struct PromptBlocks {
 // What a front end submits.
 struct RequestSpec {
   std::string id;
+  // The caller's own handle for the request, copied into every RequestOutput (a driver that
+  // keeps requests in an array finds it without parsing `id`).
+  uint64_t tag = 0;
   std::vector<TokenId> prompt;
   // Instead of `prompt` (which must then be empty): a token-free prompt. Its BlockStored
   // events carry no token_ids; the core needs a KeyedKvEventSink (or none) to accept it.
@@ -71,6 +74,7 @@ const char* finishReasonName(FinishReason r);
 
 struct Request {
   std::string id;
+  uint64_t tag = 0;  // RequestSpec::tag
   uint64_t arrival_seq = 0;
   std::vector<TokenId> prompt;        // empty for a token-free prompt
   int64_t prompt_len = 0;             // prompt tokens (prompt.size() or PromptBlocks::num_tokens)

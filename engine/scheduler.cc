@@ -54,6 +54,11 @@ absl::Status Scheduler::add(RequestSpec spec, Nanos now) {
   }
   auto r = std::make_unique<Request>();
   r->id = std::move(spec.id);
+  r->tag = spec.tag;
+  // Outputs grow by one token per step: reserve what max_tokens allows (bounded) so decoding
+  // does not reallocate and copy the vector as it grows.
+  constexpr int64_t kOutputReserve = int64_t{1} << 14;
+  r->output.reserve(static_cast<size_t>(std::min(spec.sampling.max_tokens, kOutputReserve)));
   r->arrival_seq = next_arrival_seq_++;
   r->prompt_len = prompt_len;
   r->sampling = spec.sampling;
@@ -340,6 +345,7 @@ void Scheduler::finish(Request& r, FinishReason reason, Nanos now) {
 
 void Scheduler::fillOutput(const Request& r, RequestOutput& o) const {
   o.id = r.id;
+  o.tag = r.tag;
   o.finish = r.finish_reason;
   o.prompt_tokens = r.prompt_len;
   o.cached_tokens = std::max<int64_t>(0, r.num_cached_tokens);

@@ -57,6 +57,7 @@ struct RequestOutput {
   // (a rep stos per output per step was a third of step()'s time in a simulator).
   RequestOutput() {}
   std::string id;
+  uint64_t tag = 0;                            // RequestSpec::tag
   absl::InlinedVector<TokenId, 1> new_tokens;  // generated this step (0 or 1)
   std::optional<FinishReason> finish;
   int64_t prompt_tokens = 0;
