@@ -32,13 +32,25 @@ int64_t RequestResult::newTokens() const {
 
 namespace {
 
-// The element a full sort of `v` would put at the p-quantile, in linear time (long streams
-// have many gaps); reorders `v`, so several quantiles can share one copy.
-double percentileIn(std::vector<double>& v, double p) {
-  if (v.empty()) return -1;
-  auto k = static_cast<size_t>(p * static_cast<double>(v.size() - 1) + 0.5);
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
-  return v[k];
+// The values a full sort of `v` would put at the p50 and p99 positions, and its maximum, in
+// linear time (long streams have many gaps): one partition at p50, the next only above it, the
+// maximum only above p99. Reorders `v`; -1 each when empty.
+struct GapQuantiles {
+  double p50 = -1, p99 = -1, max = -1;
+};
+GapQuantiles gapQuantiles(std::vector<double>& v) {
+  GapQuantiles q;
+  if (v.empty()) return q;
+  auto at = [&](double p) {
+    return static_cast<std::ptrdiff_t>(p * static_cast<double>(v.size() - 1) + 0.5);
+  };
+  std::ptrdiff_t k50 = at(0.5), k99 = at(0.99);
+  std::nth_element(v.begin(), v.begin() + k50, v.end());
+  if (k99 > k50) std::nth_element(v.begin() + k50 + 1, v.begin() + k99, v.end());
+  q.p50 = v[static_cast<size_t>(k50)];
+  q.p99 = v[static_cast<size_t>(k99)];
+  q.max = *std::max_element(v.begin() + k99, v.end());
+  return q;
 }
 
 }  // namespace
@@ -64,10 +76,12 @@ std::string RequestResult::toJsonLine() const {
   line["ttft_s"] = o.ttft_s;
   line["tpot_s"] = o.tpot_s;
   line["e2e_s"] = o.e2e_s;
-  std::vector<double> gaps = o.itl_s;
-  line["itl_p50_s"] = percentileIn(gaps, 0.5);
-  line["itl_p99_s"] = percentileIn(gaps, 0.99);
-  line["itl_max_s"] = o.itl_s.empty() ? -1.0 : *std::max_element(o.itl_s.begin(), o.itl_s.end());
+  thread_local std::vector<double> gaps;  // a copy to partition, its capacity reused
+  gaps.assign(o.itl_s.begin(), o.itl_s.end());
+  GapQuantiles itl = gapQuantiles(gaps);
+  line["itl_p50_s"] = itl.p50;
+  line["itl_p99_s"] = itl.p99;
+  line["itl_max_s"] = itl.max;
   line["output_tokens"] = o.output_tokens;
   line["prompt_tokens"] = o.prompt_tokens;
   line["cached_tokens"] = o.cached_tokens;
