@@ -3,7 +3,6 @@
 // the arrival that wakes an idle engine), KV events published at step end, /metrics values as
 // the health loop scrapes them, and injected failures (in-flight requests fail mid-stream; a
 // restarted engine is cold and announces AllBlocksCleared).
-#include <charconv>
 
 #include <fmt/format.h>
 
@@ -88,6 +87,7 @@ void Sim::onEngineArrive(uint32_t index, Nanos t) {
   }
   engine::RequestSpec spec;
   spec.id = std::to_string(index);
+  spec.tag = index;
   fillPrompt(*f, spec, false);
   spec.sampling.max_tokens = f->max_tokens;
   spec.sampling.min_tokens = f->max_tokens;
@@ -136,8 +136,7 @@ void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
   // requests: bring them in for the whole batch first, so the misses overlap.
   step_flights_.clear();
   for (const engine::RequestOutput& out : e.current.outputs) {
-    uint32_t index = 0;
-    std::from_chars(out.id.data(), out.id.data() + out.id.size(), index);
+    auto index = static_cast<uint32_t>(out.tag);
     step_flights_.push_back(index);
     if (index < flights_.size()) prefetchLine(&flights_[index]);
   }

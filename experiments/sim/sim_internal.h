@@ -82,6 +82,68 @@ struct EventLater {
   }
 };
 
+// A binary min-heap of events whose pop can be deferred: take() hands out the least event and
+// leaves it in place, and the next push() overwrites it and sifts down once (a step end pops the
+// engine's event and pushes its next step: one sift instead of a pop and a push). Any other
+// access settles a taken top first, so the order is exactly std::priority_queue's.
+class ReplaceTopHeap {
+ public:
+  bool empty() const { return heap_.size() == (taken_ ? 1u : 0u); }
+  const Event& top() {
+    settle();
+    return heap_.front();
+  }
+  // The least event, removed from the heap (logically now, physically at the next call).
+  Event take() {
+    settle();
+    taken_ = true;
+    return heap_.front();
+  }
+  void push(const Event& e) {
+    if (taken_) {
+      taken_ = false;
+      siftDown(0, e);
+      return;
+    }
+    size_t hole = heap_.size();
+    heap_.push_back(e);
+    while (hole > 0) {
+      size_t parent = (hole - 1) / 2;
+      if (!EventLater()(heap_[parent], e)) break;
+      heap_[hole] = heap_[parent];
+      hole = parent;
+    }
+    heap_[hole] = e;
+  }
+
+ private:
+  void settle() {
+    if (!taken_) return;
+    taken_ = false;
+    Event last = heap_.back();
+    heap_.pop_back();
+    if (!heap_.empty()) siftDown(0, last);
+  }
+  // EventLater without branches: which child is less is a coin toss the predictor loses.
+  static bool later(const Event& x, const Event& y) {
+    return (x.t > y.t) | ((x.t == y.t) & (x.seq > y.seq));
+  }
+  // Places `e` at `hole` or below it, moving the lesser children up.
+  void siftDown(size_t hole, const Event& e) {
+    size_t n = heap_.size();
+    for (size_t child = 2 * hole + 1; child < n; child = 2 * hole + 1) {
+      if (child + 1 < n) child += static_cast<size_t>(later(heap_[child], heap_[child + 1]));
+      if (!EventLater()(e, heap_[child])) break;
+      heap_[hole] = heap_[child];
+      hole = child;
+    }
+    heap_[hole] = e;
+  }
+
+  std::vector<Event> heap_;
+  bool taken_ = false;
+};
+
 // The event queue: a binary heap plus FIFO lanes for kinds always scheduled a fixed delay after
 // the current time (client timeouts, responses, KV deliveries, read deadlines), which therefore
 // arrive in (time, sequence) order and need no heap, and one for the sessions' first arrivals,
@@ -136,7 +198,7 @@ class EventQueue {
     if (from == kHeap) {
       heap_.pop();
     } else if (from == kEngineHeap) {
-      engine_heap_.pop();
+      engine_heap_.take();
     } else {
       lanes_[static_cast<size_t>(from)].pop_front();
     }
@@ -145,7 +207,7 @@ class EventQueue {
 
  private:
   std::priority_queue<Event, std::vector<Event>, EventLater> heap_;
-  std::priority_queue<Event, std::vector<Event>, EventLater> engine_heap_;
+  ReplaceTopHeap engine_heap_;  // its popped top is overwritten by the next step end pushed
   std::array<std::deque<Event>, kLanes> lanes_;
 };
 

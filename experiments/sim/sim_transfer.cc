@@ -69,6 +69,7 @@ void Sim::onPrefillArrive(Flight& f, Nanos t) {
   }
   engine::RequestSpec spec;
   spec.id = std::to_string(f.index);
+  spec.tag = f.index;
   fillPrompt(f, spec, true);  // D needs the prompt too
   spec.sampling.max_tokens = 1;
   spec.sampling.ignore_eos = true;

@@ -521,5 +521,28 @@ TEST(SimEventQueue, LanesKeepTheHeapOrder) {
   EXPECT_TRUE(queue.empty());
 }
 
+// The engine heap's deferred pop: a taken top is overwritten by the next push or removed at the
+// next access; random takes, pushes and peeks give std::priority_queue's order.
+TEST(SimEventQueue, ReplaceTopHeapMatchesAPriorityQueue) {
+  std::mt19937_64 rng(5);
+  ReplaceTopHeap heap;
+  std::priority_queue<Event, std::vector<Event>, EventLater> reference;
+  uint64_t seq = 0;
+  for (int op = 0; op < 20000; ++op) {
+    int what = static_cast<int>(rng() % 4);
+    if (what <= 1 || reference.empty()) {
+      Event e{static_cast<Nanos>(rng() % 100), seq++, Ev::kStepEnd, 0, 0};
+      heap.push(e);
+      reference.push(e);
+    } else if (what == 2) {
+      ASSERT_EQ(heap.take().seq, reference.top().seq);
+      reference.pop();
+    } else {
+      ASSERT_EQ(heap.top().seq, reference.top().seq);
+    }
+    ASSERT_EQ(heap.empty(), reference.empty());
+  }
+}
+
 }  // namespace
 }  // namespace kvf::experiments::sim
