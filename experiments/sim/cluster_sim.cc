@@ -46,8 +46,10 @@ void Sim::push(Nanos t, Ev kind, uint32_t a, uint64_t b) {
     case Ev::kReadTimeout:  // now + read_timeout, or an earlier deadline (then the heap)
       lane = 3;
       break;
+    case Ev::kHealthTick:  // every engine's first at the same time, then now + interval
+      lane = EventQueue::kHealthLane;
+      break;
     case Ev::kStepEnd:  // at most one pending per engine incarnation
-    case Ev::kHealthTick:
       lane = EventQueue::kEngineHeap;
       break;
     default:

@@ -145,10 +145,10 @@ class ReplaceTopHeap {
 };
 
 // The event queue: a binary heap plus FIFO lanes for kinds always scheduled a fixed delay after
-// the current time (client timeouts, responses, KV deliveries, read deadlines), which therefore
-// arrive in (time, sequence) order and need no heap, and one for the sessions' first arrivals,
-// pushed at start in trace order (at 1M requests 200,000 of them: in the heap every pop paid
-// for its depth). Kinds with at most a few pending per engine (step ends, health ticks) have a
+// the current time (client timeouts, responses, KV deliveries, read deadlines, health ticks),
+// which therefore arrive in (time, sequence) order and need no heap, and one for the sessions'
+// first arrivals, pushed at start in trace order (at 1M requests 200,000 of them: in the heap
+// every pop paid for its depth). Step ends (at most one pending per engine incarnation) have a
 // heap of their own, a few levels deep and in L1, so the step end, the most frequent event,
 // does not pay for the depth of the arrivals' heap. pop() takes the least (time, sequence) of
 // the heap tops and the lane fronts, so the order is exactly a single heap's. An event that
@@ -157,9 +157,10 @@ class ReplaceTopHeap {
 class EventQueue {
  public:
   static constexpr int kHeap = -1;
-  static constexpr int kEngineHeap = -2;  // kinds with a bounded number pending per engine
-  static constexpr int kLanes = 5;
-  static constexpr int kStartLane = 4;  // events pushed before the run, in time order
+  static constexpr int kEngineHeap = -2;  // step ends
+  static constexpr int kLanes = 6;
+  static constexpr int kStartLane = 4;   // events pushed before the run, in time order
+  static constexpr int kHealthLane = 5;  // health ticks: a fixed interval after the last
   void push(const Event& e, int lane) {
     if (lane == kEngineHeap) {
       engine_heap_.push(e);
