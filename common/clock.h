@@ -16,6 +16,15 @@ inline constexpr Nanos kNanosPerSecond = 1000 * 1000 * 1000;
 
 inline constexpr Nanos secondsToNanos(double s) { return static_cast<Nanos>(s * 1e9); }
 inline constexpr double nanosToSeconds(Nanos n) { return static_cast<double>(n) * 1e-9; }
+// std::llround(s * 1e9): the nearest nanosecond, halves away from zero, without the library
+// call (a simulator's step-duration hot path). Equal to llround for every finite value in
+// range: below 2^53 the part after truncation is exact, and above it the value is integral.
+inline constexpr Nanos secondsToNanosRounded(double s) {
+  double x = s * 1e9;
+  auto whole = static_cast<Nanos>(x);
+  double frac = x - static_cast<double>(whole);
+  return frac >= 0.5 ? whole + 1 : (frac <= -0.5 ? whole - 1 : whole);
+}
 
 class Clock {
  public:

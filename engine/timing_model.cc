@@ -132,7 +132,7 @@ double TimingModel::stepSeconds(std::span<const BatchEntry> batch) const {
 }
 
 Nanos TimingModel::stepDuration(std::span<const BatchEntry> batch) const {
-  return static_cast<Nanos>(std::llround(stepSeconds(batch) * 1e9));
+  return secondsToNanosRounded(stepSeconds(batch));
 }
 
 double TimingModel::prefillTokensPerSecond(int64_t prompt_tokens, int64_t chunk_tokens) const {
@@ -158,7 +158,7 @@ double TimingModel::transferSeconds(int64_t tokens) const {
 }
 
 Nanos TimingModel::transferDuration(int64_t tokens) const {
-  return static_cast<Nanos>(std::llround(transferSeconds(tokens) * 1e9));
+  return secondsToNanosRounded(transferSeconds(tokens));
 }
 
 }  // namespace kvf::engine

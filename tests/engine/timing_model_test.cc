@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "engine/engine_config.h"
@@ -21,6 +22,27 @@ void expectAnchors(const std::string& path) {
   double tpot = model.decodeStepSeconds(a.tpot_batch, a.tpot_context_tokens);
   EXPECT_NEAR(prefill / a.prefill_tokens_per_s, 1.0, 0.10) << path << " prefill " << prefill;
   EXPECT_NEAR(tpot / a.tpot_s, 1.0, 0.10) << path << " tpot " << tpot;
+}
+
+// Step and transfer durations round with secondsToNanosRounded: exactly std::llround(s * 1e9),
+// halves away from zero, on the edges (halves, the double just below a half, both signs, past
+// 2^53) and on random durations from nanoseconds to hours.
+TEST(TimingModelTest, RoundedNanosAreLlround) {
+  std::vector<double> seconds = {0.0,  -0.0, 0.5e-9, 1.5e-9, 2.5e-9, -0.5e-9,   -2.5e-9,
+                                 1e-9, 0.25, 3600.0, 9.1e6,  -9.1e6, 0.0375e-3, 1.23456789e-3};
+  seconds.push_back(std::nextafter(0.5, 0.0) * 1e-9);
+  seconds.push_back(std::ldexp(1.0, 53) * 1e-9 + 0.5e-9);
+  std::mt19937_64 rng(3);
+  for (int i = 0; i < 200000; ++i) {
+    double exponent = -9.0 + static_cast<double>(rng() % 13000) / 1000.0;
+    double s = std::pow(10.0, exponent) * (rng() % 2 == 0 ? 1.0 : -1.0);
+    seconds.push_back(s);
+    // Values whose nanoseconds end in exactly .5 as doubles.
+    seconds.push_back((static_cast<double>(rng() % 100000000) + 0.5) * 1e-9);
+  }
+  for (double s : seconds) {
+    ASSERT_EQ(secondsToNanosRounded(s), std::llround(s * 1e9)) << s;
+  }
 }
 
 TEST(TimingModelTest, QwenH20ReproducesSeedAnchors) {
