@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <charconv>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -55,41 +57,108 @@ GapQuantiles gapQuantiles(std::vector<double>& v) {
 
 }  // namespace
 
+namespace {
+
+// Appends one result line's JSON text, byte for byte what boost::json::serialize prints for the
+// same object (keys in insertion order, no spaces), without building the object: the simulator
+// writes a line per request (a million per arm).
+class LineWriter {
+ public:
+  explicit LineWriter(std::string* out) : out_(*out) { out_.push_back('{'); }
+  void finish() { out_.push_back('}'); }
+
+  void field(std::string_view key, std::string_view v) {
+    this->key(key);
+    // Quote and backslash need escapes, control bytes too: boost::json writes those.
+    bool plain = std::none_of(v.begin(), v.end(), [](char c) {
+      return c == '"' || c == '\\' || static_cast<unsigned char>(c) < 0x20;
+    });
+    if (plain) {
+      out_.push_back('"');
+      out_.append(v);
+      out_.push_back('"');
+    } else {
+      out_ += bj::serialize(bj::string_view(v.data(), v.size()));
+    }
+  }
+  void field(std::string_view key, bool v) {
+    this->key(key);
+    out_ += v ? "true" : "false";
+  }
+  void field(std::string_view key, int64_t v) {
+    this->key(key);
+    char buf[24];
+    auto end = std::to_chars(buf, buf + sizeof(buf), v).ptr;
+    out_.append(buf, end);
+  }
+  void field(std::string_view key, int v) { field(key, static_cast<int64_t>(v)); }
+  // Shortest round-trip digits in boost::json's (Ryu's) form: d.dddE-x, 0E0, no exponent sign
+  // or padding. libstdc++'s std::to_chars is Ryu too, so the digits are the same; only the
+  // exponent is spelled differently ("e-01" -> "E-1").
+  void field(std::string_view key, double v) {
+    this->key(key);
+    if (!std::isfinite(v)) {  // never in a result line; boost::json's own spelling
+      out_ += bj::serialize(bj::value(v));
+      return;
+    }
+    char buf[40];
+    auto end = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::scientific).ptr;
+    char* e = std::find(buf, end, 'e');
+    out_.append(buf, e);
+    out_.push_back('E');
+    const char* exp = e + 1;
+    if (*exp == '-') out_.push_back('-');
+    if (*exp == '-' || *exp == '+') ++exp;
+    while (exp + 1 < end && *exp == '0') ++exp;
+    out_.append(exp, static_cast<size_t>(end - exp));
+  }
+
+ private:
+  void key(std::string_view k) {  // keys are ours: plain ASCII, no escapes
+    if (out_.size() > 1) out_.push_back(',');
+    out_.push_back('"');
+    out_.append(k);
+    out_ += "\":";
+  }
+  std::string& out_;
+};
+
+}  // namespace
+
 std::string RequestResult::toJsonLine() const {
   const CompletionOutcome& o = outcome;
-  // One line's keys and short strings fit this buffer: no heap allocation per line (the
-  // simulator writes a million lines per arm).
-  unsigned char buffer[4096];
-  bj::monotonic_resource arena(buffer, sizeof(buffer));
-  bj::object line(24, &arena);
-  line["request_id"] = request_id;
-  line["session_id"] = session_id;
-  line["turn"] = turn;
-  line["arrival_s"] = arrival_s;
-  line["sent_s"] = sent_s;
-  line["input_length"] = input_length;
-  line["output_length"] = output_length;
-  line["class"] = std::string(requestClass(newTokens()));
-  line["ok"] = o.ok;
-  line["error"] = o.error;
-  line["http_status"] = o.http_status;
-  line["ttft_s"] = o.ttft_s;
-  line["tpot_s"] = o.tpot_s;
-  line["e2e_s"] = o.e2e_s;
+  std::string text;
+  text.reserve(512);
+  LineWriter line(&text);
+  line.field("request_id", request_id);
+  line.field("session_id", session_id);
+  line.field("turn", turn);
+  line.field("arrival_s", arrival_s);
+  line.field("sent_s", sent_s);
+  line.field("input_length", input_length);
+  line.field("output_length", output_length);
+  line.field("class", requestClass(newTokens()));
+  line.field("ok", o.ok);
+  line.field("error", o.error);
+  line.field("http_status", o.http_status);
+  line.field("ttft_s", o.ttft_s);
+  line.field("tpot_s", o.tpot_s);
+  line.field("e2e_s", o.e2e_s);
   thread_local std::vector<double> gaps;  // a copy to partition, its capacity reused
   gaps.assign(o.itl_s.begin(), o.itl_s.end());
   GapQuantiles itl = gapQuantiles(gaps);
-  line["itl_p50_s"] = itl.p50;
-  line["itl_p99_s"] = itl.p99;
-  line["itl_max_s"] = itl.max;
-  line["output_tokens"] = o.output_tokens;
-  line["prompt_tokens"] = o.prompt_tokens;
-  line["cached_tokens"] = o.cached_tokens;
-  line["instance"] = o.instance;
-  line["decision"] = o.decision;
-  line["reason"] = o.reason;
-  line["predicted_cached_tokens"] = o.predicted_cached_tokens;
-  return bj::serialize(line);
+  line.field("itl_p50_s", itl.p50);
+  line.field("itl_p99_s", itl.p99);
+  line.field("itl_max_s", itl.max);
+  line.field("output_tokens", o.output_tokens);
+  line.field("prompt_tokens", o.prompt_tokens);
+  line.field("cached_tokens", o.cached_tokens);
+  line.field("instance", o.instance);
+  line.field("decision", o.decision);
+  line.field("reason", o.reason);
+  line.field("predicted_cached_tokens", o.predicted_cached_tokens);
+  line.finish();
+  return text;
 }
 
 absl::StatusOr<RequestResult> RequestResult::fromJsonLine(std::string_view text) {

@@ -4,11 +4,15 @@
 // both dispatch modes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <mutex>
+#include <random>
 
 #include <fmt/format.h>
 #include <boost/asio/steady_timer.hpp>
@@ -261,6 +265,91 @@ TEST_F(ReplayTest, ResumeAfterCrashNeitherLosesNorDuplicates) {
   std::map<std::string, int> seen;
   for (const auto& r : *loaded) seen[r.request_id]++;
   EXPECT_EQ(seen, (std::map<std::string, int>{{"a", 1}, {"b", 1}, {"c", 1}}));
+}
+
+// The result line is written field by field: the same bytes boost::json::serialize prints for
+// the same object (the reference below builds it), for escaped strings and doubles across the
+// range (zero of both signs, subnormal, huge, integral, short and 17-digit fractions).
+TEST(ResultLine, SameBytesAsTheJsonObject) {
+  auto reference = [](const RequestResult& r) {
+    const CompletionOutcome& o = r.outcome;
+    std::vector<double> gaps = o.itl_s;
+    auto quantile = [&](double p) {
+      if (gaps.empty()) return -1.0;
+      std::sort(gaps.begin(), gaps.end());
+      return gaps[static_cast<size_t>(p * static_cast<double>(gaps.size() - 1) + 0.5)];
+    };
+    bj::object line;
+    line["request_id"] = r.request_id;
+    line["session_id"] = r.session_id;
+    line["turn"] = r.turn;
+    line["arrival_s"] = r.arrival_s;
+    line["sent_s"] = r.sent_s;
+    line["input_length"] = r.input_length;
+    line["output_length"] = r.output_length;
+    line["class"] = std::string(requestClass(r.newTokens()));
+    line["ok"] = o.ok;
+    line["error"] = o.error;
+    line["http_status"] = o.http_status;
+    line["ttft_s"] = o.ttft_s;
+    line["tpot_s"] = o.tpot_s;
+    line["e2e_s"] = o.e2e_s;
+    line["itl_p50_s"] = quantile(0.5);
+    line["itl_p99_s"] = quantile(0.99);
+    line["itl_max_s"] = gaps.empty() ? -1.0 : *std::max_element(gaps.begin(), gaps.end());
+    line["output_tokens"] = o.output_tokens;
+    line["prompt_tokens"] = o.prompt_tokens;
+    line["cached_tokens"] = o.cached_tokens;
+    line["instance"] = o.instance;
+    line["decision"] = o.decision;
+    line["reason"] = o.reason;
+    line["predicted_cached_tokens"] = o.predicted_cached_tokens;
+    return bj::serialize(line);
+  };
+  const std::vector<double> doubles = {0.0,     -0.0,     1.0,         -1.0, 0.1,
+                                       1e-320,  2.5e-308, 1.7e308,     1e21, 123456789.0,
+                                       1.0 / 3, 2.0 / 3,  0.247923885, 1e-9, 3.7805327500000006e-2};
+  const std::vector<std::string> strings = {"",
+                                            "s1#1",
+                                            "say \"hi\"",
+                                            "back\\slash",
+                                            "line\nbreak",
+                                            std::string("nul\0byte", 8),
+                                            "tab\tand\x01ctl",
+                                            "caf\xc3\xa9 \xe2\x9c\x93"};
+  std::mt19937_64 rng(11);
+  for (int i = 0; i < 3000; ++i) {
+    auto pick_d = [&] {
+      if (rng() % 3 == 0) return doubles[rng() % doubles.size()];
+      return std::ldexp(static_cast<double>(rng() >> 11), static_cast<int>(rng() % 120) - 90) *
+             (rng() % 2 == 0 ? 1 : -1);
+    };
+    auto pick_s = [&] { return strings[rng() % strings.size()]; };
+    RequestResult r;
+    r.request_id = pick_s();
+    r.session_id = pick_s();
+    r.turn = static_cast<int32_t>(rng() % 1000) - 5;
+    r.arrival_s = pick_d();
+    r.sent_s = pick_d();
+    r.input_length = static_cast<int64_t>(rng() >> (rng() % 64));
+    r.output_length = -static_cast<int64_t>(rng() % 100000);
+    r.outcome.ok = rng() % 2 == 0;
+    r.outcome.error = pick_s();
+    r.outcome.http_status = static_cast<int>(rng() % 600);
+    r.outcome.ttft_s = pick_d();
+    r.outcome.tpot_s = pick_d();
+    r.outcome.e2e_s = pick_d();
+    // Gaps are durations: no sign, so equal values are equal bytes whichever the partition picks.
+    for (size_t n = rng() % 300; n > 0; --n) r.outcome.itl_s.push_back(std::fabs(pick_d()));
+    r.outcome.output_tokens = static_cast<int64_t>(rng() % 5000);
+    r.outcome.prompt_tokens = static_cast<int64_t>(rng() % 200000) - 1;
+    r.outcome.cached_tokens = static_cast<int64_t>(rng() % 200000) - 1;
+    r.outcome.instance = pick_s();
+    r.outcome.decision = pick_s();
+    r.outcome.reason = pick_s();
+    r.outcome.predicted_cached_tokens = std::numeric_limits<int64_t>::min() + 1 + (i % 3);
+    ASSERT_EQ(r.toJsonLine(), reference(r)) << i;
+  }
 }
 
 TEST(Summary, PercentilesAndClasses) {
