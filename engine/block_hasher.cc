@@ -8,6 +8,10 @@ namespace kvf::engine {
 worker::BlockHash hashBlock(uint64_t seed, worker::BlockHash parent,
                             std::span<const worker::TokenId> tokens) {
   XXH3_state_t state;
+  // A state on the stack must be initialised before a seeded reset: the reset compares the
+  // seed with the state's own and reuses its derived secret when they match, so stack garbage
+  // that happens to hold this seed would hash with garbage (xxhash.h, XXH3_INITSTATE).
+  XXH3_INITSTATE(&state);
   XXH3_64bits_reset_withSeed(&state, seed);
   XXH3_64bits_update(&state, &parent, sizeof(parent));
   XXH3_64bits_update(&state, tokens.data(), tokens.size_bytes());

@@ -1,8 +1,11 @@
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
 #include <set>
 #include <variant>
+
+#include <xxhash.h>
 
 #include "engine/block_hasher.h"
 #include "engine/engine_core.h"
@@ -62,6 +65,36 @@ std::map<std::string, Finished> runToCompletion(EngineCore& core, Nanos* now,
   }
   EXPECT_FALSE(core.hasWork());
   return done;
+}
+
+// Leaves `seed` and garbage where the next call's locals will sit: a seeded XXH3 reset on an
+// uninitialised stack state that reads this seed skips deriving its secret (it did, under
+// ASan, and blocks of equal tokens got different hashes).
+__attribute__((noinline)) void dirtyStack(uint64_t seed) {
+  // XXH3_state_t is 64-byte aligned with its seed at word 69 and its external-secret pointer
+  // at word 71: every 64-byte-aligned place gets seed there and null there.
+  alignas(64) uint64_t words[1024];
+  for (size_t i = 0; i < 1024; ++i) words[i] = i % 4 == 1 ? seed : i % 4 == 3 ? 0 : ~seed;
+  asm volatile("" : : "r"(words) : "memory");  // the stores are kept
+}
+
+// hashBlock (streaming over parent then tokens) equals one XXH3 call over the same bytes, also
+// right after the stack was filled with the seed.
+TEST(BlockHasherTest, StreamingHashIsTheOneShotHashWhateverTheStackHolds) {
+  const uint64_t seed = 0x1234567890abcdefULL;
+  for (size_t n : {1u, 16u, 48u, 64u, 100u}) {
+    std::vector<worker::TokenId> tokens(n);
+    for (size_t i = 0; i < n; ++i) tokens[i] = static_cast<worker::TokenId>(i * 7919 + n);
+    const worker::BlockHash parent = 0xfeedface00000000ULL + n;
+    std::vector<unsigned char> bytes(sizeof(parent) + n * sizeof(worker::TokenId));
+    std::memcpy(bytes.data(), &parent, sizeof(parent));
+    std::memcpy(bytes.data() + sizeof(parent), tokens.data(), n * sizeof(worker::TokenId));
+    const uint64_t expected = XXH3_64bits_withSeed(bytes.data(), bytes.size(), seed);
+    for (int round = 0; round < 4; ++round) {
+      dirtyStack(seed);
+      EXPECT_EQ(hashBlock(seed, parent, tokens), expected) << n << " tokens, round " << round;
+    }
+  }
 }
 
 TEST(SchedulerTest, GeneratesDeterministicTokensUntilMaxTokens) {
