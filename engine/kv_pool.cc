@@ -126,7 +126,10 @@ std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     BlockIndex b = head_;
     unlink(b);
-    if (hasHash(b)) removed.block_hashes.push_back(blocks_[b].hash);
+    if (hasHash(b)) {
+      removed.block_hashes.push_back(blocks_[b].hash);
+      if (watch_intact_ && watch_mark_[b] == watch_id_) watch_intact_ = false;
+    }
     state_[b] = 1;  // one reference, no hash
     out.push_back(b);
   }
@@ -187,8 +190,17 @@ absl::Status KvPool::unpin(BlockHash hash) {
   return absl::OkStatus();
 }
 
+uint64_t KvPool::watchCachedPrefix(std::span<const BlockIndex> blocks) {
+  if (watch_mark_.size() != blocks_.size()) watch_mark_.assign(blocks_.size(), 0);
+  ++watch_id_;
+  for (BlockIndex b : blocks) watch_mark_[b] = watch_id_;
+  watch_intact_ = true;
+  return watch_id_;
+}
+
 bool KvPool::resetPrefixCache() {
   if (num_free_ != numBlocks()) return false;
+  watch_intact_ = false;
   for (uint32_t& st : state_) st &= ~kHasHash;
   table_.clear();
   if (sink_ != nullptr) sink_->onAllBlocksCleared();

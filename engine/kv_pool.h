@@ -53,6 +53,18 @@ class KvPool {
   // their hash are taken by a check of the block (no hash-table probe), the rest looked up.
   std::vector<BlockIndex> findCachedPrefix(std::span<const BlockHash> hashes,
                                            std::span<const BlockIndex> hint) const;
+  // Watching a lookup's result between steps (the scheduler's waiting head, which under
+  // overload is looked up again every step): watchCachedPrefix replaces the watched blocks and
+  // returns the watch's id; while watchIntact(id), none of them has lost its hash (eviction,
+  // prefix cache reset), so a lookup of the same hashes finds them again and need only probe
+  // past them.
+  uint64_t watchCachedPrefix(std::span<const BlockIndex> blocks);
+  bool watchIntact(uint64_t id) const { return id != 0 && id == watch_id_ && watch_intact_; }
+  // Adds `blocks` to the intact watch `id`.
+  void extendWatch(uint64_t id, std::span<const BlockIndex> blocks) {
+    if (!watchIntact(id)) return;
+    for (BlockIndex b : blocks) watch_mark_[b] = id;
+  }
   // How many of `blocks` are unreferenced (touching them takes them off the free queue).
   int64_t countUnreferenced(std::span<const BlockIndex> blocks) const;
   // Takes a reference on each (cached) block.
@@ -119,6 +131,10 @@ class KvPool {
   int64_t num_free_ = 0;
   std::byte* payload_ = nullptr;
   size_t payload_bytes_ = 0;
+  // watchCachedPrefix: per block, the id of the last watch that included it.
+  std::vector<uint64_t> watch_mark_;
+  uint64_t watch_id_ = 0;
+  bool watch_intact_ = false;
 };
 
 }  // namespace kvf::engine

@@ -96,6 +96,7 @@ struct Request {
   // While waiting at the head of the queue: the blocks its last prefix lookup found (a hint
   // for the next lookup, re-checked block by block; no references held).
   std::vector<worker::BlockIndex> prefix_hint;
+  uint64_t prefix_hint_watch = 0;  // KvPool::watchCachedPrefix id of prefix_hint, 0: none
 
   // KV push (receiver): the spec until the fetch is resolved; landing blocks while waiting.
   std::optional<RemoteKvSpec> remote_kv;

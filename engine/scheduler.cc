@@ -210,6 +210,16 @@ void Scheduler::scheduleRunning(std::vector<Scheduled>& scheduled, int64_t& budg
   result.num_preempted = preempted;
 }
 
+void Scheduler::keepPrefixHint(Request& r, std::vector<BlockIndex> blocks, size_t watched) {
+  r.prefix_hint = std::move(blocks);
+  std::span<const BlockIndex> hint(r.prefix_hint);
+  if (watched > 0 && pool_->watchIntact(r.prefix_hint_watch)) {
+    pool_->extendWatch(r.prefix_hint_watch, hint.subspan(watched));  // only the new blocks
+  } else {
+    r.prefix_hint_watch = hint.empty() ? 0 : pool_->watchCachedPrefix(hint);
+  }
+}
+
 void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
                              StepResult& result) {
   const int64_t bs = pool_->blockSize();
@@ -223,20 +233,29 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
     // A request back from a remote-KV fetch already holds its blocks (local hits + pushed).
     const bool resumed = !r.blocks.empty();
     std::vector<BlockIndex> cached;
+    size_t watched = 0;  // leading blocks of `cached` still under the head's watch
     if (!resumed) {
       // The last token is always computed, so at most (n - 1) / bs blocks can come from cache.
       auto max_blocks = static_cast<size_t>((r.numTokens() - 1) / bs);
       std::span<const BlockHash> lookup(r.block_hashes.data(),
                                         std::min(max_blocks, r.block_hashes.size()));
-      cached = pool_->findCachedPrefix(lookup, r.prefix_hint);
+      if (pool_->watchIntact(r.prefix_hint_watch) && r.prefix_hint.size() <= lookup.size()) {
+        // Every block found last step still holds its hash: probe only past them.
+        cached = std::move(r.prefix_hint);
+        watched = cached.size();
+        std::vector<BlockIndex> more = pool_->findCachedPrefix(lookup.subspan(watched));
+        cached.insert(cached.end(), more.begin(), more.end());
+      } else {
+        cached = pool_->findCachedPrefix(lookup, r.prefix_hint);
+      }
       if (r.remote_kv) {
         std::vector<BlockHash> run = remoteRun(r, cached.size(), max_blocks);
         if (!run.empty()) {
           if (!startRemoteKv(r, cached, std::move(run), result)) {
-            r.prefix_hint = std::move(cached);
+            keepPrefixHint(r, std::move(cached), watched);
             break;  // FCFS: wait for blocks
           }
-          r.prefix_hint = {};
+          keepPrefixHint(r, {}, 0);
           waiting_.pop_front();  // it waits aside and does not block the queue
           continue;
         }
@@ -249,10 +268,10 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
     n = std::min(n, chunkLimit(budget));
     if (!fits || !allocateSlots(r, n, cached)) {
       // FCFS: the head waits for blocks; its next lookup starts from these.
-      r.prefix_hint = std::move(cached);
+      keepPrefixHint(r, std::move(cached), watched);
       break;
     }
-    r.prefix_hint = {};
+    keepPrefixHint(r, {}, 0);
     if (!resumed) {
       r.num_computed_tokens = computed;
       r.num_cached_blocks = cached.size();

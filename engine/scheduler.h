@@ -175,6 +175,9 @@ class Scheduler {
   TokenId sampleToken(Request& r, Nanos end);
   void finish(Request& r, FinishReason reason, Nanos now);
   void fillOutput(const Request& r, RequestOutput& out) const;
+  // The waiting head's lookup result for its next lookup (watched in the pool), or none; the
+  // first `watched` blocks are still under r's watch.
+  void keepPrefixHint(Request& r, std::vector<BlockIndex> blocks, size_t watched);
 
   SchedulerConfig config_;
   KvPool* pool_;
