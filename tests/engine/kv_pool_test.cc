@@ -57,6 +57,44 @@ TEST(KvPoolTest, CachedBlocksSurviveReleaseAndAreEvictedLru) {
   EXPECT_EQ(pool->findCachedPrefix(second).size(), 1u);
 }
 
+// A watched lookup stays intact while its blocks keep their hashes: allocations that evict
+// other blocks, references taken and dropped, and blocks added to it leave it intact; evicting
+// one of its blocks, resetting the prefix cache or starting another watch breaks it.
+TEST(KvPoolTest, WatchedPrefixBreaksOnlyWhenOneOfItsBlocksLosesItsHash) {
+  auto pool = makePool(6, nullptr);
+  auto a = pool->allocate(6);
+  ASSERT_TRUE(a.has_value());
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(pool->cacheBlock((*a)[i], 200 + i));
+  pool->release(*a);  // LRU order 200..205: 200 is evicted first
+  std::vector<BlockHash> tail = {204, 205};
+  std::vector<BlockIndex> found = pool->findCachedPrefix(tail);
+  ASSERT_EQ(found.size(), 2u);
+  EXPECT_FALSE(pool->watchIntact(0));
+  uint64_t id = pool->watchCachedPrefix(std::span<const BlockIndex>(found).first(1));
+  EXPECT_TRUE(pool->watchIntact(id));
+  pool->extendWatch(id, std::span<const BlockIndex>(found).subspan(1));
+  auto b = pool->allocate(3);  // evicts 200, 201, 202: none watched
+  ASSERT_TRUE(b.has_value());
+  pool->acquire(found);
+  pool->release(found);
+  EXPECT_TRUE(pool->watchIntact(id));
+  pool->release(*b);
+  auto c = pool->allocate(5);  // the three fresh ones, then 203, then 204 (watched)
+  ASSERT_TRUE(c.has_value());
+  EXPECT_FALSE(pool->watchIntact(id));
+  EXPECT_EQ(pool->findCachedPrefix(tail).size(), 0u);
+
+  uint64_t second = pool->watchCachedPrefix(pool->findCachedPrefix(std::vector<BlockHash>{205}));
+  EXPECT_NE(second, id);
+  EXPECT_TRUE(pool->watchIntact(second));
+  uint64_t third = pool->watchCachedPrefix({});
+  EXPECT_FALSE(pool->watchIntact(second));  // one watch at a time
+  pool->release(*c);
+  EXPECT_TRUE(pool->watchIntact(third));
+  ASSERT_TRUE(pool->resetPrefixCache());
+  EXPECT_FALSE(pool->watchIntact(third));
+}
+
 TEST(KvPoolTest, AcquireTakesCachedBlockOffTheFreeQueue) {
   auto pool = makePool(2, nullptr);
   auto a = pool->allocate(1);
