@@ -82,7 +82,10 @@ void KvPool::unlink(BlockIndex b) {
 }
 
 void KvPool::ref(BlockIndex b) {
-  if (refs(b) == 0) unlink(b);
+  if (refs(b) == 0) {
+    unlink(b);
+    if (watched(b)) --watched_unref_;
+  }
   ++state_[b];
 }
 
@@ -150,6 +153,7 @@ void KvPool::release(std::span<const BlockIndex> blocks) {
   for (BlockIndex b : blocks) {
     assert(refs(b) > 0);
     if ((--state_[b] & kRefMask) > 0) continue;
+    if (watched(b)) ++watched_unref_;
     if (hasHash(b)) {
       pushBack(b);
     } else {
@@ -193,9 +197,18 @@ absl::Status KvPool::unpin(BlockHash hash) {
 uint64_t KvPool::watchCachedPrefix(std::span<const BlockIndex> blocks) {
   if (watch_mark_.size() != blocks_.size()) watch_mark_.assign(blocks_.size(), 0);
   ++watch_id_;
-  for (BlockIndex b : blocks) watch_mark_[b] = watch_id_;
   watch_intact_ = true;
+  watched_unref_ = 0;
+  extendWatch(watch_id_, blocks);
   return watch_id_;
+}
+
+void KvPool::extendWatch(uint64_t id, std::span<const BlockIndex> blocks) {
+  if (!watchIntact(id)) return;
+  for (BlockIndex b : blocks) {
+    watch_mark_[b] = id;
+    if (refs(b) == 0) ++watched_unref_;
+  }
 }
 
 bool KvPool::resetPrefixCache() {

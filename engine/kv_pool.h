@@ -60,11 +60,12 @@ class KvPool {
   // past them.
   uint64_t watchCachedPrefix(std::span<const BlockIndex> blocks);
   bool watchIntact(uint64_t id) const { return id != 0 && id == watch_id_ && watch_intact_; }
-  // Adds `blocks` to the intact watch `id`.
-  void extendWatch(uint64_t id, std::span<const BlockIndex> blocks) {
-    if (!watchIntact(id)) return;
-    for (BlockIndex b : blocks) watch_mark_[b] = id;
-  }
+  // Adds `blocks` (not yet watched) to the intact watch `id`.
+  void extendWatch(uint64_t id, std::span<const BlockIndex> blocks);
+  // Stops watching (the looked-up request was admitted or left the queue).
+  void endWatch() { watch_intact_ = false; }
+  // countUnreferenced of the intact watch's blocks, kept as references come and go.
+  int64_t watchedUnreferenced() const { return watched_unref_; }
   // How many of `blocks` are unreferenced (touching them takes them off the free queue).
   int64_t countUnreferenced(std::span<const BlockIndex> blocks) const;
   // Takes a reference on each (cached) block.
@@ -135,6 +136,8 @@ class KvPool {
   std::vector<uint64_t> watch_mark_;
   uint64_t watch_id_ = 0;
   bool watch_intact_ = false;
+  int64_t watched_unref_ = 0;  // watched blocks with no reference
+  bool watched(BlockIndex b) const { return watch_intact_ && watch_mark_[b] == watch_id_; }
 };
 
 }  // namespace kvf::engine

@@ -142,13 +142,26 @@ int64_t Scheduler::chunkLimit(int64_t budget) const {
   return budget;
 }
 
-bool Scheduler::allocateSlots(Request& r, int64_t n, std::span<const BlockIndex> cached) {
+bool Scheduler::allocateSlots(Request& r, int64_t n, std::span<const BlockIndex> cached,
+                              size_t watched) {
   const int64_t bs = pool_->blockSize();
   auto held = static_cast<int64_t>(r.blocks.size() + cached.size());
   int64_t tokens = r.num_computed_tokens + static_cast<int64_t>(cached.size()) * bs + n;
   int64_t need = std::max<int64_t>(0, (tokens + bs - 1) / bs - held);
   if (need == 0 && cached.empty()) return true;  // a decode inside its last block
-  if (need + pool_->countUnreferenced(cached) > pool_->numFreeBlocks()) return false;
+  // Touching an unreferenced cached block takes it off the free queue, so those count against
+  // the free blocks too; count them only when the bounds 0 and cached.size() do not decide
+  // (a head that waits for blocks asks every step, with thousands of cached blocks).
+  const int64_t free_blocks = pool_->numFreeBlocks();
+  if (need > free_blocks) return false;
+  if (need + static_cast<int64_t>(cached.size()) > free_blocks) {
+    // The leading `watched` blocks are the pool's intact watch: their count is kept there.
+    int64_t unreferenced =
+        watched > 0 && pool_->watchIntact(r.prefix_hint_watch)
+            ? pool_->watchedUnreferenced() + pool_->countUnreferenced(cached.subspan(watched))
+            : pool_->countUnreferenced(cached);
+    if (need + unreferenced > free_blocks) return false;
+  }
   pool_->acquire(cached);  // before allocate(), so eviction cannot take the hit blocks
   r.blocks.insert(r.blocks.end(), cached.begin(), cached.end());
   auto fresh = pool_->allocate(need);
@@ -215,9 +228,10 @@ void Scheduler::keepPrefixHint(Request& r, std::vector<BlockIndex> blocks, size_
   std::span<const BlockIndex> hint(r.prefix_hint);
   if (watched > 0 && pool_->watchIntact(r.prefix_hint_watch)) {
     pool_->extendWatch(r.prefix_hint_watch, hint.subspan(watched));  // only the new blocks
-  } else {
-    r.prefix_hint_watch = hint.empty() ? 0 : pool_->watchCachedPrefix(hint);
+    return;
   }
+  if (pool_->watchIntact(r.prefix_hint_watch)) pool_->endWatch();
+  r.prefix_hint_watch = hint.empty() ? 0 : pool_->watchCachedPrefix(hint);
 }
 
 void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
@@ -266,7 +280,7 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
     int64_t n = r.numTokens() - computed;
     const bool fits = config_.enable_chunked_prefill || n <= budget;
     n = std::min(n, chunkLimit(budget));
-    if (!fits || !allocateSlots(r, n, cached)) {
+    if (!fits || !allocateSlots(r, n, cached, watched)) {
       // FCFS: the head waits for blocks; its next lookup starts from these.
       keepPrefixHint(r, std::move(cached), watched);
       break;

@@ -159,7 +159,8 @@ class Scheduler {
   uint64_t blockKey(const Request& r, size_t i) const;
   int64_t chunkLimit(int64_t budget) const;
   // Reserves blocks so `r` can hold num_computed + cached + n tokens; false if not enough free.
-  bool allocateSlots(Request& r, int64_t n, std::span<const BlockIndex> cached);
+  // The first `watched` blocks of `cached` are r's intact prefix watch (KvPool counts them).
+  bool allocateSlots(Request& r, int64_t n, std::span<const BlockIndex> cached, size_t watched = 0);
   void preempt(Request& r, std::vector<Scheduled>& scheduled, int64_t& budget);
   void scheduleRunning(std::vector<Scheduled>& scheduled, int64_t& budget, int& preempted,
                        StepResult& result);

@@ -81,15 +81,20 @@ uint64_t TokenSynthesizer::appendBlockKeys(const Request& r, uint64_t unique_key
   keys->reserve(keys->size() + static_cast<size_t>(len / block_size));
   uint64_t acc = kKeyStart, whole = kKeyStart;
   int64_t pos = 0;
+  int64_t block_end = block_size;  // end of the engine block holding pos
+  int64_t key_j = -1;              // the trace block whose key is in block_key
+  uint64_t block_key = 0;
   while (pos < len) {
-    int64_t block_end = (pos / block_size + 1) * block_size;
     int64_t end = std::min(block_end, len);
     uint64_t run;
     if (pos < hashed_end) {
       int64_t j = pos / tbs;
       end = std::min({end, (j + 1) * tbs, hashed_end});
-      uint64_t block_key =
-          mix64(mix64(r.hash_ids[static_cast<size_t>(j)] ^ salt_key_) + static_cast<uint64_t>(tbs));
+      if (j != key_j) {  // one key per trace block, shared by the engine blocks inside it
+        key_j = j;
+        block_key = mix64(mix64(r.hash_ids[static_cast<size_t>(j)] ^ salt_key_) +
+                          static_cast<uint64_t>(tbs));
+      }
       run = block_key ^
             mix64((static_cast<uint64_t>(pos - j * tbs) << 32) ^ static_cast<uint64_t>(end - pos));
     } else {
@@ -102,6 +107,7 @@ uint64_t TokenSynthesizer::appendBlockKeys(const Request& r, uint64_t unique_key
       keys->push_back(acc);
       whole = mix64(whole ^ acc);
       acc = kKeyStart;
+      block_end += block_size;
     }
   }
   if (acc != kKeyStart) whole = mix64(whole ^ acc);

@@ -73,10 +73,16 @@ TEST(KvPoolTest, WatchedPrefixBreaksOnlyWhenOneOfItsBlocksLosesItsHash) {
   uint64_t id = pool->watchCachedPrefix(std::span<const BlockIndex>(found).first(1));
   EXPECT_TRUE(pool->watchIntact(id));
   pool->extendWatch(id, std::span<const BlockIndex>(found).subspan(1));
+  EXPECT_EQ(pool->watchedUnreferenced(), 2);
   auto b = pool->allocate(3);  // evicts 200, 201, 202: none watched
   ASSERT_TRUE(b.has_value());
   pool->acquire(found);
+  EXPECT_EQ(pool->watchedUnreferenced(), 0);  // kept as countUnreferenced would count
+  pool->acquire(std::span<const BlockIndex>(found).first(1));
+  pool->release(std::span<const BlockIndex>(found).first(1));
+  EXPECT_EQ(pool->watchedUnreferenced(), pool->countUnreferenced(found));
   pool->release(found);
+  EXPECT_EQ(pool->watchedUnreferenced(), 2);
   EXPECT_TRUE(pool->watchIntact(id));
   pool->release(*b);
   auto c = pool->allocate(5);  // the three fresh ones, then 203, then 204 (watched)
