@@ -256,7 +256,7 @@ void CacheIndex::addSoft(int instance, std::span<const BlockHash> hashes, Nanos 
     }
     auto seq = static_cast<int64_t>(queue.popped + queue.records.size());
     setSoftRecord(hash, entry, instance, fresh, seq * 2 + (approximate ? 1 : 0));
-    queue.records.push_back(SoftRecord{expiry, hash, instance, true});
+    queue.push(SoftRecord{expiry, hash, instance, true});
   }
 }
 

@@ -7,11 +7,13 @@
 // arguments. Single-threaded: the owner serialises every call.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
-#include <deque>
 #include <limits>
 #include <span>
 #include <vector>
+
+#include <boost/circular_buffer.hpp>
 
 #include "absl/container/flat_hash_map.h"
 #include "common/clock.h"
@@ -120,9 +122,15 @@ class CacheIndex {
   // Records in expiry order (each queue has one TTL). A record's id is its queue position
   // counted from the first record ever pushed (popped + index) times 2, plus 1 in the
   // approximate queue: what a soft entry's slot (or soft_record_) names.
+  // A ring (boost::circular_buffer, grown by doubling when full): pushes, pops and indexing
+  // by record id are index arithmetic on one array, where a deque pays for its block map.
   struct SoftQueue {
-    std::deque<SoftRecord> records;
+    boost::circular_buffer<SoftRecord> records;
     uint64_t popped = 0;
+    void push(const SoftRecord& r) {
+      if (records.full()) records.set_capacity(std::max<size_t>(1024, 2 * records.capacity()));
+      records.push_back(r);
+    }
   };
   struct InstanceState {
     FlatU64Map<BlockHash> engine_to_ours;
