@@ -153,14 +153,16 @@ bool CacheIndex::storeOwnChain(int instance, std::span<const uint64_t> hashes, b
       ++stats_.stored_events_rejected;
       return false;
     }
-    BlockTable::Entry* entry = entries_.find(parent);
+    // Below the cap the block may be added: find or insert in one probe (an inserted entry has
+    // no holder, so it reads as not held); at the cap only look.
+    const bool room = state.own_blocks + 1 <= config_.max_blocks_per_instance;
+    BlockTable::Entry* entry = room ? entries_.insert(parent) : entries_.find(parent);
     if (holdsExactly(entry, me)) continue;
-    if (state.own_blocks + 1 > config_.max_blocks_per_instance) {
+    if (!room) {
       ++stats_.stored_events_rejected;
       return false;
     }
     ++state.own_blocks;
-    if (entry == nullptr) entry = entries_.insert(parent);
     markExact(parent, entry, instance);
   }
   return true;
@@ -243,12 +245,14 @@ void CacheIndex::addSoft(int instance, std::span<const BlockHash> hashes, Nanos 
   for (size_t i = 0; i < hashes.size(); ++i) {
     prefetchAhead(entries_, hashes, i);
     BlockHash hash = hashes[i];
-    BlockTable::Entry* entry = entries_.find(hash);
+    // Below the cap a new entry may be added: find or insert in one probe (an inserted entry
+    // has no holder yet, so it reads as fresh); at the cap only look.
+    const bool room = stats_.soft_entries < config_.max_soft_entries;
+    BlockTable::Entry* entry = room ? entries_.insert(hash) : entries_.find(hash);
     bool fresh = entry == nullptr || (entry->holders & me) == 0;
     if (!fresh && (entry->soft & me) == 0) continue;  // already confirmed
     if (fresh) {
-      if (stats_.soft_entries >= config_.max_soft_entries) break;
-      if (entry == nullptr) entry = entries_.insert(hash);
+      if (!room) break;
       entry->holders |= me;
       ++stats_.soft_entries;
     } else {
