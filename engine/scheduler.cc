@@ -55,10 +55,6 @@ absl::Status Scheduler::add(RequestSpec spec, Nanos now) {
   auto r = std::make_unique<Request>();
   r->id = std::move(spec.id);
   r->tag = spec.tag;
-  // Outputs grow by one token per step: reserve what max_tokens allows (bounded) so decoding
-  // does not reallocate and copy the vector as it grows.
-  constexpr int64_t kOutputReserve = int64_t{1} << 14;
-  r->output.reserve(static_cast<size_t>(std::min(spec.sampling.max_tokens, kOutputReserve)));
   r->arrival_seq = next_arrival_seq_++;
   r->prompt_len = prompt_len;
   r->sampling = spec.sampling;
@@ -291,6 +287,11 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
       r.num_cached_blocks = cached.size();
     }
     if (r.num_cached_tokens < 0) {
+      // First admission: outputs grow by one token per step, so reserve what max_tokens allows
+      // (bounded) and decoding does not reallocate as it goes. Here rather than at add(), so a
+      // long waiting queue holds no output memory (at most max_num_seqs requests run).
+      constexpr int64_t kOutputReserve = int64_t{1} << 14;
+      r.output.reserve(static_cast<size_t>(std::min(r.sampling.max_tokens, kOutputReserve)));
       r.num_cached_tokens = computed;
       stats_.prompt_tokens += static_cast<uint64_t>(r.prompt_len);
     }
