@@ -11,6 +11,8 @@
 #include <type_traits>
 #include <utility>
 
+#include "common/prefetch.h"
+
 namespace kvf {
 
 // Zeroed memory for a slot array of `bytes` (a power of two); tables of 2 MB and more are
@@ -58,35 +60,23 @@ class FlatU64Map {
   // Brings the home slot of `key` towards the cache ahead of find().
   void prefetch(uint64_t key) const {
     if (slots_ == nullptr) return;
-    const char* p = reinterpret_cast<const char*>(&slots_[home(key)]);
-#if defined(__x86_64__)
-    // An asm statement, not __builtin_prefetch: GCC 12 silently dropped the builtin from some
-    // inlined event loops (the cache index's addSoft / removal / store runs).
-    asm volatile("prefetcht0 %0" : : "m"(*p));
-#else
-    __builtin_prefetch(p);
-#endif
+    prefetchLine(&slots_[home(key)]);
   }
 
-  // The value of `key`, inserting `value` first when absent; second = inserted.
   // prefetch() plus the slot after the home one when it starts another cache line: an erase
   // scans the slots after the hole, and a probe run often continues past its home line.
   void prefetchRun(uint64_t key) const {
     if (slots_ == nullptr) return;
     size_t i = home(key);
-    const char* p = reinterpret_cast<const char*>(&slots_[i]);
-    const char* q = reinterpret_cast<const char*>(&slots_[(i + 1) & mask_]);
-#if defined(__x86_64__)
-    asm volatile("prefetcht0 %0" : : "m"(*p));
+    const Slot* p = &slots_[i];
+    const Slot* q = &slots_[(i + 1) & mask_];
+    prefetchLine(p);
     if ((reinterpret_cast<uintptr_t>(q) >> 6) != (reinterpret_cast<uintptr_t>(p) >> 6)) {
-      asm volatile("prefetcht0 %0" : : "m"(*q));
+      prefetchLine(q);
     }
-#else
-    __builtin_prefetch(p);
-    __builtin_prefetch(q);
-#endif
   }
 
+  // The value of `key`, inserting `value` first when absent; second = inserted.
   std::pair<V*, bool> tryEmplace(uint64_t key, const V& value) {
     if (key == kEmpty) {
       if (has_zero_) return {&zero_value_, false};

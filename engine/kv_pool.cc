@@ -131,7 +131,7 @@ std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
     unlink(b);
     if (hasHash(b)) {
       removed.block_hashes.push_back(blocks_[b].hash);
-      if (watch_intact_ && watch_mark_[b] == watch_id_) watch_intact_ = false;
+      if (watched(b)) watch_intact_ = false;
     }
     state_[b] = 1;  // one reference, no hash
     out.push_back(b);

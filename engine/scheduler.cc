@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cassert>
 
+#include "common/prefetch.h"
 #include "common/strings.h"
 #include "engine/block_hasher.h"
 
@@ -398,21 +399,14 @@ void Scheduler::fillOutput(const Request& r, RequestOutput& o) const {
 // running request's loads at once (the fields a decode step reads and the end of its output,
 // which sampleToken appends to) instead of one miss after another through the batch.
 void Scheduler::prefetchRunning() const {
-  auto line = [](const void* p) {
-#if defined(__x86_64__)
-    asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
-#else
-    __builtin_prefetch(p);
-#endif
-  };
   for (const Request* r : running_) {
-    line(&r->prompt_len);
-    line(&r->output);
-    line(&r->num_computed_tokens);
-    line(&r->blocks);
+    prefetchLine(&r->prompt_len);
+    prefetchLine(&r->output);
+    prefetchLine(&r->num_computed_tokens);
+    prefetchLine(&r->blocks);
   }
   for (const Request* r : running_) {
-    if (r->output.capacity() > 0) line(r->output.data() + r->output.size());
+    if (r->output.capacity() > 0) prefetchLine(r->output.data() + r->output.size());
   }
 }
 

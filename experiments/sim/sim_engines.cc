@@ -3,26 +3,13 @@
 // the arrival that wakes an idle engine), KV events published at step end, /metrics values as
 // the health loop scrapes them, and injected failures (in-flight requests fail mid-stream; a
 // restarted engine is cold and announces AllBlocksCleared).
-
 #include <fmt/format.h>
 
+#include "common/prefetch.h"
 #include "common/strings.h"
 #include "experiments/sim/sim_internal.h"
 
 namespace kvf::experiments::sim {
-
-namespace {
-
-// A prefetch GCC keeps (it drops __builtin_prefetch from some inlined loops).
-void prefetchLine(const void* p) {
-#if defined(__x86_64__)
-  asm volatile("prefetcht0 %0" : : "m"(*static_cast<const char*>(p)));
-#else
-  __builtin_prefetch(p);
-#endif
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<engine::EngineCore>> Sim::makeCore(SimEngine& e) {
   if (!setup_.sim.token_free) return engine::EngineCore::create(setup_.engine, &e.sink);
