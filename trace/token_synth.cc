@@ -84,19 +84,25 @@ uint64_t TokenSynthesizer::appendBlockKeys(const Request& r, uint64_t unique_key
   int64_t block_end = block_size;  // end of the engine block holding pos
   int64_t key_j = -1;              // the trace block whose key is in block_key
   uint64_t block_key = 0;
+  // The trace block holding pos and where it ends, followed as pos moves (no division per run).
+  int64_t j = 0;
+  int64_t j_end = tbs;
   while (pos < len) {
     int64_t end = std::min(block_end, len);
     uint64_t run;
     if (pos < hashed_end) {
-      int64_t j = pos / tbs;
-      end = std::min({end, (j + 1) * tbs, hashed_end});
+      while (pos >= j_end) {
+        ++j;
+        j_end += tbs;
+      }
+      end = std::min({end, j_end, hashed_end});
       if (j != key_j) {  // one key per trace block, shared by the engine blocks inside it
         key_j = j;
         block_key = mix64(mix64(r.hash_ids[static_cast<size_t>(j)] ^ salt_key_) +
                           static_cast<uint64_t>(tbs));
       }
-      run = block_key ^
-            mix64((static_cast<uint64_t>(pos - j * tbs) << 32) ^ static_cast<uint64_t>(end - pos));
+      run = block_key ^ mix64((static_cast<uint64_t>(pos - (j_end - tbs)) << 32) ^
+                              static_cast<uint64_t>(end - pos));
     } else {
       run = tail_key ^ mix64((static_cast<uint64_t>(pos) << 32) ^ static_cast<uint64_t>(end - pos) ^
                              kTailDomain);
