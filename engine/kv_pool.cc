@@ -168,7 +168,7 @@ bool KvPool::cacheBlock(BlockIndex block, BlockHash hash) {
   if (!table_.insert(hash, block)) return false;
   state_[block] |= kHasHash;
   blocks_[block].hash = hash;
-  worker::fillBlockPayload(hash, payload(block));
+  if (payload_ != nullptr) worker::fillBlockPayload(hash, payload(block));
   return true;
 }
 
