@@ -99,6 +99,17 @@ absl::Status EngineCore::validatePromptBlocks(const RequestSpec& spec) const {
     return absl::FailedPreconditionError(
         "prompt_blocks: this core's KV event sink cannot take token-free stores");
   }
+  if (!p.block_hashes.empty()) {
+    if (scheduler_->config().keyed_hasher.hash == nullptr) {
+      return absl::FailedPreconditionError(
+          "prompt_blocks.block_hashes: this core has no keyed hasher to agree with");
+    }
+    if (p.block_hashes.size() != p.block_keys.size()) {
+      return absl::InvalidArgumentError(
+          strCat("prompt_blocks.block_hashes: ", p.block_hashes.size(), " hashes for ",
+                 p.block_keys.size(), " block keys"));
+    }
+  }
   return absl::OkStatus();
 }
 

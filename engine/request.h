@@ -41,6 +41,12 @@ struct PromptBlocks {
   int64_t num_tokens = 0;
   std::vector<uint64_t> block_keys;  // num_tokens / block_size keys, in prompt order
   uint64_t content_seed = 0;
+  // Optional: the hashes of those blocks as this core chains them (its scheduler's
+  // keyed_hasher, from the hasher's root), from a caller that already computed them with that
+  // function (a simulator's router hashes every prompt for its index). The core takes them as
+  // its own instead of hashing every block again. Empty: the core hashes. Only their number is
+  // checked: hashes that do not follow from the keys only mislabel the caller's own blocks.
+  std::vector<uint64_t> block_hashes;
 };
 
 // What a front end submits.

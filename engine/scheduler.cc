@@ -62,6 +62,12 @@ absl::Status Scheduler::add(RequestSpec spec, Nanos now) {
   if (token_free) {
     r->token_free = true;
     r->prompt_keys = std::move(spec.prompt_blocks->block_keys);
+    // Given hashes (EngineCore::validate checked their number and the keyed hasher) are the
+    // prompt's leading hashes; ensureHashes() goes on from there.
+    if (spec.prompt_blocks->block_hashes.size() == r->prompt_keys.size() &&
+        config_.keyed_hasher.hash != nullptr) {
+      r->block_hashes = std::move(spec.prompt_blocks->block_hashes);
+    }
     r->output_seed = spec.prompt_blocks->content_seed;
   } else {
     r->prompt = std::move(spec.prompt);
@@ -324,10 +330,13 @@ void Scheduler::cacheFullBlocks(Request& r) {
     if (run_start > 0) ev.parent_block_hash = r.block_hashes[run_start - 1];
     ev.block_size = static_cast<int>(bs);
     if (r.token_free) {
+      if (keyed_sink_ == nullptr) return;
       std::vector<uint64_t> keys;
-      keys.reserve(end - run_start);
-      for (size_t i = run_start; i < end; ++i) keys.push_back(blockKey(r, i));
-      if (keyed_sink_ != nullptr) keyed_sink_->onBlockStoredKeys(std::move(ev), std::move(keys));
+      if (keyed_sink_->wantsBlockKeys()) {
+        keys.reserve(end - run_start);
+        for (size_t i = run_start; i < end; ++i) keys.push_back(blockKey(r, i));
+      }
+      keyed_sink_->onBlockStoredKeys(std::move(ev), std::move(keys));
       return;
     }
     ev.token_ids.reserve((end - run_start) * bs);

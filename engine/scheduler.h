@@ -49,6 +49,9 @@ struct SchedulerConfig {
 class KeyedKvEventSink : public worker::KvEventSink {
  public:
   virtual void onBlockStoredKeys(worker::BlockStored event, std::vector<uint64_t> block_keys) = 0;
+  // False: this sink takes the block hashes alone (its reader trusts them, e.g. a simulator's
+  // index whose engines hash as it does), and block_keys comes empty.
+  virtual bool wantsBlockKeys() const { return true; }
 };
 
 // One request's progress in a step.

@@ -423,4 +423,15 @@ bool CacheIndex::storeKeyedBlocks(int instance, std::span<const uint64_t> engine
       [&](BlockHash parent, size_t i) { return hashBlockKey(parent, block_keys[i]); });
 }
 
+bool CacheIndex::storeOwnHashes(int instance, std::span<const uint64_t> hashes, bool has_parent,
+                                uint64_t parent, size_t block_size) {
+  if (!validInstance(instance) || hashes.empty()) return false;
+  if (block_size != config_.block_size || !instances_[instance].hashes_are_ours) {
+    ++stats_.stored_events_rejected;
+    return false;
+  }
+  return storeOwnChain(instance, hashes, has_parent, parent,
+                       [&](BlockHash, size_t i) { return hashes[i]; });
+}
+
 }  // namespace kvf::policy

@@ -66,6 +66,13 @@ class CacheIndex {
   bool storeKeyedBlocks(int instance, std::span<const uint64_t> engine_hashes, bool has_parent,
                         uint64_t engine_parent, std::span<const uint64_t> block_keys,
                         size_t block_size);
+  // The same for an instance declared with setEngineHashesAreOurs whose engine runs in this
+  // process and chains its hashes with hashBlockKey from kRootBlockHash by construction (a
+  // simulator's engine): its hashes are taken as ours without deriving each one again from its
+  // content key. Rejected like storeKeyedBlocks: another block size, an instance not declared,
+  // a parent the instance does not hold, a full instance.
+  bool storeOwnHashes(int instance, std::span<const uint64_t> hashes, bool has_parent,
+                      uint64_t parent, size_t block_size);
   void removeBlocks(int instance, std::span<const uint64_t> engine_hashes);
   // AllBlocksCleared, restart or removal of an instance: drops every entry it holds.
   void clearInstance(int instance);

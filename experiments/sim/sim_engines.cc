@@ -42,15 +42,24 @@ void Sim::fillPrompt(Flight& f, engine::RequestSpec& spec, bool keep) {
     engine::PromptBlocks blocks;
     blocks.num_tokens = f.prompt_tokens;
     blocks.content_seed = f.content_seed;
+    // The router hashed the same blocks with the engines' keyed hasher (makeCore) when its
+    // block size is theirs: the engine takes those hashes instead of hashing every block again.
+    const bool same_blocks =
+        static_cast<int64_t>(setup_.router.index.block_size) == setup_.engine.cache.block_size &&
+        f.hashes.size() == f.block_keys.size();
     if (keep) {
       blocks.block_keys = f.block_keys;
+      if (same_blocks) blocks.block_hashes = f.hashes;
     } else {
       blocks.block_keys = std::move(f.block_keys);
       f.block_keys = {};
+      if (same_blocks) blocks.block_hashes = std::move(f.hashes);
+      f.hashes = {};
     }
     spec.prompt_blocks = std::move(blocks);
     return;
   }
+  if (!keep) f.hashes = {};
   spec.prompt.assign(f.prompt.begin(), f.prompt.end());
   if (!keep) f.prompt = {};
 }
@@ -272,7 +281,7 @@ void Sim::onEngineUp(int instance, Nanos t) {
   e.published_usage = 0;
   // A started engine publishes AllBlocksCleared first; the router resets its index entries.
   std::vector<SimKvEvent> cleared;
-  cleared.push_back({worker::AllBlocksCleared{}, {}});
+  cleared.emplace_back(worker::AllBlocksCleared{});
   e.kv_batches.push_back(std::move(cleared));
   push(t + ms(setup_.sim.overheads.kv_event_delay_ms), Ev::kKvDeliver,
        static_cast<uint32_t>(instance));

@@ -51,25 +51,23 @@ struct Event {
   uint64_t b = 0;
 };
 
-// A KV event as the simulated engine publishes it; token-free stores carry their block keys.
-struct SimKvEvent {
-  worker::KvEvent event;
-  std::vector<uint64_t> block_keys;  // BlockStored of a token-free request: one per block
-};
+// A KV event as the simulated engine publishes it.
+using SimKvEvent = worker::KvEvent;
 
-// The engine's KV event sink (engine::KeyedKvEventSink: token-free stores too).
+// The engine's KV event sink (engine::KeyedKvEventSink: token-free stores too). Token-free
+// engines hash with the index's own function (Sim::makeCore), so their hashes go to
+// CacheIndex::storeOwnHashes as they are and no block key comes with a store.
 class SimEventSink final : public engine::KeyedKvEventSink {
  public:
-  void onBlockStored(worker::BlockStored event) override {
-    events_.push_back({std::move(event), {}});
-  }
-  void onBlockStoredKeys(worker::BlockStored event, std::vector<uint64_t> block_keys) override {
-    events_.push_back({std::move(event), std::move(block_keys)});
+  bool wantsBlockKeys() const override { return false; }
+  void onBlockStored(worker::BlockStored event) override { events_.emplace_back(std::move(event)); }
+  void onBlockStoredKeys(worker::BlockStored event, std::vector<uint64_t>) override {
+    events_.emplace_back(std::move(event));
   }
   void onBlockRemoved(worker::BlockRemoved event) override {
-    events_.push_back({std::move(event), {}});
+    events_.emplace_back(std::move(event));
   }
-  void onAllBlocksCleared() override { events_.push_back({worker::AllBlocksCleared{}, {}}); }
+  void onAllBlocksCleared() override { events_.emplace_back(worker::AllBlocksCleared{}); }
   std::vector<SimKvEvent> take() { return std::exchange(events_, {}); }
 
  private:
@@ -216,10 +214,12 @@ class EventQueue {
 struct Flight {
   uint32_t index = 0;
   Nanos sent = 0;
-  std::vector<int32_t> prompt;            // until the engine has it (token mode)
-  std::vector<uint64_t> block_keys;       // token-free mode: engine-block content keys
-  uint64_t content_seed = 0;              // token-free mode: the prompt's key
-  std::vector<policy::BlockHash> hashes;  // until routed
+  std::vector<int32_t> prompt;       // until the engine has it (token mode)
+  std::vector<uint64_t> block_keys;  // token-free mode: engine-block content keys
+  uint64_t content_seed = 0;         // token-free mode: the prompt's key
+  // The router's block hashes, until the engine has the prompt (which takes them as its own
+  // when the router's blocks are the engine's: see fillPrompt).
+  std::vector<policy::BlockHash> hashes;
   int64_t prompt_tokens = 0;
   int64_t max_tokens = 1;
   // Router side (the current attempt).

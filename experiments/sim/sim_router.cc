@@ -100,7 +100,6 @@ void Sim::onRoute(uint32_t index, Nanos t) {
     if (f->decision.mode == policy::Mode::kPrefillOffload && f->peer >= 0) {
       startPrefill(*f, t);  // D gets the request once P answers (or fails)
     } else {
-      f->hashes = {};
       sendToDecoder(*f, t);
     }
     return;
@@ -166,13 +165,12 @@ void Sim::onFinish(uint32_t index, Nanos t) {
 }
 
 void Sim::applyKv(int instance, std::vector<SimKvEvent>& batch) {
-  for (SimKvEvent& item : batch) {
-    worker::KvEvent& event = item.event;
+  for (SimKvEvent& event : batch) {
     if (auto* stored = std::get_if<worker::BlockStored>(&event);
-        stored && stored->token_ids.empty() && !item.block_keys.empty()) {
-      index_.storeKeyedBlocks(instance, stored->block_hashes, stored->parent_block_hash.has_value(),
-                              stored->parent_block_hash.value_or(0), item.block_keys,
-                              static_cast<size_t>(stored->block_size));
+        stored && stored->token_ids.empty()) {  // token-free: the engine hashes as the index
+      index_.storeOwnHashes(instance, stored->block_hashes, stored->parent_block_hash.has_value(),
+                            stored->parent_block_hash.value_or(0),
+                            static_cast<size_t>(stored->block_size));
     } else if (stored) {
       policy::StoredBlocks blocks;
       blocks.engine_hashes.assign(stored->block_hashes.begin(), stored->block_hashes.end());

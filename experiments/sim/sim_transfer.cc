@@ -93,7 +93,6 @@ void Sim::onPrefillDone(uint32_t index, Nanos t) {
   policy_->offloadFinished();
   engines_[f->peer].request_failures = 0;
   index_.addSoft(f->peer, f->hashes, t, false);  // P caches the prompt's blocks too
-  f->hashes = {};
   sendToDecoder(*f, t);
 }
 
@@ -112,7 +111,6 @@ void Sim::prefillFailed(Flight& f, Nanos t) {
   f.decision.predicted_cached_tokens = f.own_matched;
   f.lease_id.clear();
   f.lease_hashes.clear();
-  f.hashes = {};
   sendToDecoder(f, t);
 }
 

@@ -101,6 +101,75 @@ TEST(TokenFree, SuppliedKeyedHasherNamesTheBlocks) {
   EXPECT_TRUE((*core)->pool().table().contains(h3));
 }
 
+// A caller that already chained the prompt's hashes with the core's keyed hasher (a simulator's
+// router) hands them over: the core caches and publishes under them, hashes only the blocks
+// after them (generated tokens), and caches exactly as when it hashes the prompt itself.
+TEST(TokenFree, GivenPromptHashesAreTakenAsTheCoresOwn) {
+  EngineConfig config = makeConfig(16, 64, 8192);
+  config.scheduler.keyed_hasher = {&toyHash, 7};
+  KeyedSink hashed_sink, given_sink;
+  auto hashed = EngineCore::create(config, &hashed_sink);
+  auto given = EngineCore::create(config, &given_sink);
+  ASSERT_TRUE(hashed.ok() && given.ok());
+  uint64_t h1 = toyHash(7, 1), h2 = toyHash(h1, 2), h3 = toyHash(h2, 3);
+  Nanos now_a = 0, now_b = 0;
+  ASSERT_TRUE((*hashed)->add(keyed("a", 50, {1, 2, 3}, 77, 40), now_a).ok());
+  RequestSpec spec = keyed("a", 50, {1, 2, 3}, 77, 40);
+  spec.prompt_blocks->block_hashes = {h1, h2, h3};
+  ASSERT_TRUE((*given)->add(std::move(spec), now_b).ok());
+  while ((*hashed)->hasWork()) now_a += (*hashed)->step(now_a).duration;
+  while ((*given)->hasWork()) now_b += (*given)->step(now_b).duration;
+  ASSERT_EQ(given_sink.stores.size(), hashed_sink.stores.size());
+  for (size_t i = 0; i < given_sink.stores.size(); ++i) {
+    EXPECT_EQ(given_sink.stores[i].first.block_hashes, hashed_sink.stores[i].first.block_hashes);
+    EXPECT_EQ(given_sink.stores[i].second, hashed_sink.stores[i].second);
+  }
+  // 90 tokens: the 3 given prompt blocks and 2 generated ones, chained from h3.
+  ASSERT_FALSE(given_sink.stores.empty());
+  EXPECT_EQ(given_sink.stores[0].first.block_hashes, (std::vector<uint64_t>{h1, h2, h3}));
+  EXPECT_TRUE((*given)->pool().table().contains(h3));
+  EXPECT_EQ(now_a, now_b);
+
+  // Their number must match the keys, and a core without a keyed hasher cannot agree with them.
+  RequestSpec short_hashes = keyed("b", 50, {1, 2, 3}, 77, 1);
+  short_hashes.prompt_blocks->block_hashes = {h1, h2};
+  auto wrong = (*given)->validate(short_hashes);
+  EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(std::string(wrong.message()).find("prompt_blocks.block_hashes"), std::string::npos);
+  KeyedSink plain_sink;
+  auto own = EngineCore::create(makeConfig(16, 64, 8192), &plain_sink);
+  ASSERT_TRUE(own.ok());
+  RequestSpec unhashable = keyed("b", 50, {1, 2, 3}, 77, 1);
+  unhashable.prompt_blocks->block_hashes = {h1, h2, h3};
+  EXPECT_EQ((*own)->validate(unhashable).code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// A sink that takes the hashes alone (wantsBlockKeys false) gets its stores without keys.
+TEST(TokenFree, SinkWithoutKeysGetsHashesOnly) {
+  class HashOnlySink final : public KeyedKvEventSink {
+   public:
+    bool wantsBlockKeys() const override { return false; }
+    void onBlockStored(worker::BlockStored) override { ADD_FAILURE() << "token store"; }
+    void onBlockStoredKeys(worker::BlockStored event, std::vector<uint64_t> keys) override {
+      EXPECT_TRUE(keys.empty());
+      hashes.insert(hashes.end(), event.block_hashes.begin(), event.block_hashes.end());
+    }
+    void onBlockRemoved(worker::BlockRemoved) override {}
+    void onAllBlocksCleared() override {}
+    std::vector<uint64_t> hashes;
+  };
+  EngineConfig config = makeConfig(16, 64, 8192);
+  config.scheduler.keyed_hasher = {&toyHash, 7};
+  HashOnlySink sink;
+  auto core = EngineCore::create(config, &sink);
+  ASSERT_TRUE(core.ok());
+  Nanos now = 0;
+  ASSERT_TRUE((*core)->add(keyed("a", 50, {1, 2, 3}, 77, 1), now).ok());
+  while ((*core)->hasWork()) now += (*core)->step(now).duration;
+  uint64_t h1 = toyHash(7, 1), h2 = toyHash(h1, 2);
+  EXPECT_EQ(sink.hashes, (std::vector<uint64_t>{h1, h2, toyHash(h2, 3)}));
+}
+
 TEST(TokenFree, GeneratedBlocksAreCachedAndEqualForEqualPrompts) {
   KeyedSink sink;
   auto core = EngineCore::create(makeConfig(16, 64, 8192), &sink);

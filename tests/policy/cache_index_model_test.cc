@@ -221,8 +221,13 @@ TEST_P(CacheIndexModelTest, AgreesWithReferenceModelUnderRandomOperations) {
             engine.push_back(engineHash(ours[i], inst, own_hashes));
           std::optional<uint64_t> parent;
           if (from > 0) parent = engineHash(ours[from - 1], inst, own_hashes);
-          bool a = index.storeKeyedBlocks(inst, engine, parent.has_value(), parent.value_or(0),
-                                          run_keys, config.block_size);
+          // An own-hash instance's stores also come as hashes alone (storeOwnHashes): the same
+          // outcome as deriving them from the keys.
+          bool a = own_hashes && inst == 2 && rng() % 2 == 0
+                       ? index.storeOwnHashes(inst, engine, parent.has_value(), parent.value_or(0),
+                                              config.block_size)
+                       : index.storeKeyedBlocks(inst, engine, parent.has_value(),
+                                                parent.value_or(0), run_keys, config.block_size);
           bool b = model.storeKeyed(inst, engine, parent, run_keys);
           ASSERT_EQ(a, b) << "step " << step;
           break;
@@ -282,6 +287,27 @@ TEST(CacheIndexOwnHashesTest, ForeignHashesAreRejected) {
   index.clearInstance(0);
   EXPECT_EQ(index.stats().exact_entries, 0u);
   EXPECT_EQ(index.stats().blocks, 0u);
+}
+
+// storeOwnHashes only serves instances declared to hash as we do, with our block size.
+TEST(CacheIndexOwnHashesTest, HashesAloneNeedADeclaredInstance) {
+  CacheIndex index;
+  std::vector<uint64_t> keys = {5, 6};
+  std::vector<BlockHash> ours;
+  hashKeyBlocks(keys, &ours);
+  EXPECT_FALSE(index.storeOwnHashes(0, ours, false, 0, kDefaultBlockSize));  // not declared
+  index.setEngineHashesAreOurs(0, true);
+  EXPECT_FALSE(index.storeOwnHashes(0, ours, false, 0, kDefaultBlockSize * 2));
+  EXPECT_FALSE(index.storeOwnHashes(0, std::span(ours).subspan(1), true, ours[0],
+                                    kDefaultBlockSize));  // parent
+  EXPECT_EQ(index.stats().stored_events_rejected, 3u);
+  EXPECT_EQ(index.stats().blocks, 0u);
+  EXPECT_TRUE(index.storeOwnHashes(0, std::span(ours).first(1), false, 0, kDefaultBlockSize));
+  EXPECT_TRUE(
+      index.storeOwnHashes(0, std::span(ours).subspan(1), true, ours[0], kDefaultBlockSize));
+  EXPECT_EQ(index.exactHolders(ours[1]), 1u);
+  EXPECT_EQ(index.instanceBlocks(0), 2u);
+  EXPECT_FALSE(index.storeOwnHashes(64, ours, false, 0, kDefaultBlockSize));
 }
 
 }  // namespace
