@@ -1,6 +1,7 @@
 #include "trace/token_synth.h"
 
 #include <algorithm>
+#include <array>
 
 #include "common/strings.h"
 
@@ -87,6 +88,19 @@ uint64_t TokenSynthesizer::appendBlockKeys(const Request& r, uint64_t unique_key
   // The trace block holding pos and where it ends, followed as pos moves (no division per run).
   int64_t j = 0;
   int64_t j_end = tbs;
+  // When engine blocks tile trace blocks (the trace block size a multiple of block_size), every
+  // trace block holds whole engine blocks at the same offsets: the mix of each (offset, length)
+  // pair is computed once here, and a trace block's whole engine blocks take one mix each for
+  // their run and one for the chain below instead of three.
+  constexpr int64_t kMaxTiles = 256;
+  std::array<uint64_t, kMaxTiles> tile_mix;
+  const bool tiled = tbs % block_size == 0 && tbs / block_size <= kMaxTiles;
+  if (tiled) {
+    for (int64_t k = 0; k < tbs / block_size; ++k) {
+      tile_mix[static_cast<size_t>(k)] =
+          mix64((static_cast<uint64_t>(k * block_size) << 32) ^ static_cast<uint64_t>(block_size));
+    }
+  }
   while (pos < len) {
     int64_t end = std::min(block_end, len);
     uint64_t run;
@@ -95,12 +109,25 @@ uint64_t TokenSynthesizer::appendBlockKeys(const Request& r, uint64_t unique_key
         ++j;
         j_end += tbs;
       }
-      end = std::min({end, j_end, hashed_end});
       if (j != key_j) {  // one key per trace block, shared by the engine blocks inside it
         key_j = j;
         block_key = mix64(mix64(r.hash_ids[static_cast<size_t>(j)] ^ salt_key_) +
                           static_cast<uint64_t>(tbs));
       }
+      const int64_t stop = std::min(j_end, hashed_end);
+      if (tiled && pos + block_size == block_end && block_end <= stop) {
+        // Whole engine blocks inside this trace block: each is a single run, so its key is
+        // mix64(kKeyStart + kGolden * run), as the general step below computes it.
+        auto k = static_cast<size_t>((pos - (j_end - tbs)) / block_size);
+        for (; block_end <= stop; block_end += block_size) {
+          uint64_t key = mix64(kKeyStart + kGolden * (block_key ^ tile_mix[k++]));
+          keys->push_back(key);
+          whole = mix64(whole ^ key);
+        }
+        pos = block_end - block_size;
+        continue;
+      }
+      end = std::min(end, stop);
       run = block_key ^ mix64((static_cast<uint64_t>(pos - (j_end - tbs)) << 32) ^
                               static_cast<uint64_t>(end - pos));
     } else {

@@ -52,6 +52,32 @@ TEST(TokenSynth, PinnedValuesKeepReplaysReproducible) {
   EXPECT_EQ(got, pinned);
 }
 
+// Block keys are pinned too (the simulator's cache behaviour and results follow from them): a
+// digest of every key and the prompt key, for engine blocks that tile the trace blocks (with and
+// without a partial last trace block and an unhashed tail) and blocks that do not.
+TEST(TokenSynth, PinnedBlockKeysKeepSimulationsReproducible) {
+  TokenSynthesizer s = synth();
+  struct Case {
+    Request r;
+    int64_t bs;
+    uint64_t pinned;
+  };
+  std::vector<Case> cases = {
+      {request({1, 2, 3}, 1100, 512), 16, 0x7499b260c83e0389ULL},
+      {request({1, 2, 3}, 1536, 512), 16, 0xc3180ab6c1408905ULL},
+      {request({1, 2}, 1300, 512), 16, 0xfa2a005038f3d02fULL},
+      {request({1, 2, 3}, 1100, 512), 48, 0xaca0964462e7c3d9ULL},
+      {request({10, 11, 12, 13}, 250, 64), 16, 0x3f325db47ea5c6efULL},
+      {request({1, 2, 3}, 1536, 512), 512, 0x1613694de424e5cbULL},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    std::vector<uint64_t> keys;
+    uint64_t digest = s.appendBlockKeys(cases[i].r, i, cases[i].bs, &keys);
+    for (uint64_t k : keys) digest = digest * 0x100000001B3ULL ^ k;
+    EXPECT_EQ(digest, cases[i].pinned) << "case " << i;
+  }
+}
+
 TEST(TokenSynth, TokensStayInTheVocabularyRange) {
   for (auto range : {std::pair{1000, 32000}, std::pair{5, 7}, std::pair{100000, 151000}}) {
     TokenSynthesizer s = synth({.vocab_min = range.first, .vocab_max = range.second});
