@@ -258,30 +258,38 @@ void CacheIndex::addSoft(int instance, std::span<const BlockHash> hashes, Nanos 
     } else {
       killRecord(softRecord(hash, *entry, instance));  // refreshed: the new record replaces it
     }
-    auto seq = static_cast<int64_t>(queue.popped + queue.records.size());
-    setSoftRecord(hash, entry, instance, fresh, seq * 2 + (approximate ? 1 : 0));
+    const auto record = static_cast<int64_t>(queue.nextSeq()) * 2 + (approximate ? 1 : 0);
+    if (entry->soft == 0) {  // the block's only soft holder (the usual case): in its slot
+      entry->soft = me;
+      entry->soft_record = record;
+    } else {
+      setSoftRecord(hash, entry, instance, fresh, record);
+    }
     queue.push(SoftRecord{expiry, hash, instance, true});
   }
 }
 
 void CacheIndex::expire(Nanos now) {
   for (SoftQueue* queue : {&predicted_queue_, &approximate_queue_}) {
-    auto& records = queue->records;
-    while (!records.empty() && records.front().expiry <= now) {
-      if (records.size() > kAhead && records[kAhead].live) {
-        entries_.prefetchRun(records[kAhead].hash);
+    while (!queue->empty() && queue->front().expiry <= now) {
+      if (queue->size() > kAhead && queue->at(kAhead).live) {
+        entries_.prefetchRun(queue->at(kAhead).hash);
       }
-      SoftRecord record = records.front();
-      records.pop_front();
-      ++queue->popped;
+      SoftRecord record = queue->front();
+      queue->pop();
       // Dead: confirmed, cleared or refreshed since (the entry's current record is another).
       if (!record.live) continue;
-      const int instance = record.instance;
+      const InstanceMask me = bit(record.instance);
       BlockTable::Entry* entry = entries_.find(record.hash);
-      if (entry == nullptr || (entry->soft & bit(instance)) == 0) continue;  // not reached
+      if (entry == nullptr || (entry->soft & me) == 0) continue;  // not reached
       ++stats_.soft_expired;
-      unsetSoft(record.hash, entry, instance);
-      entries_.clearBits(entry, bit(instance));
+      if (entry->soft_record == kRecordInMap) {
+        unsetSoft(record.hash, entry, record.instance);
+      } else {  // the only soft holder; its record is this one, already off the queue
+        --stats_.soft_entries;
+        entry->soft_record = 0;
+      }
+      entries_.clearBits(entry, me);
     }
   }
 }
@@ -318,9 +326,7 @@ int64_t CacheIndex::softRecord(BlockHash hash, const BlockTable::Entry& entry, i
 void CacheIndex::killRecord(int64_t record) {
   if (record < 0) return;
   SoftQueue& queue = (record & 1) != 0 ? approximate_queue_ : predicted_queue_;
-  auto seq = static_cast<uint64_t>(record >> 1);
-  if (seq < queue.popped) return;
-  queue.records[seq - queue.popped].live = false;
+  if (SoftRecord* r = queue.find(static_cast<uint64_t>(record >> 1))) r->live = false;
 }
 
 // Drops `instance`'s soft entry (its bit and record); the caller keeps it as a holder

@@ -13,8 +13,6 @@
 #include <span>
 #include <vector>
 
-#include <boost/circular_buffer.hpp>
-
 #include "absl/container/flat_hash_map.h"
 #include "common/clock.h"
 #include "common/flat_u64_map.h"
@@ -126,18 +124,42 @@ class CacheIndex {
     int32_t instance;
     bool live;
   };
-  // Records in expiry order (each queue has one TTL). A record's id is its queue position
-  // counted from the first record ever pushed (popped + index) times 2, plus 1 in the
-  // approximate queue: what a soft entry's slot (or soft_record_) names.
-  // A ring (boost::circular_buffer, grown by doubling when full): pushes, pops and indexing
-  // by record id are index arithmetic on one array, where a deque pays for its block map.
-  struct SoftQueue {
-    boost::circular_buffer<SoftRecord> records;
-    uint64_t popped = 0;
-    void push(const SoftRecord& r) {
-      if (records.full()) records.set_capacity(std::max<size_t>(1024, 2 * records.capacity()));
-      records.push_back(r);
+  // Records in expiry order (each queue has one TTL). A record's id is its sequence number in
+  // its queue (counted from the first record ever pushed) times 2, plus 1 in the approximate
+  // queue: what a soft entry's slot (or soft_record_) names. A ring of a power-of-two size, grown
+  // by doubling when full, indexed by sequence number: pushes, pops and lookups by id are a mask
+  // on one array.
+  class SoftQueue {
+   public:
+    bool empty() const { return head_ == tail_; }
+    size_t size() const { return static_cast<size_t>(tail_ - head_); }
+    uint64_t nextSeq() const { return tail_; }
+    uint64_t frontSeq() const { return head_; }
+    SoftRecord& front() { return ring_[head_ & mask_]; }
+    // The record `ahead` places after the front (ahead < size()).
+    const SoftRecord& at(size_t ahead) const { return ring_[(head_ + ahead) & mask_]; }
+    // The record of sequence number seq, if still queued.
+    SoftRecord* find(uint64_t seq) {
+      return seq >= head_ && seq < tail_ ? &ring_[seq & mask_] : nullptr;
     }
+    void pop() { ++head_; }
+    void push(const SoftRecord& r) {
+      if (size() == ring_.size()) grow();
+      ring_[tail_++ & mask_] = r;
+    }
+
+   private:
+    void grow() {
+      std::vector<SoftRecord> bigger(std::max<size_t>(1024, 2 * ring_.size()));
+      const uint64_t mask = bigger.size() - 1;
+      for (uint64_t seq = head_; seq < tail_; ++seq) bigger[seq & mask] = ring_[seq & mask_];
+      ring_ = std::move(bigger);
+      mask_ = mask;
+    }
+    std::vector<SoftRecord> ring_;
+    uint64_t mask_ = 0;
+    uint64_t head_ = 0;  // sequence number of the front record
+    uint64_t tail_ = 0;  // sequence number of the next record pushed
   };
   struct InstanceState {
     FlatU64Map<BlockHash> engine_to_ours;
