@@ -38,6 +38,7 @@ class FlatU64Map {
       mask_ = std::exchange(o.mask_, 0);
       shift_ = std::exchange(o.shift_, 63);
       size_ = std::exchange(o.size_, 0);
+      grow_at_ = std::exchange(o.grow_at_, 0);
       has_zero_ = std::exchange(o.has_zero_, false);
       zero_value_ = o.zero_value_;
     }
@@ -86,7 +87,7 @@ class FlatU64Map {
       return {&zero_value_, true};
     }
     // At most half full: probe runs stay short, and a miss ends at an empty slot soon.
-    if (slots_ == nullptr || (size_ + 1) * 2 > capacity()) {
+    if (size_ >= grow_at_) {
       if (V* v = find(key)) return {v, false};  // no growth for a hit
       grow();
     }
@@ -135,6 +136,7 @@ class FlatU64Map {
     mask_ = 0;
     shift_ = 63;
     size_ = 0;
+    grow_at_ = 0;
     has_zero_ = false;
   }
 
@@ -173,6 +175,7 @@ class FlatU64Map {
     slots_ = static_cast<Slot*>(allocateZeroedTable(slots * sizeof(Slot)));
     mask_ = slots - 1;
     shift_ = 64 - __builtin_ctzll(slots);
+    grow_at_ = slots / 2;
     for (size_t k = 0; k < old_capacity; ++k) {
       if (old[k].key == kEmpty) continue;
       size_t i = home(old[k].key);
@@ -187,6 +190,7 @@ class FlatU64Map {
   size_t mask_ = 0;  // capacity - 1
   int shift_ = 63;   // 64 - log2(capacity)
   size_t size_ = 0;
+  size_t grow_at_ = 0;  // the size at which the next insertion grows the array: half of it
   bool has_zero_ = false;
   V zero_value_{};
 };
