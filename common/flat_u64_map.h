@@ -78,16 +78,12 @@ class FlatU64Map {
   }
 
   // The value of `key`, inserting `value` first when absent; second = inserted.
+  // The rare paths (key 0, growth) are out of line, so the common one inlines into loops.
   std::pair<V*, bool> tryEmplace(uint64_t key, const V& value) {
-    if (key == kEmpty) {
-      if (has_zero_) return {&zero_value_, false};
-      has_zero_ = true;
-      zero_value_ = value;
-      ++size_;
-      return {&zero_value_, true};
-    }
+    if (key == kEmpty) [[unlikely]]
+      return emplaceZero(value);
     // At most half full: probe runs stay short, and a miss ends at an empty slot soon.
-    if (size_ >= grow_at_) {
+    if (size_ >= grow_at_) [[unlikely]] {
       if (V* v = find(key)) return {v, false};  // no growth for a hit
       grow();
     }
@@ -168,7 +164,15 @@ class FlatU64Map {
     slots_[hole].key = kEmpty;
   }
 
-  void grow() {
+  [[gnu::noinline]] std::pair<V*, bool> emplaceZero(const V& value) {
+    if (has_zero_) return {&zero_value_, false};
+    has_zero_ = true;
+    zero_value_ = value;
+    ++size_;
+    return {&zero_value_, true};
+  }
+
+  [[gnu::noinline]] void grow() {
     size_t slots = slots_ == nullptr ? kMinSlots : capacity() * 2;
     Slot* old = slots_;
     size_t old_capacity = capacity();
