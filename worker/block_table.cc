@@ -1,27 +1,8 @@
 #include "worker/block_table.h"
 
-#include <cassert>
-
 #include "common/strings.h"
 
 namespace kvf::worker {
-
-bool BlockTable::insert(BlockHash hash, BlockIndex block) {
-  return entries_.tryEmplace(hash, Entry{block, 0}).second;
-}
-
-void BlockTable::erase(BlockHash hash) {
-  Entry* e = entries_.find(hash);
-  if (e == nullptr) return;
-  assert(e->pins == 0 && "evicting a pinned block");
-  entries_.eraseValue(e);
-}
-
-std::optional<BlockIndex> BlockTable::find(BlockHash hash) const {
-  const Entry* e = entries_.find(hash);
-  if (e == nullptr) return std::nullopt;
-  return e->block;
-}
 
 absl::Status BlockTable::pin(BlockHash hash) {
   Entry* e = entries_.find(hash);

@@ -4,6 +4,7 @@
 // and other threads (the push server, later) must post to that thread.
 #pragma once
 
+#include <cassert>
 #include <cstdint>
 #include <optional>
 
@@ -19,10 +20,22 @@ class BlockTable {
  public:
   // Records that `hash` is cached in pool block `block`. False when the hash is already present
   // (the caller keeps its own block uncached).
-  bool insert(BlockHash hash, BlockIndex block);
+  // (insert, erase and find are inline: an engine calls them once per block in its loops.)
+  bool insert(BlockHash hash, BlockIndex block) {
+    return entries_.tryEmplace(hash, Entry{block, 0}).second;
+  }
   // Forgets `hash`; its pin count must be zero (a pinned block is never evicted).
-  void erase(BlockHash hash);
-  std::optional<BlockIndex> find(BlockHash hash) const;
+  void erase(BlockHash hash) {
+    Entry* e = entries_.find(hash);
+    if (e == nullptr) return;
+    assert(e->pins == 0 && "evicting a pinned block");
+    entries_.eraseValue(e);
+  }
+  std::optional<BlockIndex> find(BlockHash hash) const {
+    const Entry* e = entries_.find(hash);
+    if (e == nullptr) return std::nullopt;
+    return e->block;
+  }
   // Brings the slot of `hash` towards the cache ahead of an insert / erase / find.
   void prefetch(BlockHash hash) const { entries_.prefetch(hash); }
   bool contains(BlockHash hash) const { return entries_.find(hash) != nullptr; }
