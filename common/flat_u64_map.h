@@ -155,8 +155,8 @@ class FlatU64Map {
   void eraseAt(size_t hole) {
     --size_;
     for (size_t j = (hole + 1) & mask_; slots_[j].key != kEmpty; j = (j + 1) & mask_) {
-      size_t h = home(slots_[j].key);
-      bool stays = hole <= j ? (hole < h && h <= j) : (hole < h || h <= j);
+      // It stays when its home lies cyclically in (hole, j]: nearer to j than the hole is.
+      bool stays = ((j - home(slots_[j].key)) & mask_) < ((j - hole) & mask_);
       if (stays) continue;
       slots_[hole] = slots_[j];
       hole = j;
