@@ -388,7 +388,7 @@ void Scheduler::finish(Request& r, FinishReason reason, Nanos now) {
 }
 
 void Scheduler::fillOutput(const Request& r, RequestOutput& o) const {
-  o.id = r.id;
+  if (config_.output_ids) o.id = r.id;
   o.tag = r.tag;
   o.finish = r.finish_reason;
   o.prompt_tokens = r.prompt_len;

@@ -41,6 +41,9 @@ struct SchedulerConfig {
   TokenId eos_token_id = -1;               // -1: the profile's (set by finalizeEngineConfig)
   uint64_t hash_seed = 0x6b7666656e67ULL;  // engine-specific block-hash seed
   KeyedBlockHasher keyed_hasher;           // not from YAML: set by a simulator
+  // Not from YAML: false leaves RequestOutput::id empty, for a driver that finds its requests by
+  // RequestSpec::tag (a simulator: a copy of the id string per output per step saved).
+  bool output_ids = true;
 };
 
 // A KV event sink that also takes the stores of token-free requests (PromptBlocks): their

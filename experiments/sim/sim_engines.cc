@@ -12,12 +12,13 @@
 namespace kvf::experiments::sim {
 
 absl::StatusOr<std::unique_ptr<engine::EngineCore>> Sim::makeCore(SimEngine& e) {
-  if (!setup_.sim.token_free) return engine::EngineCore::create(setup_.engine, &e.sink);
+  engine::EngineConfig config = setup_.engine;
+  config.scheduler.output_ids = false;  // outputs are found by their tag (the flight's index)
+  if (!setup_.sim.token_free) return engine::EngineCore::create(config, &e.sink);
   // Token-free engines hash blocks with the index's own function, so their BlockStored /
   // BlockRemoved hashes are the index's and it keeps no engine->ours map per instance (two
   // table probes fewer per block; Sim::init declares it to the index). Only the hash values
   // change: equal content still gets equal hashes, so the engines cache exactly as before.
-  engine::EngineConfig config = setup_.engine;
   config.scheduler.keyed_hasher = {&policy::hashBlockKey, policy::kRootBlockHash};
   return engine::EngineCore::create(config, &e.sink);
 }

@@ -170,6 +170,29 @@ TEST(TokenFree, SinkWithoutKeysGetsHashesOnly) {
   EXPECT_EQ(sink.hashes, (std::vector<uint64_t>{h1, h2, toyHash(h2, 3)}));
 }
 
+// A driver that finds its requests by tag turns the id copies off: outputs carry the tag only.
+TEST(TokenFree, OutputsWithoutIdsCarryTheTag) {
+  EngineConfig config = makeConfig(16, 64, 8192);
+  config.scheduler.output_ids = false;
+  auto core = EngineCore::create(config, nullptr);
+  ASSERT_TRUE(core.ok());
+  RequestSpec spec = keyed("a", 20, {4}, 55, 3);
+  spec.tag = 42;
+  ASSERT_TRUE((*core)->add(std::move(spec), 0).ok());
+  Nanos now = 0;
+  int outputs = 0;
+  while ((*core)->hasWork()) {
+    StepResult r = (*core)->step(now);
+    now += r.duration;
+    for (const RequestOutput& out : r.outputs) {
+      EXPECT_TRUE(out.id.empty());
+      EXPECT_EQ(out.tag, 42u);
+      ++outputs;
+    }
+  }
+  EXPECT_EQ(outputs, 3);
+}
+
 TEST(TokenFree, GeneratedBlocksAreCachedAndEqualForEqualPrompts) {
   KeyedSink sink;
   auto core = EngineCore::create(makeConfig(16, 64, 8192), &sink);
