@@ -134,7 +134,6 @@ class CacheIndex {
     bool empty() const { return head_ == tail_; }
     size_t size() const { return static_cast<size_t>(tail_ - head_); }
     uint64_t nextSeq() const { return tail_; }
-    uint64_t frontSeq() const { return head_; }
     SoftRecord& front() { return ring_[head_ & mask_]; }
     // The record `ahead` places after the front (ahead < size()).
     const SoftRecord& at(size_t ahead) const { return ring_[(head_ + ahead) & mask_]; }
