@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "common/prefetch.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "worker/block_payload.h"
@@ -46,38 +47,48 @@ double KvPool::usage() const {
   return blocks_.empty() ? 0.0 : 1.0 - static_cast<double>(num_free_) / blocks_.size();
 }
 
+// Before a push: drops the stale entries once they outnumber the free blocks (plus a margin),
+// so compaction costs O(1) per push, and grows the ring when it is still full.
+void KvPool::makeQueueRoom() {
+  if (ring_size_ > 2 * static_cast<size_t>(num_free_) + 64) {
+    size_t kept = 0;
+    for (size_t i = 0; i < ring_size_; ++i) {
+      QueueEntry e = ringAt(i);
+      if (live(e)) ringAt(kept++) = e;
+    }
+    ring_size_ = kept;
+  }
+  if (ring_size_ < ring_.size()) return;
+  std::vector<QueueEntry> bigger(std::max<size_t>(1024, 2 * ring_.size()));
+  for (size_t i = 0; i < ring_size_; ++i) bigger[i] = ringAt(i);
+  ring_ = std::move(bigger);
+  ring_mask_ = ring_.size() - 1;
+  ring_head_ = 0;
+}
+
 void KvPool::pushBack(BlockIndex b) {
-  Block& blk = blocks_[b];
-  blk.prev = tail_;
-  blk.next = kNone;
-  if (tail_ != kNone) blocks_[tail_].next = b;
-  tail_ = b;
-  if (head_ == kNone) head_ = b;
+  if (ring_size_ >= ring_.size() || ring_size_ > 2 * static_cast<size_t>(num_free_) + 64)
+      [[unlikely]] {
+    makeQueueRoom();
+  }
+  ringAt(ring_size_++) = QueueEntry{b, ++blocks_[b].queue_gen};
   ++num_free_;
 }
 
 void KvPool::pushFront(BlockIndex b) {
-  Block& blk = blocks_[b];
-  blk.prev = kNone;
-  blk.next = head_;
-  if (head_ != kNone) blocks_[head_].prev = b;
-  head_ = b;
-  if (tail_ == kNone) tail_ = b;
+  if (ring_size_ >= ring_.size() || ring_size_ > 2 * static_cast<size_t>(num_free_) + 64)
+      [[unlikely]] {
+    makeQueueRoom();
+  }
+  ring_head_ = (ring_head_ - 1) & ring_mask_;
+  ++ring_size_;
+  ringAt(0) = QueueEntry{b, ++blocks_[b].queue_gen};
   ++num_free_;
 }
 
 void KvPool::unlink(BlockIndex b) {
-  Block& blk = blocks_[b];
   assert(refs(b) == 0);
-  if (blk.prev != kNone)
-    blocks_[blk.prev].next = blk.next;
-  else
-    head_ = blk.next;
-  if (blk.next != kNone)
-    blocks_[blk.next].prev = blk.prev;
-  else
-    tail_ = blk.prev;
-  blk.prev = blk.next = kNone;
+  ++blocks_[b].queue_gen;  // its entry turns stale
   --num_free_;
 }
 
@@ -126,8 +137,21 @@ std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
   std::vector<BlockIndex> out;
   out.reserve(static_cast<size_t>(n));
   worker::BlockRemoved removed;
+  constexpr size_t kQueueAhead = 8;  // blocks ahead in the queue whose records are prefetched
   for (int64_t i = 0; i < n; ++i) {
-    BlockIndex b = head_;
+    QueueEntry front = ringAt(0);
+    if (ring_size_ > kQueueAhead) {
+      BlockIndex ahead = ringAt(kQueueAhead).block;
+      prefetchLine(&blocks_[ahead]);
+      prefetchLine(&state_[ahead]);
+    }
+    ring_head_ = (ring_head_ + 1) & ring_mask_;
+    --ring_size_;
+    if (!live(front)) {  // left the queue since it was pushed
+      --i;
+      continue;
+    }
+    BlockIndex b = front.block;
     unlink(b);
     if (hasHash(b)) {
       removed.block_hashes.push_back(blocks_[b].hash);

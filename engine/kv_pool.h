@@ -104,14 +104,26 @@ class KvPool {
 
  private:
   static constexpr BlockIndex kNone = ~BlockIndex{0};
-  // A block's hash and free-queue links (16 bytes: four per cache line; the queue walks touch
-  // neighbours at random), and apart its state word: the reference count and whether it holds
-  // a hash. A block is in the free queue exactly when its count is 0.
+  // A block's hash and free-queue generation, and apart its state word: the reference count and
+  // whether it holds a hash. A block is in the free queue exactly when its count is 0.
   struct Block {
     BlockHash hash = 0;
-    BlockIndex prev = kNone;
-    BlockIndex next = kNone;
+    uint32_t queue_gen = 0;  // the generation of its live free-queue entry
   };
+  // The free queue in eviction order (the least recently freed cached blocks first, uncached
+  // blocks ahead of them), as a ring of (block, generation) entries with lazy removal: a block
+  // leaving the queue from anywhere (taken by a request, or evicted) bumps its generation, which
+  // makes its entry stale; pops skip stale entries. The live entries are in exactly the order a
+  // doubly linked list would keep, but taking a run from the front reads the ring in sequence
+  // (the blocks ahead can be prefetched) instead of chasing each block's link to the next, and
+  // taking a block from the middle touches that block alone, not its two neighbours.
+  struct QueueEntry {
+    BlockIndex block;
+    uint32_t gen;
+  };
+  bool live(const QueueEntry& e) const { return blocks_[e.block].queue_gen == e.gen; }
+  QueueEntry& ringAt(size_t i) { return ring_[(ring_head_ + i) & ring_mask_]; }
+  void makeQueueRoom();
   static constexpr uint32_t kHasHash = uint32_t{1} << 31;
   static constexpr uint32_t kRefMask = kHasHash - 1;
   bool hasHash(BlockIndex b) const { return (state_[b] & kHasHash) != 0; }
@@ -127,8 +139,10 @@ class KvPool {
   std::vector<Block> blocks_;
   std::vector<uint32_t> state_;  // per block: reference count | kHasHash
   worker::BlockTable table_;
-  BlockIndex head_ = kNone;  // next to evict
-  BlockIndex tail_ = kNone;
+  std::vector<QueueEntry> ring_;  // a power of two entries
+  size_t ring_mask_ = 0;
+  size_t ring_head_ = 0;  // position of the front entry
+  size_t ring_size_ = 0;  // entries, stale ones included
   int64_t num_free_ = 0;
   std::byte* payload_ = nullptr;
   size_t payload_bytes_ = 0;

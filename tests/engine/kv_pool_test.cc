@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <list>
+#include <map>
+#include <random>
 #include <variant>
 
 #include "engine/kv_pool.h"
@@ -55,6 +59,131 @@ TEST(KvPoolTest, CachedBlocksSurviveReleaseAndAreEvictedLru) {
   EXPECT_TRUE(pool->findCachedPrefix(hashes).empty());  // the chain now misses at block 0
   std::vector<BlockHash> second = {101};
   EXPECT_EQ(pool->findCachedPrefix(second).size(), 1u);
+}
+
+// The free queue against a reference written with a doubly linked list (std::list): random
+// allocations, releases (cached blocks to the tail, uncached ones to the head), caching and
+// references taken on free cached blocks (out of the middle of the queue), long enough for the
+// queue's stale entries to be compacted many times. Every allocation must return the same
+// blocks in the same order and evict the same hashes.
+TEST(KvPoolTest, FreeQueueOrderMatchesALinkedListModel) {
+  constexpr int64_t kBlocks = 48;
+  worker::VectorEventSink sink;
+  auto pool = makePool(kBlocks, &sink);
+  std::list<BlockIndex> model;  // eviction order
+  std::vector<int> refs(kBlocks, 0);
+  std::map<BlockIndex, BlockHash> hash_of;
+  std::map<BlockHash, BlockIndex> block_of;
+  for (BlockIndex b = 0; b < kBlocks; ++b) model.push_back(b);
+  std::vector<std::vector<BlockIndex>> held;  // per "request", in token order
+  std::mt19937_64 rng(7);
+  BlockHash next_hash = 1;
+  size_t evictions = 0, middle_takes = 0;
+  for (int step = 0; step < 20000; ++step) {
+    int op = static_cast<int>(rng() % 4);
+    if (held.size() > 6) op = 1;  // keep most blocks free, so the queue stays busy
+    switch (op) {
+      case 0: {  // allocate
+        auto n = static_cast<int64_t>(1 + rng() % 6);
+        auto got = pool->allocate(n);
+        ASSERT_EQ(got.has_value(), n <= static_cast<int64_t>(model.size())) << step;
+        if (!got) break;
+        std::vector<BlockHash> evicted;
+        for (int64_t i = 0; i < n; ++i) {
+          BlockIndex b = model.front();
+          model.pop_front();
+          ASSERT_EQ((*got)[static_cast<size_t>(i)], b) << "step " << step;
+          refs[b] = 1;
+          if (auto it = hash_of.find(b); it != hash_of.end()) {
+            evicted.push_back(it->second);
+            block_of.erase(it->second);
+            hash_of.erase(it);
+          }
+        }
+        if (!evicted.empty()) {
+          ASSERT_FALSE(sink.events().empty());
+          auto* removed = std::get_if<worker::BlockRemoved>(&sink.events().back());
+          ASSERT_NE(removed, nullptr);
+          ASSERT_EQ(removed->block_hashes, evicted) << "step " << step;
+          evictions += evicted.size();
+        }
+        held.push_back(*got);
+        break;
+      }
+      case 1:
+      case 2: {  // cache some held blocks, then release a request's blocks (tail first)
+        if (held.empty()) break;
+        size_t k = rng() % held.size();
+        std::vector<BlockIndex> blocks = held[k];
+        held.erase(held.begin() + static_cast<std::ptrdiff_t>(k));
+        for (BlockIndex b : blocks) {
+          if (rng() % 2 == 0 && !hash_of.contains(b)) {
+            BlockHash h = next_hash++;
+            ASSERT_TRUE(pool->cacheBlock(b, h));
+            hash_of[b] = h;
+            block_of[h] = b;
+          }
+        }
+        std::reverse(blocks.begin(), blocks.end());
+        pool->release(blocks);
+        for (BlockIndex b : blocks) {
+          if (--refs[b] > 0) continue;
+          if (hash_of.contains(b)) {
+            model.push_back(b);
+          } else {
+            model.push_front(b);
+          }
+        }
+        break;
+      }
+      default: {  // a prefix hit takes a free cached block out of the middle of the queue
+        if (hash_of.empty()) break;
+        auto it = hash_of.begin();
+        std::advance(it, static_cast<std::ptrdiff_t>(rng() % hash_of.size()));
+        std::vector<BlockHash> one = {it->second};
+        auto found = pool->findCachedPrefix(one);
+        ASSERT_EQ(found.size(), 1u);
+        ASSERT_EQ(found[0], it->first);
+        pool->acquire(found);
+        if (refs[it->first]++ == 0) {
+          model.remove(it->first);
+          ++middle_takes;
+        }
+        held.push_back(found);
+      }
+    }
+    ASSERT_EQ(pool->numFreeBlocks(), static_cast<int64_t>(model.size())) << "step " << step;
+  }
+  EXPECT_GT(evictions, 1000u);
+  EXPECT_GT(middle_takes, 2000u);
+  // Prefix hits and releases without allocations in between: the queue's stale entries pile up
+  // past the compaction threshold many times; the order must survive it.
+  for (auto& blocks : held) {
+    std::reverse(blocks.begin(), blocks.end());
+    pool->release(blocks);
+    for (BlockIndex b : blocks) {
+      if (--refs[b] > 0) continue;
+      if (hash_of.contains(b)) {
+        model.push_back(b);
+      } else {
+        model.push_front(b);
+      }
+    }
+  }
+  held.clear();
+  ASSERT_FALSE(hash_of.empty());
+  for (int i = 0; i < 3000; ++i) {
+    auto it = hash_of.begin();
+    std::advance(it, static_cast<std::ptrdiff_t>(rng() % hash_of.size()));
+    std::vector<BlockIndex> one = {it->first};
+    pool->acquire(one);
+    pool->release(one);
+    model.remove(it->first);
+    model.push_back(it->first);
+  }
+  auto all = pool->allocate(kBlocks);
+  ASSERT_TRUE(all.has_value());
+  EXPECT_EQ(*all, std::vector<BlockIndex>(model.begin(), model.end()));
 }
 
 // A watched lookup stays intact while its blocks keep their hashes: allocations that evict
