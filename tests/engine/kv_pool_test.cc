@@ -79,6 +79,19 @@ TEST(KvPoolTest, FreeQueueOrderMatchesALinkedListModel) {
   std::mt19937_64 rng(7);
   BlockHash next_hash = 1;
   size_t evictions = 0, middle_takes = 0;
+  // A request's blocks back, tail first: cached ones to the queue's tail, uncached to its head.
+  auto release = [&](std::vector<BlockIndex> blocks) {
+    std::reverse(blocks.begin(), blocks.end());
+    pool->release(blocks);
+    for (BlockIndex b : blocks) {
+      if (--refs[b] > 0) continue;
+      if (hash_of.contains(b)) {
+        model.push_back(b);
+      } else {
+        model.push_front(b);
+      }
+    }
+  };
   for (int step = 0; step < 20000; ++step) {
     int op = static_cast<int>(rng() % 4);
     if (held.size() > 6) op = 1;  // keep most blocks free, so the queue stays busy
@@ -124,16 +137,7 @@ TEST(KvPoolTest, FreeQueueOrderMatchesALinkedListModel) {
             block_of[h] = b;
           }
         }
-        std::reverse(blocks.begin(), blocks.end());
-        pool->release(blocks);
-        for (BlockIndex b : blocks) {
-          if (--refs[b] > 0) continue;
-          if (hash_of.contains(b)) {
-            model.push_back(b);
-          } else {
-            model.push_front(b);
-          }
-        }
+        release(blocks);
         break;
       }
       default: {  // a prefix hit takes a free cached block out of the middle of the queue
@@ -158,18 +162,7 @@ TEST(KvPoolTest, FreeQueueOrderMatchesALinkedListModel) {
   EXPECT_GT(middle_takes, 2000u);
   // Prefix hits and releases without allocations in between: the queue's stale entries pile up
   // past the compaction threshold many times; the order must survive it.
-  for (auto& blocks : held) {
-    std::reverse(blocks.begin(), blocks.end());
-    pool->release(blocks);
-    for (BlockIndex b : blocks) {
-      if (--refs[b] > 0) continue;
-      if (hash_of.contains(b)) {
-        model.push_back(b);
-      } else {
-        model.push_front(b);
-      }
-    }
-  }
+  for (auto& blocks : held) release(blocks);
   held.clear();
   ASSERT_FALSE(hash_of.empty());
   for (int i = 0; i < 3000; ++i) {
