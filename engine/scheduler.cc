@@ -1,6 +1,7 @@
 #include "engine/scheduler.h"
 
 #include <algorithm>
+#include <bit>
 #include <cassert>
 
 #include "common/prefetch.h"
@@ -27,7 +28,10 @@ Scheduler::Scheduler(SchedulerConfig config, KvPool* pool, const TimingModel* ti
       pool_(pool),
       timing_(timing),
       sink_(sink),
-      keyed_sink_(dynamic_cast<KeyedKvEventSink*>(sink)) {}
+      keyed_sink_(dynamic_cast<KeyedKvEventSink*>(sink)) {
+  const auto bs = static_cast<uint64_t>(pool_->blockSize());
+  if (std::has_single_bit(bs)) block_shift_ = std::countr_zero(bs);
+}
 
 Scheduler::~Scheduler() = default;
 
@@ -150,7 +154,7 @@ bool Scheduler::allocateSlots(Request& r, int64_t n, std::span<const BlockIndex>
   const int64_t bs = pool_->blockSize();
   auto held = static_cast<int64_t>(r.blocks.size() + cached.size());
   int64_t tokens = r.num_computed_tokens + static_cast<int64_t>(cached.size()) * bs + n;
-  int64_t need = std::max<int64_t>(0, (tokens + bs - 1) / bs - held);
+  int64_t need = std::max<int64_t>(0, divBlocks(tokens + bs - 1) - held);
   if (need == 0 && cached.empty()) return true;  // a decode inside its last block
   // Touching an unreferenced cached block takes it off the free queue, so those count against
   // the free blocks too; count them only when the bounds 0 and cached.size() do not decide
@@ -253,7 +257,7 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
     size_t watched = 0;  // leading blocks of `cached` still under the head's watch
     if (!resumed) {
       // The last token is always computed, so at most (n - 1) / bs blocks can come from cache.
-      auto max_blocks = static_cast<size_t>((r.numTokens() - 1) / bs);
+      auto max_blocks = static_cast<size_t>(divBlocks(r.numTokens() - 1));
       std::span<const BlockHash> lookup(r.block_hashes.data(),
                                         std::min(max_blocks, r.block_hashes.size()));
       if (pool_->watchIntact(r.prefix_hint_watch) && r.prefix_hint.size() <= lookup.size()) {
@@ -315,7 +319,7 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
 
 void Scheduler::cacheFullBlocks(Request& r) {
   const int64_t bs = pool_->blockSize();
-  auto full = static_cast<size_t>(r.num_computed_tokens / bs);
+  auto full = static_cast<size_t>(divBlocks(r.num_computed_tokens));
   // Most decode steps fill no block: nothing to hash, cache or publish.
   if (full <= r.num_cached_blocks &&
       static_cast<int64_t>(r.block_hashes.size() + 1) * bs > r.numTokens()) {
