@@ -50,7 +50,7 @@ double KvPool::usage() const {
 // Before a push: drops the stale entries once they outnumber the free blocks (plus a margin),
 // so compaction costs O(1) per push, and grows the ring when it is still full.
 void KvPool::makeQueueRoom() {
-  if (ring_size_ > 2 * static_cast<size_t>(num_free_) + 64) {
+  if (queueMostlyStale()) {
     size_t kept = 0;
     for (size_t i = 0; i < ring_size_; ++i) {
       QueueEntry e = ringAt(i);
@@ -67,19 +67,15 @@ void KvPool::makeQueueRoom() {
 }
 
 void KvPool::pushBack(BlockIndex b) {
-  if (ring_size_ >= ring_.size() || ring_size_ > 2 * static_cast<size_t>(num_free_) + 64)
-      [[unlikely]] {
+  if (ring_size_ >= ring_.size() || queueMostlyStale()) [[unlikely]]
     makeQueueRoom();
-  }
   ringAt(ring_size_++) = QueueEntry{b, ++blocks_[b].queue_gen};
   ++num_free_;
 }
 
 void KvPool::pushFront(BlockIndex b) {
-  if (ring_size_ >= ring_.size() || ring_size_ > 2 * static_cast<size_t>(num_free_) + 64)
-      [[unlikely]] {
+  if (ring_size_ >= ring_.size() || queueMostlyStale()) [[unlikely]]
     makeQueueRoom();
-  }
   ring_head_ = (ring_head_ - 1) & ring_mask_;
   ++ring_size_;
   ringAt(0) = QueueEntry{b, ++blocks_[b].queue_gen};
@@ -139,18 +135,17 @@ std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
   worker::BlockRemoved removed;
   constexpr size_t kQueueAhead = 8;  // blocks ahead in the queue whose records are prefetched
   for (int64_t i = 0; i < n; ++i) {
-    QueueEntry front = ringAt(0);
-    if (ring_size_ > kQueueAhead) {
-      BlockIndex ahead = ringAt(kQueueAhead).block;
-      prefetchLine(&blocks_[ahead]);
-      prefetchLine(&state_[ahead]);
-    }
-    ring_head_ = (ring_head_ + 1) & ring_mask_;
-    --ring_size_;
-    if (!live(front)) {  // left the queue since it was pushed
-      --i;
-      continue;
-    }
+    QueueEntry front;
+    do {  // skip the entries of blocks that left the queue since they were pushed
+      front = ringAt(0);
+      if (ring_size_ > kQueueAhead) {
+        BlockIndex ahead = ringAt(kQueueAhead).block;
+        prefetchLine(&blocks_[ahead]);
+        prefetchLine(&state_[ahead]);
+      }
+      ring_head_ = (ring_head_ + 1) & ring_mask_;
+      --ring_size_;
+    } while (!live(front));
     BlockIndex b = front.block;
     unlink(b);
     if (hasHash(b)) {

@@ -123,6 +123,8 @@ class KvPool {
   };
   bool live(const QueueEntry& e) const { return blocks_[e.block].queue_gen == e.gen; }
   QueueEntry& ringAt(size_t i) { return ring_[(ring_head_ + i) & ring_mask_]; }
+  // Stale entries outnumber the free blocks (plus a margin): time to compact before a push.
+  bool queueMostlyStale() const { return ring_size_ > 2 * static_cast<size_t>(num_free_) + 64; }
   void makeQueueRoom();
   static constexpr uint32_t kHasHash = uint32_t{1} << 31;
   static constexpr uint32_t kRefMask = kHasHash - 1;
