@@ -1,9 +1,10 @@
 // FlatU64Map<V>: a map from uniform 64-bit keys (block hashes) to a small trivially copyable
 // value, as one open-addressed array of {key, value} slots with linear probing, at most half
-// full, and backward-shift deletion (no tombstones). The slot comes from one multiply by an odd
-// salt, so keys must already be well mixed; the salt keeps crafted keys from aiming at one probe
-// run. One probe usually touches one cache line (absl's tables touch a control byte and a slot).
-// Pointers to values stay valid until the next insertion. Not thread-safe.
+// full by default (the owner picks the bound), and backward-shift deletion (no tombstones). The
+// slot comes from one multiply by an odd salt, so keys must already be well mixed; the salt keeps
+// crafted keys from aiming at one probe run. One probe usually touches one cache line (absl's
+// tables touch a control byte and a slot). Pointers to values stay valid until the next insertion.
+// Not thread-safe.
 #pragma once
 
 #include <cstddef>
@@ -27,13 +28,21 @@ class FlatU64Map {
   static_assert(std::is_trivially_copyable_v<V>);
 
  public:
-  explicit FlatU64Map(uint64_t salt = processSalt()) : salt_(salt | 1) {}
+  // max_load_eighths: the array doubles once more than this many eighths of its slots would be
+  // used (1-6; 4 = half). A lower load buys shorter probe runs (fewer probes past the home
+  // slot, erases that shift fewer slots) with memory.
+  explicit FlatU64Map(uint64_t salt = processSalt(), int max_load_eighths = 4)
+      : salt_(salt | 1),
+        max_load_eighths_(max_load_eighths < 1   ? 1
+                          : max_load_eighths > 6 ? 6
+                                                 : max_load_eighths) {}
   ~FlatU64Map() { freeTable(slots_); }
   FlatU64Map(FlatU64Map&& o) noexcept { *this = std::move(o); }
   FlatU64Map& operator=(FlatU64Map&& o) noexcept {
     if (this != &o) {
       freeTable(slots_);
       salt_ = o.salt_;
+      max_load_eighths_ = o.max_load_eighths_;
       slots_ = std::exchange(o.slots_, nullptr);
       mask_ = std::exchange(o.mask_, 0);
       shift_ = std::exchange(o.shift_, 63);
@@ -82,7 +91,7 @@ class FlatU64Map {
   std::pair<V*, bool> tryEmplace(uint64_t key, const V& value) {
     if (key == kEmpty) [[unlikely]]
       return emplaceZero(value);
-    // At most half full: probe runs stay short, and a miss ends at an empty slot soon.
+    // At most max_load full: probe runs stay short, and a miss ends at an empty slot soon.
     if (size_ >= grow_at_) [[unlikely]] {
       if (V* v = find(key)) return {v, false};  // no growth for a hit
       grow();
@@ -179,7 +188,7 @@ class FlatU64Map {
     slots_ = static_cast<Slot*>(allocateZeroedTable(slots * sizeof(Slot)));
     mask_ = slots - 1;
     shift_ = 64 - __builtin_ctzll(slots);
-    grow_at_ = slots / 2;
+    grow_at_ = slots / 8 * static_cast<size_t>(max_load_eighths_);
     for (size_t k = 0; k < old_capacity; ++k) {
       if (old[k].key == kEmpty) continue;
       size_t i = home(old[k].key);
@@ -190,11 +199,12 @@ class FlatU64Map {
   }
 
   uint64_t salt_;
+  int max_load_eighths_ = 4;
   Slot* slots_ = nullptr;
   size_t mask_ = 0;  // capacity - 1
   int shift_ = 63;   // 64 - log2(capacity)
   size_t size_ = 0;
-  size_t grow_at_ = 0;  // the size at which the next insertion grows the array: half of it
+  size_t grow_at_ = 0;  // the size at which the next insertion grows the array
   bool has_zero_ = false;
   V zero_value_{};
 };

@@ -1,7 +1,8 @@
 // The cache index's block table: BlockHash -> the instances holding the block (all holders, which
 // of them only softly: routed, no event yet, and their expiry record), as one open-addressed array
 // of 32-byte slots with linear probing (common/flat_u64_map.h), so a lookup touches one cache line
-// (a second only when its probe run crosses one). Block hashes are already uniform, so the slot
+// (a second only when its probe run crosses one), kept at most a quarter full by default
+// (CacheIndexConfig::table_max_load). Block hashes are already uniform, so the slot
 // comes from one salted multiply; big tables ask for transparent huge pages. Single-threaded, owned
 // by CacheIndex.
 #pragma once
@@ -28,7 +29,8 @@ class BlockTable {
   };
 
   // `salt` must be odd: it keys the slot choice, so crafted prompts cannot aim at one probe run.
-  explicit BlockTable(uint64_t salt) : map_(salt) {}
+  // The array doubles once more than max_load_eighths / 8 of its slots would be used.
+  BlockTable(uint64_t salt, int max_load_eighths) : map_(salt, max_load_eighths) {}
 
   // Holders of `hash`; 0 when absent.
   InstanceMask get(BlockHash hash) const {

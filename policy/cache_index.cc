@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 
 namespace kvf::policy {
 
@@ -62,7 +63,9 @@ class RunTracker {
 }  // namespace
 
 CacheIndex::CacheIndex(CacheIndexConfig config)
-    : config_(config), entries_(processSalt()), instances_(kMaxInstances) {}
+    : config_(config),
+      entries_(processSalt(), static_cast<int>(std::lround(config.table_max_load * 8))),
+      instances_(kMaxInstances) {}
 
 bool CacheIndex::storeBlocks(int instance, const StoredBlocks& event) {
   if (!validInstance(instance) || event.engine_hashes.empty()) return false;

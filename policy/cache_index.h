@@ -29,6 +29,11 @@ struct CacheIndexConfig {
   Nanos approximate_ttl = 300 * kNanosPerSecond;  // routed to an instance without events
   size_t max_blocks_per_instance = 8u << 20;      // exact entries; further stores are dropped
   size_t max_soft_entries = 16u << 20;            // predicted + approximate (hash, instance)
+  // The block table doubles once more than this fraction of its 32-byte slots would be used
+  // (rounded to eighths, 0.125-0.75): 128-256 bytes per block at 0.25, half that at 0.5. A
+  // quarter-full table has shorter probe runs: the simulator's whole Mooncake arm ran ~12%
+  // faster and the 32k-token match ~12% faster than at half (docs/benchmarks.md).
+  double table_max_load = 0.25;
 };
 
 // One decoded BlockStored event, engine hashes already reduced to 64 bits.

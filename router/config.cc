@@ -79,6 +79,7 @@ void parseIndex(config::ConfigMap& map, policy::CacheIndexConfig* out) {
   uint64_t max_soft = out->max_soft_entries;
   map.get("max_soft_entries", &max_soft, 1, uint64_t{1} << 32);
   out->max_soft_entries = max_soft;
+  map.get("table_max_load", &out->table_max_load, 0.125, 0.75);
   map.rejectUnknownKeys();
 }
 

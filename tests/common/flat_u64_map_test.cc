@@ -72,6 +72,30 @@ TEST(FlatU64MapTest, AgreesWithUnorderedMapUnderClusteredKeys) {
   }
 }
 
+// The array doubles exactly when the next insertion would use more than max_load_eighths / 8 of
+// it, and a move keeps that bound.
+TEST(FlatU64MapTest, GrowsAtItsMaxLoad) {
+  for (int eighths : {2, 4, 6}) {
+    FlatU64Map<Value> map(processSalt(), eighths);
+    size_t capacity = 0;
+    for (uint64_t k = 1; k <= 20000; ++k) {
+      map.tryEmplace(k * 0x9e3779b97f4a7c15ULL, Value{});
+      if (map.capacity() != capacity) {
+        // Grown by this insertion: the one before it filled the old array to its bound.
+        if (capacity != 0) {
+          EXPECT_EQ(map.size() - 1, capacity / 8 * eighths) << eighths;
+        }
+        capacity = map.capacity();
+      }
+      ASSERT_LE(map.size() * 8, map.capacity() * eighths) << eighths;
+    }
+    FlatU64Map<Value> moved = std::move(map);
+    for (uint64_t k = 20001; k <= 40000; ++k) moved.tryEmplace(k * 0x9e3779b97f4a7c15ULL, Value{});
+    EXPECT_LE(moved.size() * 8, moved.capacity() * eighths) << eighths;
+    EXPECT_GT(moved.size() * 8 * 2, moved.capacity() * eighths) << eighths;  // not grown early
+  }
+}
+
 TEST(FlatU64MapTest, ClearAndMoveKeepItUsable) {
   FlatU64Map<Value> a;
   for (uint64_t k = 0; k < 5000; ++k) a.tryEmplace(k * 0x9e3779b97f4a7c15ULL, Value{1, 2});

@@ -15,7 +15,7 @@ instances:
   - id: e1
     url: http://127.0.0.1:8101/
 policy: {kind: lmetric}
-index: {block_size: 32, predicted_ttl_s: 5}
+index: {block_size: 32, predicted_ttl_s: 5, table_max_load: 0.5}
 health: {interval_s: 0.5, unhealthy_threshold: 3}
 upstream: {max_attempts: 2, circuit_failure_threshold: 4}
 decision_log: /tmp/decisions.jsonl
@@ -33,6 +33,7 @@ admin: {token: secret}
   EXPECT_EQ(config->policy.kind, policy::PolicyKind::kLMetric);
   EXPECT_EQ(config->index.block_size, 32u);
   EXPECT_EQ(config->index.predicted_ttl, 5 * kNanosPerSecond);
+  EXPECT_EQ(config->index.table_max_load, 0.5);
   EXPECT_EQ(config->health.interval, kNanosPerSecond / 2);
   EXPECT_EQ(config->health.unhealthy_threshold, 3);
   EXPECT_EQ(config->max_attempts, 2);
@@ -49,6 +50,7 @@ instances:
     extra: 1
   - url: http://127.0.0.1:80
 policy: {kind: nope}
+index: {table_max_load: 0.9}
 upstream: {max_attempts: 0}
 )",
                                   "<test>");
@@ -58,6 +60,7 @@ upstream: {max_attempts: 0}
   EXPECT_NE(m.find("duplicate instance id"), std::string::npos) << m;
   EXPECT_NE(m.find("invalid port"), std::string::npos) << m;
   EXPECT_NE(m.find("instances[1].extra"), std::string::npos) << m;
+  EXPECT_NE(m.find("index.table_max_load"), std::string::npos) << m;
   EXPECT_NE(m.find("instances[2].id"), std::string::npos) << m;
   EXPECT_NE(m.find("policy.kind"), std::string::npos) << m;
   EXPECT_NE(m.find("upstream.max_attempts"), std::string::npos) << m;
