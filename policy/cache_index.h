@@ -32,7 +32,8 @@ struct CacheIndexConfig {
   // The block table doubles once more than this fraction of its 32-byte slots would be used
   // (rounded to eighths, 0.125-0.75): 128-256 bytes per block at 0.25, half that at 0.5. A
   // quarter-full table has shorter probe runs: the simulator's whole Mooncake arm ran ~12%
-  // faster and the 32k-token match ~12% faster than at half (docs/benchmarks.md).
+  // faster and the 32k-token hash + match + decide ~13% faster than at half
+  // (docs/benchmarks.md).
   double table_max_load = 0.25;
 };
 
