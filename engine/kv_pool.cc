@@ -66,13 +66,6 @@ void KvPool::makeQueueRoom() {
   ring_head_ = 0;
 }
 
-void KvPool::pushBack(BlockIndex b) {
-  if (ring_size_ >= ring_.size() || queueMostlyStale()) [[unlikely]]
-    makeQueueRoom();
-  ringAt(ring_size_++) = QueueEntry{b, ++blocks_[b].queue_gen};
-  ++num_free_;
-}
-
 void KvPool::pushFront(BlockIndex b) {
   if (ring_size_ >= ring_.size() || queueMostlyStale()) [[unlikely]]
     makeQueueRoom();
@@ -149,6 +142,9 @@ std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
     BlockIndex b = front.block;
     unlink(b);
     if (hasHash(b)) {
+      // Room for every block still to come at the first eviction (a run of evictions would
+      // otherwise regrow the vector several times).
+      if (removed.block_hashes.empty()) removed.block_hashes.reserve(static_cast<size_t>(n - i));
       removed.block_hashes.push_back(blocks_[b].hash);
       if (watched(b)) watch_intact_ = false;
     }
@@ -181,14 +177,8 @@ void KvPool::release(std::span<const BlockIndex> blocks) {
   }
 }
 
-bool KvPool::cacheBlock(BlockIndex block, BlockHash hash) {
-  if (!options_.enable_prefix_caching) return false;
-  if (hasHash(block)) return blocks_[block].hash == hash;
-  if (!table_.insert(hash, block)) return false;
-  state_[block] |= kHasHash;
-  blocks_[block].hash = hash;
-  if (payload_ != nullptr) worker::fillBlockPayload(hash, payload(block));
-  return true;
+void KvPool::writePayload(BlockIndex block, BlockHash hash) {
+  worker::fillBlockPayload(hash, payload(block));
 }
 
 std::optional<BlockHash> KvPool::hashOf(BlockIndex block) const {

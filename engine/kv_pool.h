@@ -78,8 +78,17 @@ class KvPool {
   // (cached ones at the LRU tail, in this order; uncached ones at the head, reused first).
   void release(std::span<const BlockIndex> blocks);
   // Registers a full computed block under `hash` and writes its payload. False when caching is
-  // off or the hash is already cached in another block (this one then stays uncached).
-  bool cacheBlock(BlockIndex block, BlockHash hash);
+  // off or the hash is already cached in another block (this one then stays uncached). Inline:
+  // the scheduler calls it once per computed block.
+  bool cacheBlock(BlockIndex block, BlockHash hash) {
+    if (!options_.enable_prefix_caching) return false;
+    if (hasHash(block)) return blocks_[block].hash == hash;
+    if (!table_.insert(hash, block)) return false;
+    state_[block] |= kHasHash;
+    blocks_[block].hash = hash;
+    if (payload_ != nullptr) writePayload(block, hash);
+    return true;
+  }
   // Brings what cacheBlock(block, hash) touches towards the cache (a few calls ahead of it).
   void prefetchCacheBlock(BlockIndex block, BlockHash hash) const {
     __builtin_prefetch(&state_[block]);
@@ -125,14 +134,21 @@ class KvPool {
   QueueEntry& ringAt(size_t i) { return ring_[(ring_head_ + i) & ring_mask_]; }
   // Stale entries outnumber the free blocks (plus a margin): time to compact before a push.
   bool queueMostlyStale() const { return ring_size_ > 2 * static_cast<size_t>(num_free_) + 64; }
-  void makeQueueRoom();
+  [[gnu::noinline]] void makeQueueRoom();
   static constexpr uint32_t kHasHash = uint32_t{1} << 31;
   static constexpr uint32_t kRefMask = kHasHash - 1;
   bool hasHash(BlockIndex b) const { return (state_[b] & kHasHash) != 0; }
   uint32_t refs(BlockIndex b) const { return state_[b] & kRefMask; }
   explicit KvPool(KvPoolOptions options, worker::KvEventSink* sink);
-  void pushBack(BlockIndex b);
+  // Inline (release calls it once per freed block); the rare compaction or growth is not.
+  void pushBack(BlockIndex b) {
+    if (ring_size_ >= ring_.size() || queueMostlyStale()) [[unlikely]]
+      makeQueueRoom();
+    ringAt(ring_size_++) = QueueEntry{b, ++blocks_[b].queue_gen};
+    ++num_free_;
+  }
   void pushFront(BlockIndex b);
+  void writePayload(BlockIndex block, BlockHash hash);
   void unlink(BlockIndex b);
   void ref(BlockIndex b);
 
