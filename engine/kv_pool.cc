@@ -123,9 +123,12 @@ void KvPool::acquire(std::span<const BlockIndex> blocks) {
 
 std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
   if (n > num_free_) return std::nullopt;
-  std::vector<BlockIndex> out;
-  out.reserve(static_cast<size_t>(n));
+  // Both lists are written by index into vectors sized up front (no capacity check per block):
+  // `out` to n, the evicted hashes at the first eviction to the blocks still to come.
+  std::vector<BlockIndex> out(static_cast<size_t>(n));
   worker::BlockRemoved removed;
+  std::vector<BlockHash>& evicted = removed.block_hashes;
+  size_t num_evicted = 0;
   constexpr size_t kQueueAhead = 8;  // blocks ahead in the queue whose records are prefetched
   for (int64_t i = 0; i < n; ++i) {
     QueueEntry front;
@@ -142,25 +145,23 @@ std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
     BlockIndex b = front.block;
     unlink(b);
     if (hasHash(b)) {
-      // Room for every block still to come at the first eviction (a run of evictions would
-      // otherwise regrow the vector several times).
-      if (removed.block_hashes.empty()) removed.block_hashes.reserve(static_cast<size_t>(n - i));
-      removed.block_hashes.push_back(blocks_[b].hash);
+      if (evicted.empty()) evicted.resize(static_cast<size_t>(n - i));
+      evicted[num_evicted++] = blocks_[b].hash;
       if (watched(b)) watch_intact_ = false;
     }
     state_[b] = 1;  // one reference, no hash
-    out.push_back(b);
+    out[static_cast<size_t>(i)] = b;
   }
+  evicted.resize(num_evicted);
   // Evicted hashes leave the table after the walk, with their slots prefetched a few ahead
   // (one random slot each: the misses overlap instead of queueing).
   constexpr size_t kAhead = 8;
-  const auto& evicted = removed.block_hashes;
-  for (size_t j = 0; j < std::min(evicted.size(), kAhead); ++j) table_.prefetch(evicted[j]);
-  for (size_t j = 0; j < evicted.size(); ++j) {
-    if (j + kAhead < evicted.size()) table_.prefetch(evicted[j + kAhead]);
+  for (size_t j = 0; j < std::min(num_evicted, kAhead); ++j) table_.prefetch(evicted[j]);
+  for (size_t j = 0; j < num_evicted; ++j) {
+    if (j + kAhead < num_evicted) table_.prefetch(evicted[j + kAhead]);
     table_.erase(evicted[j]);
   }
-  if (sink_ != nullptr && !removed.block_hashes.empty()) sink_->onBlockRemoved(std::move(removed));
+  if (sink_ != nullptr && num_evicted > 0) sink_->onBlockRemoved(std::move(removed));
   return out;
 }
 
