@@ -67,8 +67,7 @@ void KvPool::makeQueueRoom() {
 }
 
 void KvPool::pushFront(BlockIndex b) {
-  if (ring_size_ >= ring_.size() || queueMostlyStale()) [[unlikely]]
-    makeQueueRoom();
+  roomForPush();
   ring_head_ = (ring_head_ - 1) & ring_mask_;
   ++ring_size_;
   ringAt(0) = QueueEntry{b, ++blocks_[b].queue_gen};

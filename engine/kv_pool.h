@@ -135,6 +135,11 @@ class KvPool {
   // Stale entries outnumber the free blocks (plus a margin): time to compact before a push.
   bool queueMostlyStale() const { return ring_size_ > 2 * static_cast<size_t>(num_free_) + 64; }
   [[gnu::noinline]] void makeQueueRoom();
+  // Before every push: compacts or grows the ring in the rare case it needs it.
+  void roomForPush() {
+    if (ring_size_ >= ring_.size() || queueMostlyStale()) [[unlikely]]
+      makeQueueRoom();
+  }
   static constexpr uint32_t kHasHash = uint32_t{1} << 31;
   static constexpr uint32_t kRefMask = kHasHash - 1;
   bool hasHash(BlockIndex b) const { return (state_[b] & kHasHash) != 0; }
@@ -142,8 +147,7 @@ class KvPool {
   explicit KvPool(KvPoolOptions options, worker::KvEventSink* sink);
   // Inline (release calls it once per freed block); the rare compaction or growth is not.
   void pushBack(BlockIndex b) {
-    if (ring_size_ >= ring_.size() || queueMostlyStale()) [[unlikely]]
-      makeQueueRoom();
+    roomForPush();
     ringAt(ring_size_++) = QueueEntry{b, ++blocks_[b].queue_gen};
     ++num_free_;
   }
