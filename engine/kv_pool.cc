@@ -34,10 +34,7 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::create(KvPoolOptions options,
 }
 
 KvPool::KvPool(KvPoolOptions options, worker::KvEventSink* sink)
-    : options_(options),
-      sink_(sink),
-      blocks_(static_cast<size_t>(options.num_blocks)),
-      state_(static_cast<size_t>(options.num_blocks), 0) {
+    : options_(options), sink_(sink), blocks_(static_cast<size_t>(options.num_blocks)) {
   for (BlockIndex b = 0; b < blocks_.size(); ++b) pushBack(b);
 }
 
@@ -85,7 +82,7 @@ void KvPool::ref(BlockIndex b) {
     unlink(b);
     if (watched(b)) --watched_unref_;
   }
-  ++state_[b];
+  ++blocks_[b].state;
 }
 
 std::vector<BlockIndex> KvPool::findCachedPrefix(std::span<const BlockHash> hashes,
@@ -136,7 +133,6 @@ std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
       if (ring_size_ > kQueueAhead) {
         BlockIndex ahead = ringAt(kQueueAhead).block;
         prefetchLine(&blocks_[ahead]);
-        prefetchLine(&state_[ahead]);
       }
       ring_head_ = (ring_head_ + 1) & ring_mask_;
       --ring_size_;
@@ -148,7 +144,7 @@ std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
       evicted[num_evicted++] = blocks_[b].hash;
       if (watched(b)) watch_intact_ = false;
     }
-    state_[b] = 1;  // one reference, no hash
+    blocks_[b].state = 1;  // one reference, no hash
     out[static_cast<size_t>(i)] = b;
   }
   evicted.resize(num_evicted);
@@ -167,7 +163,7 @@ std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
 void KvPool::release(std::span<const BlockIndex> blocks) {
   for (BlockIndex b : blocks) {
     assert(refs(b) > 0);
-    if ((--state_[b] & kRefMask) > 0) continue;
+    if ((--blocks_[b].state & kRefMask) > 0) continue;
     if (watched(b)) ++watched_unref_;
     if (hasHash(b)) {
       pushBack(b);
@@ -204,7 +200,8 @@ absl::Status KvPool::unpin(BlockHash hash) {
 }
 
 uint64_t KvPool::watchCachedPrefix(std::span<const BlockIndex> blocks) {
-  if (watch_mark_.size() != blocks_.size()) watch_mark_.assign(blocks_.size(), 0);
+  for (BlockIndex b : watch_blocks_) blocks_[b].state &= ~kWatched;
+  watch_blocks_.clear();
   ++watch_id_;
   watch_intact_ = true;
   watched_unref_ = 0;
@@ -215,7 +212,8 @@ uint64_t KvPool::watchCachedPrefix(std::span<const BlockIndex> blocks) {
 void KvPool::extendWatch(uint64_t id, std::span<const BlockIndex> blocks) {
   if (!watchIntact(id)) return;
   for (BlockIndex b : blocks) {
-    watch_mark_[b] = id;
+    blocks_[b].state |= kWatched;
+    watch_blocks_.push_back(b);
     if (refs(b) == 0) ++watched_unref_;
   }
 }
@@ -223,7 +221,8 @@ void KvPool::extendWatch(uint64_t id, std::span<const BlockIndex> blocks) {
 bool KvPool::resetPrefixCache() {
   if (num_free_ != numBlocks()) return false;
   watch_intact_ = false;
-  for (uint32_t& st : state_) st &= ~kHasHash;
+  for (Block& block : blocks_)
+    block.state &= ~kHasHash;  // kWatched stays for the next watch to clear
   table_.clear();
   if (sink_ != nullptr) sink_->onAllBlocksCleared();
   return true;

@@ -84,19 +84,18 @@ class KvPool {
     if (!options_.enable_prefix_caching) return false;
     if (hasHash(block)) return blocks_[block].hash == hash;
     if (!table_.insert(hash, block)) return false;
-    state_[block] |= kHasHash;
+    blocks_[block].state |= kHasHash;
     blocks_[block].hash = hash;
     if (payload_ != nullptr) writePayload(block, hash);
     return true;
   }
   // Brings what cacheBlock(block, hash) touches towards the cache (a few calls ahead of it).
   void prefetchCacheBlock(BlockIndex block, BlockHash hash) const {
-    __builtin_prefetch(&state_[block]);
     __builtin_prefetch(&blocks_[block]);
     table_.prefetch(hash);
   }
   std::optional<BlockHash> hashOf(BlockIndex block) const;
-  int refCount(BlockIndex block) const { return static_cast<int>(state_[block] & kRefMask); }
+  int refCount(BlockIndex block) const { return static_cast<int>(refs(block)); }
 
   // Keeps a cached block from eviction (KV push source); NotFound if not cached.
   absl::Status pin(BlockHash hash);
@@ -113,12 +112,16 @@ class KvPool {
 
  private:
   static constexpr BlockIndex kNone = ~BlockIndex{0};
-  // A block's hash and free-queue generation, and apart its state word: the reference count and
-  // whether it holds a hash. A block is in the free queue exactly when its count is 0.
+  // A block's hash, free-queue generation and state word (the reference count, whether it
+  // holds a hash, whether the prefix watch includes it) in one 16-byte record, so allocate,
+  // release and cacheBlock touch one random line per block. A block is in the free queue
+  // exactly when its count is 0.
   struct Block {
     BlockHash hash = 0;
     uint32_t queue_gen = 0;  // the generation of its live free-queue entry
+    uint32_t state = 0;      // reference count | kHasHash | kWatched
   };
+  static_assert(sizeof(Block) == 16, "four block records per cache line");
   // The free queue in eviction order (the least recently freed cached blocks first, uncached
   // blocks ahead of them), as a ring of (block, generation) entries with lazy removal: a block
   // leaving the queue from anywhere (taken by a request, or evicted) bumps its generation, which
@@ -141,9 +144,10 @@ class KvPool {
       makeQueueRoom();
   }
   static constexpr uint32_t kHasHash = uint32_t{1} << 31;
-  static constexpr uint32_t kRefMask = kHasHash - 1;
-  bool hasHash(BlockIndex b) const { return (state_[b] & kHasHash) != 0; }
-  uint32_t refs(BlockIndex b) const { return state_[b] & kRefMask; }
+  static constexpr uint32_t kWatched = uint32_t{1} << 30;  // in the last prefix watch
+  static constexpr uint32_t kRefMask = kWatched - 1;
+  bool hasHash(BlockIndex b) const { return (blocks_[b].state & kHasHash) != 0; }
+  uint32_t refs(BlockIndex b) const { return blocks_[b].state & kRefMask; }
   explicit KvPool(KvPoolOptions options, worker::KvEventSink* sink);
   // Inline (release calls it once per freed block); the rare compaction or growth is not.
   void pushBack(BlockIndex b) {
@@ -159,7 +163,6 @@ class KvPool {
   KvPoolOptions options_;
   worker::KvEventSink* sink_;
   std::vector<Block> blocks_;
-  std::vector<uint32_t> state_;  // per block: reference count | kHasHash
   worker::BlockTable table_;
   std::vector<QueueEntry> ring_;  // a power of two entries
   size_t ring_mask_ = 0;
@@ -168,12 +171,13 @@ class KvPool {
   int64_t num_free_ = 0;
   std::byte* payload_ = nullptr;
   size_t payload_bytes_ = 0;
-  // watchCachedPrefix: per block, the id of the last watch that included it.
-  std::vector<uint64_t> watch_mark_;
+  // watchCachedPrefix: the blocks of the last watch, which carry kWatched until the next watch
+  // clears it (the bit counts only while the watch is intact).
+  std::vector<BlockIndex> watch_blocks_;
   uint64_t watch_id_ = 0;
   bool watch_intact_ = false;
   int64_t watched_unref_ = 0;  // watched blocks with no reference
-  bool watched(BlockIndex b) const { return watch_intact_ && watch_mark_[b] == watch_id_; }
+  bool watched(BlockIndex b) const { return watch_intact_ && (blocks_[b].state & kWatched) != 0; }
 };
 
 }  // namespace kvf::engine

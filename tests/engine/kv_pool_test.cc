@@ -223,6 +223,37 @@ TEST(KvPoolTest, WatchedPrefixBreaksOnlyWhenOneOfItsBlocksLosesItsHash) {
   EXPECT_FALSE(pool->watchIntact(third));
 }
 
+// Blocks of an earlier watch (ended, or replaced) no longer count for the current one: taking
+// and dropping references on them leaves its count alone, and evicting them leaves it intact.
+TEST(KvPoolTest, BlocksOfAnEarlierWatchDoNotCountForTheNextOne) {
+  auto pool = makePool(4, nullptr);
+  auto a = pool->allocate(4);
+  ASSERT_TRUE(a.has_value());
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(pool->cacheBlock((*a)[i], 300 + i));
+  pool->release(*a);  // LRU order 300..303
+  std::vector<BlockIndex> old_watch = pool->findCachedPrefix(std::vector<BlockHash>{300, 301});
+  ASSERT_EQ(old_watch.size(), 2u);
+  uint64_t first = pool->watchCachedPrefix(old_watch);
+  EXPECT_EQ(pool->watchedUnreferenced(), 2);
+  pool->endWatch();
+  EXPECT_FALSE(pool->watchIntact(first));
+  std::vector<BlockIndex> watch = pool->findCachedPrefix(std::vector<BlockHash>{303});
+  ASSERT_EQ(watch.size(), 1u);
+  uint64_t second = pool->watchCachedPrefix(watch);
+  EXPECT_EQ(pool->watchedUnreferenced(), 1);
+  pool->acquire(watch);  // 303 leaves the free queue
+  EXPECT_EQ(pool->watchedUnreferenced(), 0);
+  pool->acquire(old_watch);
+  EXPECT_EQ(pool->watchedUnreferenced(), 0);
+  pool->release(old_watch);  // back at the LRU tail: 302, 300, 301 are evicted next
+  EXPECT_EQ(pool->watchedUnreferenced(), 0);
+  auto b = pool->allocate(3);
+  ASSERT_TRUE(b.has_value());
+  EXPECT_TRUE(pool->watchIntact(second));
+  EXPECT_EQ(pool->findCachedPrefix(std::vector<BlockHash>{300}).size(), 0u);
+  EXPECT_EQ(pool->watchedUnreferenced(), pool->countUnreferenced(watch));
+}
+
 TEST(KvPoolTest, AcquireTakesCachedBlockOffTheFreeQueue) {
   auto pool = makePool(2, nullptr);
   auto a = pool->allocate(1);
