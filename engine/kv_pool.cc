@@ -118,10 +118,18 @@ void KvPool::acquire(std::span<const BlockIndex> blocks) {
 }
 
 std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
-  if (n > num_free_) return std::nullopt;
+  std::vector<BlockIndex> out;
+  if (!allocateInto(n, &out)) return std::nullopt;
+  return out;
+}
+
+bool KvPool::allocateInto(int64_t n, std::vector<BlockIndex>* blocks) {
+  if (n < 0 || n > num_free_) return false;
   // Both lists are written by index into vectors sized up front (no capacity check per block):
-  // `out` to n, the evicted hashes at the first eviction to the blocks still to come.
-  std::vector<BlockIndex> out(static_cast<size_t>(n));
+  // `blocks` grows by n, the evicted hashes at the first eviction to the blocks still to come.
+  const size_t first = blocks->size();
+  blocks->resize(first + static_cast<size_t>(n));
+  BlockIndex* out = blocks->data() + first;
   worker::BlockRemoved removed;
   std::vector<BlockHash>& evicted = removed.block_hashes;
   size_t num_evicted = 0;
@@ -145,7 +153,7 @@ std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
       if (watched(b)) watch_intact_ = false;
     }
     blocks_[b].state = 1;  // one reference, no hash
-    out[static_cast<size_t>(i)] = b;
+    out[i] = b;
   }
   evicted.resize(num_evicted);
   // Evicted hashes leave the table after the walk, with their slots prefetched a few ahead
@@ -157,7 +165,7 @@ std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
     table_.erase(evicted[j]);
   }
   if (sink_ != nullptr && num_evicted > 0) sink_->onBlockRemoved(std::move(removed));
-  return out;
+  return true;
 }
 
 void KvPool::release(std::span<const BlockIndex> blocks) {

@@ -171,9 +171,8 @@ bool Scheduler::allocateSlots(Request& r, int64_t n, std::span<const BlockIndex>
   }
   pool_->acquire(cached);  // before allocate(), so eviction cannot take the hit blocks
   r.blocks.insert(r.blocks.end(), cached.begin(), cached.end());
-  auto fresh = pool_->allocate(need);
-  assert(fresh.has_value());
-  r.blocks.insert(r.blocks.end(), fresh->begin(), fresh->end());
+  [[maybe_unused]] bool allocated = pool_->allocateInto(need, &r.blocks);
+  assert(allocated);
   return true;
 }
 
