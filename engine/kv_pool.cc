@@ -114,12 +114,7 @@ int64_t KvPool::countUnreferenced(std::span<const BlockIndex> blocks) const {
 }
 
 void KvPool::acquire(std::span<const BlockIndex> blocks) {
-  constexpr size_t kAhead = 8;  // as in release()
-  for (size_t i = 0; i < std::min(blocks.size(), kAhead); ++i) prefetchLine(&blocks_[blocks[i]]);
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    if (i + kAhead < blocks.size()) prefetchLine(&blocks_[blocks[i + kAhead]]);
-    ref(blocks[i]);
-  }
+  prefetchBlocks(blocks, [&](BlockIndex b) { ref(b); });
 }
 
 std::optional<std::vector<BlockIndex>> KvPool::allocate(int64_t n) {
@@ -174,22 +169,16 @@ bool KvPool::allocateInto(int64_t n, std::vector<BlockIndex>* blocks) {
 }
 
 void KvPool::release(std::span<const BlockIndex> blocks) {
-  // A request's blocks came off the free queue in eviction order, so they lie at random: each
-  // block record is prefetched a few blocks ahead of its update.
-  constexpr size_t kAhead = 8;
-  for (size_t i = 0; i < std::min(blocks.size(), kAhead); ++i) prefetchLine(&blocks_[blocks[i]]);
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    if (i + kAhead < blocks.size()) prefetchLine(&blocks_[blocks[i + kAhead]]);
-    BlockIndex b = blocks[i];
+  prefetchBlocks(blocks, [&](BlockIndex b) {
     assert(refs(b) > 0);
-    if ((--blocks_[b].state & kRefMask) > 0) continue;
+    if ((--blocks_[b].state & kRefMask) > 0) return;
     if (watched(b)) ++watched_unref_;
     if (hasHash(b)) {
       pushBack(b);
     } else {
       pushFront(b);
     }
-  }
+  });
 }
 
 void KvPool::writePayload(BlockIndex block, BlockHash hash) {
@@ -219,7 +208,7 @@ absl::Status KvPool::unpin(BlockHash hash) {
 }
 
 uint64_t KvPool::watchCachedPrefix(std::span<const BlockIndex> blocks) {
-  for (BlockIndex b : watch_blocks_) blocks_[b].state &= ~kWatched;
+  prefetchBlocks(watch_blocks_, [&](BlockIndex b) { blocks_[b].state &= ~kWatched; });
   watch_blocks_.clear();
   ++watch_id_;
   watch_intact_ = true;
@@ -230,11 +219,11 @@ uint64_t KvPool::watchCachedPrefix(std::span<const BlockIndex> blocks) {
 
 void KvPool::extendWatch(uint64_t id, std::span<const BlockIndex> blocks) {
   if (!watchIntact(id)) return;
-  for (BlockIndex b : blocks) {
+  watch_blocks_.insert(watch_blocks_.end(), blocks.begin(), blocks.end());
+  prefetchBlocks(blocks, [&](BlockIndex b) {
     blocks_[b].state |= kWatched;
-    watch_blocks_.push_back(b);
     if (refs(b) == 0) ++watched_unref_;
-  }
+  });
 }
 
 bool KvPool::resetPrefixCache() {
