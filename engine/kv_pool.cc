@@ -82,6 +82,7 @@ void KvPool::ref(BlockIndex b) {
     unlink(b);
     if (watched(b)) --watched_unref_;
   }
+  assert(refs(b) < kRefMask && "reference count overflow");
   ++blocks_[b].state;
 }
 

@@ -75,9 +75,9 @@ class KvPool {
   // (one BlockRemoved event per call listing every evicted hash); nullopt (and no change)
   // when fewer than n blocks are free.
   std::optional<std::vector<BlockIndex>> allocate(int64_t n);
-  // The same, appending the blocks to `*out` (a request's block list: no vector per call);
+  // The same, appending the blocks to `*blocks` (a request's block list: no vector per call);
   // false (and no change) when fewer than n blocks are free.
-  bool allocateInto(int64_t n, std::vector<BlockIndex>* out);
+  bool allocateInto(int64_t n, std::vector<BlockIndex>* blocks);
   // Drops one reference from each block in order; blocks reaching zero join the free queue
   // (cached ones at the LRU tail, in this order; uncached ones at the head, reused first).
   void release(std::span<const BlockIndex> blocks);
