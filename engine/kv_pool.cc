@@ -230,8 +230,8 @@ void KvPool::extendWatch(uint64_t id, std::span<const BlockIndex> blocks) {
 bool KvPool::resetPrefixCache() {
   if (num_free_ != numBlocks()) return false;
   watch_intact_ = false;
-  for (Block& block : blocks_)
-    block.state &= ~kHasHash;  // kWatched stays for the next watch to clear
+  // kWatched stays: the next watch clears it.
+  for (Block& block : blocks_) block.state &= ~kHasHash;
   table_.clear();
   if (sink_ != nullptr) sink_->onAllBlocksCleared();
   return true;

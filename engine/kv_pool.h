@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/prefetch.h"
 #include "worker/block_table.h"
 #include "worker/kv_events.h"
 
@@ -95,7 +96,7 @@ class KvPool {
   }
   // Brings what cacheBlock(block, hash) touches towards the cache (a few calls ahead of it).
   void prefetchCacheBlock(BlockIndex block, BlockHash hash) const {
-    __builtin_prefetch(&blocks_[block]);
+    prefetchLine(&blocks_[block]);
     table_.prefetch(hash);
   }
   std::optional<BlockHash> hashOf(BlockIndex block) const;
@@ -168,9 +169,9 @@ class KvPool {
   void prefetchBlocks(std::span<const BlockIndex> blocks, F&& f) {
     constexpr size_t kAhead = 8;
     const size_t n = blocks.size();
-    for (size_t i = 0; i < std::min(n, kAhead); ++i) __builtin_prefetch(&blocks_[blocks[i]]);
+    for (size_t i = 0; i < std::min(n, kAhead); ++i) prefetchLine(&blocks_[blocks[i]]);
     for (size_t i = 0; i < n; ++i) {
-      if (i + kAhead < n) __builtin_prefetch(&blocks_[blocks[i + kAhead]]);
+      if (i + kAhead < n) prefetchLine(&blocks_[blocks[i + kAhead]]);
       f(blocks[i]);
     }
   }
