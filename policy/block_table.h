@@ -1,10 +1,10 @@
-// The cache index's block table: BlockHash -> the instances holding the block (all holders, which
-// of them only softly: routed, no event yet, and their expiry record), as one open-addressed array
-// of 32-byte slots with linear probing (common/flat_u64_map.h), so a lookup touches one cache line
-// (a second only when its probe run crosses one), kept at most a quarter full by default
-// (CacheIndexConfig::table_max_load). Block hashes are already uniform, so the slot
-// comes from one salted multiply; big tables ask for transparent huge pages. Single-threaded, owned
-// by CacheIndex.
+// The cache index's block table: BlockHash -> the instances holding the block exactly (from
+// their KV events), as one open-addressed array of 16-byte slots with linear probing
+// (common/flat_u64_map.h), so a lookup touches one cache line (a second only when its probe run
+// crosses one), kept at most a quarter full by default (CacheIndexConfig::table_max_load).
+// Block hashes are already uniform, so the slot comes from one salted multiply; big tables ask
+// for transparent huge pages. Routed (soft) entries live in policy/soft_tree.h instead.
+// Single-threaded, owned by CacheIndex.
 #pragma once
 
 #include <cstddef>
@@ -12,21 +12,14 @@
 
 #include "common/flat_u64_map.h"
 #include "policy/block_hash.h"
+#include "policy/soft_tree.h"
 
 namespace kvf::policy {
 
-using InstanceMask = uint64_t;
-
 class BlockTable {
  public:
-  // A present block's holders are non-zero; soft is a subset of holders. soft_record belongs to
-  // the cache index (CacheIndex: the queued expiry record of the only soft holder, or a marker
-  // saying the records are in its side map).
-  struct Entry {
-    InstanceMask holders = 0;
-    InstanceMask soft = 0;
-    int64_t soft_record = 0;
-  };
+  // A present block's holders are non-zero.
+  using Entry = InstanceMask;
 
   // `salt` must be odd: it keys the slot choice, so crafted prompts cannot aim at one probe run.
   // The array doubles once more than max_load_eighths / 8 of its slots would be used.
@@ -35,25 +28,24 @@ class BlockTable {
   // Holders of `hash`; 0 when absent.
   InstanceMask get(BlockHash hash) const {
     const Entry* e = map_.find(hash);
-    return e == nullptr ? 0 : e->holders;
+    return e == nullptr ? 0 : *e;
   }
   // Brings the home slot of `hash` towards the cache ahead of get() / find() / insert().
   void prefetch(BlockHash hash) const { map_.prefetch(hash); }
   // The same plus the next slot's line when the home slot ends one (erase scans past it).
   void prefetchRun(BlockHash hash) const { map_.prefetchRun(hash); }
   // Entry-level access, one probe for several updates. Pointers stay valid until the next
-  // insert(). find: null when absent. insert: finds or inserts {0, 0}; the caller then sets
-  // holders (an entry must not stay empty). clearBits: holders and soft &= ~bits, erasing the
-  // entry once no holder is left.
+  // insert(). find: null when absent. insert: finds or inserts 0; the caller then sets
+  // holders (an entry must not stay empty). clearBits: holders &= ~bits, erasing the entry
+  // once no holder is left.
   Entry* find(BlockHash hash) { return map_.find(hash); }
   const Entry* find(BlockHash hash) const { return map_.find(hash); }
   Entry* insert(BlockHash hash) { return map_.tryEmplace(hash, Entry{}).first; }
   void clearBits(Entry* e, InstanceMask bits) {
-    e->holders &= ~bits;
-    e->soft &= ~bits;
-    if (e->holders == 0) map_.eraseValue(e);
+    *e &= ~bits;
+    if (*e == 0) map_.eraseValue(e);
   }
-  // f(hash, entry) for every block; f must not insert or erase.
+  // f(hash, holders) for every block; f must not insert or erase.
   template <class F>
   void forEach(F&& f) const {
     map_.forEach(f);

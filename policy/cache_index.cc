@@ -12,9 +12,9 @@ InstanceMask bit(int instance) { return InstanceMask{1} << instance; }
 
 bool validInstance(int instance) { return instance >= 0 && instance < kMaxInstances; }
 
-// Whether `me` holds the block exactly (from events), not only softly (routed).
+// Whether `me` holds the block exactly (from events).
 bool holdsExactly(const BlockTable::Entry* entry, InstanceMask me) {
-  return entry != nullptr && (entry->holders & me) && (entry->soft & me) == 0;
+  return entry != nullptr && (*entry & me) != 0;
 }
 
 // Event runs (a prompt's blocks, an eviction batch, due expiries) touch one random slot per
@@ -65,7 +65,8 @@ class RunTracker {
 CacheIndex::CacheIndex(CacheIndexConfig config)
     : config_(config),
       entries_(processSalt(), static_cast<int>(std::lround(config.table_max_load * 8))),
-      instances_(kMaxInstances) {}
+      instances_(kMaxInstances),
+      soft_(config.max_soft_entries) {}
 
 bool CacheIndex::storeBlocks(int instance, const StoredBlocks& event) {
   if (!validInstance(instance) || event.engine_hashes.empty()) return false;
@@ -85,7 +86,7 @@ bool CacheIndex::storeBlocks(int instance, const StoredBlocks& event) {
 }
 
 // Maps each engine hash to our chain hash (`next(parent, i)` for block i) and records the
-// instance as an exact holder, confirming its predicted entries.
+// instance as an exact holder.
 template <class NextHash>
 bool CacheIndex::storeChain(int instance, std::span<const uint64_t> engine_hashes, bool has_parent,
                             uint64_t engine_parent, NextHash next) {
@@ -118,21 +119,12 @@ bool CacheIndex::storeChain(int instance, std::span<const uint64_t> engine_hashe
       *mapped = parent;
     }
     BlockTable::Entry* entry = entries_.insert(parent);
-    if (!holdsExactly(entry, me)) markExact(parent, entry, instance);
+    if (!holdsExactly(entry, me)) {
+      ++stats_.exact_entries;
+      *entry |= me;
+    }
   }
   return true;
-}
-
-// Makes `instance` an exact holder of a block it does not hold exactly yet (a predicted entry
-// is confirmed). `entry` is the block's slot (inserted when the block was absent).
-void CacheIndex::markExact(BlockHash hash, BlockTable::Entry* entry, int instance) {
-  const InstanceMask me = bit(instance);
-  if (entry->holders & me) {
-    ++stats_.soft_confirmed;
-    unsetSoft(hash, entry, instance);
-  }
-  ++stats_.exact_entries;
-  entry->holders |= me;
 }
 
 // storeChain() for an instance whose engine hashes are ours: the block table itself says what
@@ -166,7 +158,8 @@ bool CacheIndex::storeOwnChain(int instance, std::span<const uint64_t> hashes, b
       return false;
     }
     ++state.own_blocks;
-    markExact(parent, entry, instance);
+    ++stats_.exact_entries;
+    *entry |= me;
   }
   return true;
 }
@@ -220,22 +213,16 @@ void CacheIndex::clearInstance(int instance) {
   InstanceState& state = instances_[instance];
   state.engine_to_ours.forEach([&](uint64_t, BlockHash ours) { clearExact(ours, instance); });
   state.engine_to_ours.clear();
-  // Its soft entries (their queued records become stale), and its exact ones where no map
-  // lists them.
-  const InstanceMask me = bit(instance);
-  std::vector<BlockHash> held;
-  entries_.forEach([&](BlockHash hash, const BlockTable::Entry& e) {
-    if (e.holders & me) held.push_back(hash);
-  });
-  for (BlockHash hash : held) {
-    BlockTable::Entry* entry = entries_.find(hash);
-    if (entry->soft & me) {
-      unsetSoft(hash, entry, instance);
-    } else {
-      --stats_.exact_entries;  // only with hashes_are_ours: clearExact dropped the others
-    }
-    entries_.clearBits(entry, me);
+  // Its exact entries where no map lists them, and its soft ones.
+  if (state.hashes_are_ours) {
+    const InstanceMask me = bit(instance);
+    std::vector<BlockHash> held;
+    entries_.forEach([&](BlockHash hash, BlockTable::Entry e) {
+      if (e & me) held.push_back(hash);
+    });
+    for (BlockHash hash : held) clearExact(hash, instance);
   }
+  soft_.clearInstance(instance);
   state.own_blocks = 0;
 }
 
@@ -243,111 +230,10 @@ void CacheIndex::addSoft(int instance, std::span<const BlockHash> hashes, Nanos 
                          bool approximate) {
   if (!validInstance(instance)) return;
   Nanos expiry = now + (approximate ? config_.approximate_ttl : config_.predicted_ttl);
-  SoftQueue& queue = approximate ? approximate_queue_ : predicted_queue_;
-  const InstanceMask me = bit(instance);
-  for (size_t i = 0; i < hashes.size(); ++i) {
-    prefetchAhead(entries_, hashes, i);
-    BlockHash hash = hashes[i];
-    // Below the cap a new entry may be added: find or insert in one probe (an inserted entry
-    // has no holder yet, so it reads as fresh); at the cap only look.
-    const bool room = stats_.soft_entries < config_.max_soft_entries;
-    BlockTable::Entry* entry = room ? entries_.insert(hash) : entries_.find(hash);
-    bool fresh = entry == nullptr || (entry->holders & me) == 0;
-    if (!fresh && (entry->soft & me) == 0) continue;  // already confirmed
-    if (fresh) {
-      if (!room) break;
-      entry->holders |= me;
-      ++stats_.soft_entries;
-    } else {
-      killRecord(softRecord(hash, *entry, instance));  // refreshed: the new record replaces it
-    }
-    const auto record = static_cast<int64_t>(queue.nextSeq()) * 2 + (approximate ? 1 : 0);
-    if (entry->soft == 0) {  // the block's only soft holder (the usual case): in its slot
-      entry->soft = me;
-      entry->soft_record = record;
-    } else {
-      setSoftRecord(hash, entry, instance, fresh, record);
-    }
-    queue.push(SoftRecord{expiry, hash, instance, true});
-  }
+  soft_.add(instance, hashes, expiry, approximate ? 1 : 0);
 }
 
-void CacheIndex::expire(Nanos now) {
-  for (SoftQueue* queue : {&predicted_queue_, &approximate_queue_}) {
-    while (!queue->empty() && queue->front().expiry <= now) {
-      if (queue->size() > kAhead && queue->at(kAhead).live) {
-        entries_.prefetchRun(queue->at(kAhead).hash);
-      }
-      SoftRecord record = queue->front();
-      queue->pop();
-      // Dead: confirmed, cleared or refreshed since (the entry's current record is another).
-      if (!record.live) continue;
-      const InstanceMask me = bit(record.instance);
-      BlockTable::Entry* entry = entries_.find(record.hash);
-      if (entry == nullptr || (entry->soft & me) == 0) continue;  // not reached
-      ++stats_.soft_expired;
-      if (entry->soft_record == kRecordInMap) {
-        unsetSoft(record.hash, entry, record.instance);
-      } else {  // the only soft holder; its record is this one, already off the queue
-        --stats_.soft_entries;
-        entry->soft_record = 0;
-      }
-      entries_.clearBits(entry, me);
-    }
-  }
-}
-
-// Where a soft entry's record id lives: in the block's slot while the block has one soft
-// holder (the common case: one routed instance, confirmed or expired before another routes
-// there), else every soft holder's in soft_record_ (entry.soft_record == kRecordInMap).
-void CacheIndex::setSoftRecord(BlockHash hash, BlockTable::Entry* entry, int instance, bool fresh,
-                               int64_t record) {
-  const InstanceMask me = bit(instance);
-  const InstanceMask others = entry->soft & ~me;
-  const bool in_map = others != 0 && entry->soft_record == kRecordInMap;
-  entry->soft |= me;
-  if (others == 0) {
-    // A refresh of the last soft holder of a block that had several: back into the slot.
-    if (!fresh && entry->soft_record == kRecordInMap) soft_record_.erase(SoftKey{hash, instance});
-    entry->soft_record = record;
-    return;
-  }
-  if (!in_map) {  // a second soft holder: the first one's record moves out of the slot
-    soft_record_.insert_or_assign(SoftKey{hash, std::countr_zero(others)}, entry->soft_record);
-    entry->soft_record = kRecordInMap;
-  }
-  soft_record_.insert_or_assign(SoftKey{hash, instance}, record);
-}
-
-int64_t CacheIndex::softRecord(BlockHash hash, const BlockTable::Entry& entry, int instance) const {
-  if (entry.soft_record != kRecordInMap) return entry.soft_record;
-  auto it = soft_record_.find(SoftKey{hash, instance});
-  return it == soft_record_.end() ? -1 : it->second;
-}
-
-// Marks a queued record dead (an id of a record already popped, or -1, is ignored).
-void CacheIndex::killRecord(int64_t record) {
-  if (record < 0) return;
-  SoftQueue& queue = (record & 1) != 0 ? approximate_queue_ : predicted_queue_;
-  if (SoftRecord* r = queue.find(static_cast<uint64_t>(record >> 1))) r->live = false;
-}
-
-// Drops `instance`'s soft entry (its bit and record); the caller keeps it as a holder
-// (confirmed) or clears that too.
-void CacheIndex::unsetSoft(BlockHash hash, BlockTable::Entry* entry, int instance) {
-  --stats_.soft_entries;
-  if (entry->soft_record == kRecordInMap) {
-    auto it = soft_record_.find(SoftKey{hash, instance});
-    if (it != soft_record_.end()) {
-      killRecord(it->second);
-      soft_record_.erase(it);
-    }
-  } else {
-    killRecord(entry->soft_record);
-  }
-  entry->soft &= ~bit(instance);
-  if (entry->soft == 0) entry->soft_record = 0;
-}
+void CacheIndex::expire(Nanos now) { soft_.expire(now); }
 
 void CacheIndex::clearExact(BlockHash hash, int instance) {
   const InstanceMask me = bit(instance);
@@ -359,11 +245,12 @@ void CacheIndex::clearExact(BlockHash hash, int instance) {
 
 void CacheIndex::matchLengths(std::span<const BlockHash> hashes, std::span<uint32_t> out) const {
   RunTracker run(out);
+  SoftTree::Cursor soft(soft_);
   constexpr size_t kPrefetch = 8;
   for (size_t i = 0; i < std::min(kPrefetch, hashes.size()); ++i) entries_.prefetch(hashes[i]);
   for (size_t i = 0; i < hashes.size(); ++i) {
     if (i + kPrefetch < hashes.size()) entries_.prefetch(hashes[i + kPrefetch]);
-    if (!run.step(i, holders(hashes[i]))) return;
+    if (!run.step(i, entries_.get(hashes[i]) | soft.next(hashes[i]))) return;
   }
   run.finish(hashes.size());
 }
@@ -390,21 +277,25 @@ void CacheIndex::hashAndMatch(std::span<const TokenId> tokens, std::vector<Block
     hashed = upto;
   };
   extend(std::min(blocks, kAhead));
+  SoftTree::Cursor soft(soft_);
   size_t i = 0;
   for (; i < blocks; ++i) {
     if (i % kStep == 0 && hashed < blocks) extend(std::min(blocks, hashed + kStep));
-    if (!run.step(i, holders(dst[i]))) break;
+    if (!run.step(i, entries_.get(dst[i]) | soft.next(dst[i]))) break;
   }
   if (i == blocks) run.finish(blocks);
   hashes->resize(hashed);  // only what was hashed; completeBlockHashes() goes on from there
 }
 
-InstanceMask CacheIndex::holders(BlockHash hash) const { return entries_.get(hash); }
-
-InstanceMask CacheIndex::exactHolders(BlockHash hash) const {
-  const BlockTable::Entry* entry = entries_.find(hash);
-  return entry == nullptr ? 0 : entry->holders & ~entry->soft;
+InstanceMask CacheIndex::holders(std::span<const BlockHash> chain) const {
+  if (chain.empty()) return 0;
+  SoftTree::Cursor soft(soft_);
+  InstanceMask last = 0;
+  for (BlockHash hash : chain) last = soft.next(hash);
+  return entries_.get(chain.back()) | last;
 }
+
+InstanceMask CacheIndex::exactHolders(BlockHash hash) const { return entries_.get(hash); }
 
 size_t CacheIndex::instanceBlocks(int instance) const {
   if (!validInstance(instance)) return 0;
@@ -415,6 +306,9 @@ size_t CacheIndex::instanceBlocks(int instance) const {
 CacheIndexStats CacheIndex::stats() const {
   CacheIndexStats s = stats_;
   s.blocks = entries_.size();
+  s.soft_entries = soft_.claims();
+  s.soft_blocks = soft_.blocks();
+  s.soft_expired = soft_.expired();
   return s;
 }
 

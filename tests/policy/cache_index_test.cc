@@ -89,17 +89,19 @@ TEST(CacheIndexTest, ClearInstanceDropsOnlyThatInstance) {
   auto ours = hashTokenBlocks(t, kBs);
   ASSERT_TRUE(index.storeBlocks(0, stored({1, 2, 3}, std::nullopt, t)));
   ASSERT_TRUE(index.storeBlocks(3, stored({1, 2, 3}, std::nullopt, t)));
-  index.addSoft(0, ours, 0, false);  // already exact: no soft entries
-  EXPECT_EQ(index.stats().soft_entries, 0u);
+  index.addSoft(0, ours, 0, false);  // routed there as well
+  index.addSoft(1, ours, 0, false);
+  EXPECT_EQ(index.stats().soft_entries, 6u);
   index.clearInstance(0);
-  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 0, 0, 3}));
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 3, 0, 3}));
   EXPECT_EQ(index.instanceBlocks(0), 0u);
+  EXPECT_EQ(index.stats().soft_entries, 3u);
   // After a restart the engine's hashes start over: the same engine hash must map afresh.
   ASSERT_TRUE(index.storeBlocks(0, stored({1}, std::nullopt, {t.begin(), t.begin() + 16})));
-  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{1, 0, 0, 3}));
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{1, 3, 0, 3}));
 }
 
-TEST(CacheIndexTest, PredictedEntriesExpireUnlessConfirmed) {
+TEST(CacheIndexTest, PredictedEntriesExpireWhereNoEventConfirmedThem) {
   CacheIndexConfig config;
   config.predicted_ttl = 10 * kNanosPerSecond;
   CacheIndex index(config);
@@ -107,15 +109,35 @@ TEST(CacheIndexTest, PredictedEntriesExpireUnlessConfirmed) {
   auto ours = hashTokenBlocks(t, kBs);
   index.addSoft(2, ours, 0, false);
   EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 0, 4, 0}));
-  // The engine confirms the first two blocks; the others stay predicted.
+  EXPECT_EQ(index.holders(std::span(ours).first(3)), InstanceMask{1} << 2);
+  EXPECT_EQ(index.exactHolders(ours[0]), 0u);
+  // The engine announces the first two blocks; the others stay predicted only.
   ASSERT_TRUE(index.storeBlocks(2, stored({11, 12}, std::nullopt, {t.begin(), t.begin() + 32})));
-  EXPECT_EQ(index.stats().soft_confirmed, 2u);
+  EXPECT_EQ(index.exactHolders(ours[0]), InstanceMask{1} << 2);
   index.expire(9 * kNanosPerSecond);
   EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 0, 4, 0}));
   index.expire(10 * kNanosPerSecond);
   EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 0, 2, 0}));
   EXPECT_EQ(index.stats().soft_entries, 0u);
-  EXPECT_EQ(index.stats().soft_expired, 2u);
+  EXPECT_EQ(index.stats().soft_blocks, 0u);
+  EXPECT_EQ(index.stats().soft_expired, 4u);
+  EXPECT_EQ(index.stats().blocks, 2u);
+}
+
+// The routed claim is kept per chain: a BlockRemoved inside the TTL leaves it, and the match
+// counts the instance until the claim expires.
+TEST(CacheIndexTest, RemovalInsideTheTtlKeepsTheRoutedClaim) {
+  CacheIndexConfig config;
+  config.predicted_ttl = 10;
+  CacheIndex index(config);
+  auto t = tokens(3);
+  auto ours = hashTokenBlocks(t, kBs);
+  index.addSoft(1, ours, 0, false);
+  ASSERT_TRUE(index.storeBlocks(1, stored({5, 6, 7}, std::nullopt, t)));
+  index.removeBlocks(1, std::vector<uint64_t>{6, 7});
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 3, 0, 0}));
+  index.expire(10);
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 1, 0, 0}));
 }
 
 TEST(CacheIndexTest, RefreshedSoftEntryOutlivesItsFirstRecord) {
@@ -130,6 +152,7 @@ TEST(CacheIndexTest, RefreshedSoftEntryOutlivesItsFirstRecord) {
   index.expire(160);
   EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 0, 0, 0}));
   EXPECT_EQ(index.stats().blocks, 0u);
+  EXPECT_EQ(index.stats().soft_blocks, 0u);
 }
 
 TEST(CacheIndexTest, CapacityBoundsExactAndSoftEntries) {
@@ -144,6 +167,9 @@ TEST(CacheIndexTest, CapacityBoundsExactAndSoftEntries) {
   index.addSoft(1, ours, 0, false);
   EXPECT_EQ(index.stats().soft_entries, 3u);
   EXPECT_EQ(match(index, ours)[1], 3u);
+  index.addSoft(2, ours, 0, false);  // the three blocks already routed fit, the fourth not
+  EXPECT_EQ(index.stats().soft_entries, 6u);
+  EXPECT_EQ(index.stats().soft_blocks, 3u);
 }
 
 // The fused path hashes only as far as the match needs and agrees with hash-then-match for

@@ -1,0 +1,119 @@
+#include "policy/soft_tree.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace kvf::policy {
+namespace {
+
+constexpr InstanceMask kI0 = 1, kI1 = 2, kI2 = 4;
+
+// The claim masks a cursor gives along `chain`.
+std::vector<InstanceMask> walk(const SoftTree& tree, const std::vector<BlockHash>& chain) {
+  SoftTree::Cursor cursor(tree);
+  std::vector<InstanceMask> out;
+  for (BlockHash h : chain) out.push_back(cursor.next(h));
+  return out;
+}
+
+using Masks = std::vector<InstanceMask>;
+
+TEST(SoftTreeTest, ChainsShareTheirCommonPrefixAndBranchAfterIt) {
+  SoftTree tree(100);
+  EXPECT_EQ(tree.add(0, std::vector<BlockHash>{1, 2, 3, 4}, 10, 0), 4u);
+  EXPECT_EQ(tree.add(1, std::vector<BlockHash>{1, 2, 5}, 10, 0), 3u);
+  EXPECT_EQ(tree.nodes(), 3u);  // [1 2] [3 4] [5]
+  EXPECT_EQ(tree.blocks(), 5u);
+  EXPECT_EQ(tree.claims(), 7u);
+  EXPECT_EQ(walk(tree, {1, 2, 3, 4}), (Masks{kI0 | kI1, kI0 | kI1, kI0, kI0}));
+  EXPECT_EQ(walk(tree, {1, 2, 5, 6}), (Masks{kI0 | kI1, kI0 | kI1, kI1, 0}));
+  // A prompt that leaves the tree stays out of it, even where a later hash is a node's first.
+  EXPECT_EQ(walk(tree, {1, 9, 5}), (Masks{kI0 | kI1, 0, 0}));
+  EXPECT_EQ(walk(tree, {5}), (Masks{0}));  // [5] is not a first block
+}
+
+TEST(SoftTreeTest, AChainEndingInsideARunSplitsIt) {
+  SoftTree tree(100);
+  tree.add(0, std::vector<BlockHash>{1, 2, 3, 4}, 10, 0);
+  tree.add(1, std::vector<BlockHash>{1, 2}, 20, 0);
+  EXPECT_EQ(tree.nodes(), 2u);
+  EXPECT_EQ(walk(tree, {1, 2, 3, 4}), (Masks{kI0 | kI1, kI0 | kI1, kI0, kI0}));
+  // The first chain's record still names its last node: both of its runs expire at 10.
+  tree.expire(10);
+  EXPECT_EQ(walk(tree, {1, 2, 3, 4}), (Masks{kI1, kI1, 0, 0}));
+  EXPECT_EQ(tree.nodes(), 1u);
+  EXPECT_EQ(tree.expired(), 4u);
+  tree.expire(20);
+  EXPECT_EQ(tree.nodes(), 0u);
+  EXPECT_EQ(tree.blocks(), 0u);
+  EXPECT_EQ(tree.claims(), 0u);
+}
+
+TEST(SoftTreeTest, ExpiryStopsAtAClaimALaterChainRefreshed) {
+  SoftTree tree(100);
+  tree.add(0, std::vector<BlockHash>{1, 2, 3, 4}, 10, 0);
+  tree.add(0, std::vector<BlockHash>{1, 2, 5}, 20, 0);
+  tree.expire(10);  // [3 4] goes; [1 2] was routed again until 20
+  EXPECT_EQ(walk(tree, {1, 2, 3}), (Masks{kI0, kI0, 0}));
+  EXPECT_EQ(walk(tree, {1, 2, 5}), (Masks{kI0, kI0, kI0}));
+  EXPECT_EQ(tree.blocks(), 3u);
+  tree.add(0, std::vector<BlockHash>{1, 2, 5}, 15, 1);  // an earlier expiry does not shorten it
+  tree.expire(19);
+  EXPECT_EQ(walk(tree, {1, 2, 5}), (Masks{kI0, kI0, kI0}));
+  tree.expire(20);
+  EXPECT_EQ(tree.nodes(), 0u);
+  EXPECT_EQ(tree.expired(), 5u);
+}
+
+TEST(SoftTreeTest, ClearingAnInstanceLeavesTheOthersAndStaleRecordsDoNothing) {
+  SoftTree tree(100);
+  tree.add(0, std::vector<BlockHash>{1, 2, 3}, 10, 0);
+  tree.add(1, std::vector<BlockHash>{1, 2}, 50, 0);
+  tree.add(0, std::vector<BlockHash>{7, 8}, 10, 0);
+  tree.clearInstance(0);
+  EXPECT_EQ(walk(tree, {1, 2, 3}), (Masks{kI1, kI1, 0}));
+  EXPECT_EQ(tree.nodes(), 1u);
+  EXPECT_EQ(tree.claims(), 2u);
+  // Freed nodes are reused; the cleared chains' records (due at 10) must not touch them.
+  tree.add(2, std::vector<BlockHash>{9, 10}, 100, 0);
+  tree.add(2, std::vector<BlockHash>{11}, 100, 0);
+  tree.expire(10);
+  EXPECT_EQ(walk(tree, {9, 10}), (Masks{kI2, kI2}));
+  EXPECT_EQ(walk(tree, {11}), (Masks{kI2}));
+  EXPECT_EQ(tree.expired(), 0u);
+  tree.expire(100);
+  EXPECT_EQ(tree.nodes(), 0u);
+}
+
+TEST(SoftTreeTest, BlocksAreBoundedAndChainsAreCutToFit) {
+  SoftTree tree(3);
+  EXPECT_EQ(tree.add(0, std::vector<BlockHash>{1, 2, 3, 4}, 10, 0), 3u);
+  EXPECT_EQ(tree.add(1, std::vector<BlockHash>{1, 2, 3, 4}, 10, 0), 3u);  // what is there
+  EXPECT_EQ(tree.add(1, std::vector<BlockHash>{6}, 10, 0), 0u);
+  EXPECT_EQ(tree.blocks(), 3u);
+  EXPECT_EQ(walk(tree, {1, 2, 3, 4}), (Masks{kI0 | kI1, kI0 | kI1, kI0 | kI1, 0}));
+}
+
+// Our chained hashes place a hash at one position; hashes that do not (a caller's own numbers,
+// or a 64-bit collision) end the chain where it would need a second node for the same first
+// hash, and nothing else changes.
+TEST(SoftTreeTest, AHashAlreadyStartingAnotherRunEndsTheChain) {
+  SoftTree tree(100);
+  tree.add(0, std::vector<BlockHash>{1, 2, 3}, 10, 0);
+  tree.add(1, std::vector<BlockHash>{3, 4}, 10, 0);  // 3 now starts a run at the root
+  EXPECT_EQ(tree.add(2, std::vector<BlockHash>{1, 2, 5}, 10, 0), 0u);  // split at 3: refused
+  EXPECT_EQ(walk(tree, {1, 2, 3}), (Masks{kI0, kI0, kI0}));
+  EXPECT_EQ(walk(tree, {3, 4}), (Masks{kI1, kI1}));
+  tree.add(0, std::vector<BlockHash>{7, 8}, 10, 0);
+  tree.add(0, std::vector<BlockHash>{7, 9}, 10, 0);  // [7] [8] [9]: 8 starts a run below 7
+  EXPECT_EQ(tree.add(1, std::vector<BlockHash>{8, 1}, 10, 0), 0u);
+  EXPECT_EQ(walk(tree, {8}), (Masks{0}));
+  tree.expire(10);
+  EXPECT_EQ(tree.nodes(), 0u);
+  EXPECT_EQ(tree.blocks(), 0u);
+  EXPECT_EQ(tree.claims(), 0u);
+}
+
+}  // namespace
+}  // namespace kvf::policy
