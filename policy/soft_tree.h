@@ -54,31 +54,37 @@ class SoftTree {
    public:
     explicit Cursor(const SoftTree& tree) : tree_(&tree) {}
     InstanceMask next(BlockHash hash) {
-      if (dead_) return 0;
-      const Node* n = &tree_->nodes_[node_];
-      if (offset_ == n->blocks.size()) {
-        const uint32_t* child = tree_->starts_.find(hash);
-        if (child == nullptr || tree_->nodes_[*child].parent != node_) {
-          dead_ = true;
-          return 0;
-        }
-        node_ = *child;
-        offset_ = 0;
-        n = &tree_->nodes_[node_];
-      }
-      if (n->blocks[offset_] != hash) {
-        dead_ = true;
-        return 0;
-      }
-      ++offset_;
-      return n->holders;
+      if (pos_ == end_) [[unlikely]]
+        return descend(hash);
+      if (*pos_ != hash) return leave();
+      ++pos_;
+      return holders_;
     }
 
    private:
+    static constexpr uint32_t kOut = ~uint32_t{0};
+    // At the end of node_'s run: on to the child that starts with `hash`, if any.
+    InstanceMask descend(BlockHash hash) {
+      if (node_ == kOut) return 0;
+      const uint32_t* child = tree_->starts_.find(hash);
+      if (child == nullptr || tree_->nodes_[*child].parent != node_) return leave();
+      const Node& n = tree_->nodes_[*child];
+      node_ = *child;
+      pos_ = n.blocks.data() + 1;  // the first block is the map's key
+      end_ = n.blocks.data() + n.blocks.size();
+      holders_ = n.holders;
+      return holders_;
+    }
+    InstanceMask leave() {
+      node_ = kOut;
+      pos_ = end_ = nullptr;
+      return 0;
+    }
     const SoftTree* tree_;
     uint32_t node_ = kRoot;
-    size_t offset_ = 0;
-    bool dead_ = false;
+    const BlockHash* pos_ = nullptr;  // node_'s next block, up to end_
+    const BlockHash* end_ = nullptr;
+    InstanceMask holders_ = 0;
   };
 
   // (block, instance) claims, distinct blocks, and claims expired so far (blocks x instances).
