@@ -75,12 +75,17 @@ absl::Status Router::init() {
              "Prefill offloads whose prefill phase is in flight (against elastic's cap)",
              metrics::MetricType::kGauge, {},
              [this] { return static_cast<double>(policy_->offloadsInFlight()); });
-  r.callback("kvfabric_router_index_blocks", "Distinct block hashes in the cache index",
+  r.callback("kvfabric_router_index_blocks",
+             "Distinct block hashes an instance holds exactly (from KV events)",
              metrics::MetricType::kGauge, {},
              [this] { return static_cast<double>(index_.stats().blocks); });
-  r.callback("kvfabric_router_index_soft_entries", "Predicted + approximate index entries",
+  r.callback("kvfabric_router_index_soft_entries",
+             "Predicted + approximate (block, instance) index entries", metrics::MetricType::kGauge,
+             {}, [this] { return static_cast<double>(index_.stats().soft_entries); });
+  r.callback("kvfabric_router_index_soft_blocks",
+             "Distinct block hashes with a predicted or approximate entry",
              metrics::MetricType::kGauge, {},
-             [this] { return static_cast<double>(index_.stats().soft_entries); });
+             [this] { return static_cast<double>(index_.stats().soft_blocks); });
   r.callback("kvfabric_router_index_rejected_stores_total",
              "BlockStored events that could not be mapped to our hashes",
              metrics::MetricType::kCounter, {},
