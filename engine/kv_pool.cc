@@ -97,14 +97,14 @@ std::vector<BlockIndex> KvPool::findCachedPrefix(std::span<const BlockHash> hash
     if (b >= blocks_.size() || !hasHash(b) || blocks_[b].hash != hashes[i]) break;
     out.push_back(b);
   }
-  constexpr size_t kAhead = 8;  // table misses in flight (a lookup past the run is harmless)
-  for (size_t j = i; j < std::min(hashes.size(), i + kAhead); ++j) table_.prefetch(hashes[j]);
-  for (; i < hashes.size(); ++i) {
-    if (i + kAhead < hashes.size()) table_.prefetch(hashes[i + kAhead]);
-    auto b = table_.find(hashes[i]);
-    if (!b) break;
-    out.push_back(*b);
-  }
+  // Table misses in flight (a lookup past the run is harmless).
+  forEachPrefetched(
+      hashes.subspan(i), kPrefetchAhead, [&](BlockHash h) { table_.prefetch(h); },
+      [&](BlockHash h) {
+        auto b = table_.find(h);
+        if (b) out.push_back(*b);
+        return b.has_value();
+      });
   return out;
 }
 
@@ -159,12 +159,9 @@ bool KvPool::allocateInto(int64_t n, std::vector<BlockIndex>* blocks) {
   evicted.resize(num_evicted);
   // Evicted hashes leave the table after the walk, with their slots prefetched a few ahead
   // (one random slot each: the misses overlap instead of queueing).
-  constexpr size_t kAhead = 8;
-  for (size_t j = 0; j < std::min(num_evicted, kAhead); ++j) table_.prefetch(evicted[j]);
-  for (size_t j = 0; j < num_evicted; ++j) {
-    if (j + kAhead < num_evicted) table_.prefetch(evicted[j + kAhead]);
-    table_.erase(evicted[j]);
-  }
+  forEachPrefetched(
+      std::span<const BlockHash>(evicted), kPrefetchAhead, [&](BlockHash h) { table_.prefetch(h); },
+      [&](BlockHash h) { table_.erase(h); });
   if (sink_ != nullptr && num_evicted > 0) sink_->onBlockRemoved(std::move(removed));
   return true;
 }

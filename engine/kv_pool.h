@@ -167,14 +167,11 @@ class KvPool {
   // at random in blocks_ and would otherwise cost one miss after another.
   template <class F>
   void prefetchBlocks(std::span<const BlockIndex> blocks, F&& f) {
-    constexpr size_t kAhead = 8;
-    const size_t n = blocks.size();
-    for (size_t i = 0; i < std::min(n, kAhead); ++i) prefetchLine(&blocks_[blocks[i]]);
-    for (size_t i = 0; i < n; ++i) {
-      if (i + kAhead < n) prefetchLine(&blocks_[blocks[i + kAhead]]);
-      f(blocks[i]);
-    }
+    forEachPrefetched(
+        blocks, kPrefetchAhead, [&](BlockIndex b) { prefetchLine(&blocks_[b]); }, f);
   }
+  // Blocks, or table slots, whose lines are prefetched ahead of their use in a run.
+  static constexpr size_t kPrefetchAhead = 8;
   void unlink(BlockIndex b);
   void ref(BlockIndex b);
 
