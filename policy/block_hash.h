@@ -15,6 +15,8 @@ namespace kvf::policy {
 
 using BlockHash = uint64_t;
 using TokenId = uint32_t;
+// Instances holding a block (bit i: instance i), as the cache index reports them.
+using InstanceMask = uint64_t;
 
 // Parent of the first block of every prompt.
 inline constexpr BlockHash kRootBlockHash = 0x6b76666162726963ULL;  // "kvfabric"

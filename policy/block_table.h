@@ -12,7 +12,6 @@
 
 #include "common/flat_u64_map.h"
 #include "policy/block_hash.h"
-#include "policy/soft_tree.h"
 
 namespace kvf::policy {
 

@@ -31,8 +31,6 @@
 
 namespace kvf::policy {
 
-using InstanceMask = uint64_t;
-
 class SoftTree {
  public:
   // max_blocks: at most this many distinct blocks in the tree; a chain that reaches the bound
