@@ -9,9 +9,7 @@
 // serialises every call.
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
-#include <limits>
 #include <span>
 #include <vector>
 
@@ -143,7 +141,6 @@ class CacheIndex {
   std::vector<InstanceState> instances_;
   SoftTree soft_;
   CacheIndexStats stats_;
-  std::vector<TokenId> scratch_;
 };
 
 }  // namespace kvf::policy

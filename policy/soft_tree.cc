@@ -102,12 +102,18 @@ uint32_t SoftTree::splitHead(uint32_t id, size_t at) {
   return h;
 }
 
+SoftTree::Claim* SoftTree::findClaim(Node& n, int instance) {
+  if ((n.holders & bit(instance)) == 0) return nullptr;
+  for (Claim& c : n.claims) {
+    if (c.instance == instance) return &c;
+  }
+  return nullptr;
+}
+
 void SoftTree::claim(uint32_t id, int instance, Nanos expiry) {
   Node& n = nodes_[id];
-  if (n.holders & bit(instance)) {
-    for (Claim& c : n.claims) {
-      if (c.instance == instance) c.expiry = std::max(c.expiry, expiry);
-    }
+  if (Claim* c = findClaim(n, instance)) {
+    c->expiry = std::max(c->expiry, expiry);
     return;
   }
   n.holders |= bit(instance);
@@ -115,15 +121,10 @@ void SoftTree::claim(uint32_t id, int instance, Nanos expiry) {
   claims_ += n.blocks.size();
 }
 
-bool SoftTree::unclaim(uint32_t id, int instance) {
-  Node& n = nodes_[id];
-  if ((n.holders & bit(instance)) == 0) return false;
-  n.holders &= ~bit(instance);
-  auto it = std::find_if(n.claims.begin(), n.claims.end(),
-                         [&](const Claim& c) { return c.instance == instance; });
-  n.claims.erase(it);
+void SoftTree::dropClaim(Node& n, Claim* c) {
+  n.holders &= ~bit(c->instance);
+  n.claims.erase(n.claims.begin() + (c - n.claims.data()));
   claims_ -= n.blocks.size();
-  return true;
 }
 
 void SoftTree::freeIfUnused(uint32_t id) {
@@ -152,11 +153,10 @@ void SoftTree::expire(Nanos now) {
       uint32_t id = r.node;
       while (id != kRoot) {
         Node& n = nodes_[id];
-        auto it = std::find_if(n.claims.begin(), n.claims.end(),
-                               [&](const Claim& c) { return c.instance == r.instance; });
-        if (it == n.claims.end() || it->expiry > now) break;
+        Claim* c = findClaim(n, r.instance);
+        if (c == nullptr || c->expiry > now) break;
         expired_ += n.blocks.size();
-        unclaim(id, r.instance);
+        dropClaim(n, c);
         const uint32_t parent = n.parent;
         freeIfUnused(id);
         id = parent;
@@ -167,7 +167,8 @@ void SoftTree::expire(Nanos now) {
 
 void SoftTree::clearInstance(int instance) {
   for (uint32_t id = 1; id < nodes_.size(); ++id) {
-    if (!nodes_[id].blocks.empty()) unclaim(id, instance);
+    Node& n = nodes_[id];  // a free node has no holders, so no claim
+    if (Claim* c = findClaim(n, instance)) dropClaim(n, c);
   }
   // An unclaimed node's subtree is unclaimed too: freeing from each leaf frees all of it.
   for (uint32_t id = 1; id < nodes_.size(); ++id) {

@@ -129,9 +129,11 @@ class SoftTree {
 
   uint32_t newNode(uint32_t parent, std::span<const BlockHash> blocks);
   uint32_t splitHead(uint32_t id, size_t at);
+  // `instance`'s claim on `n`, or null.
+  static Claim* findClaim(Node& n, int instance);
   void claim(uint32_t id, int instance, Nanos expiry);
-  // Drops `instance`'s claim on node `id`; false when it has none.
-  bool unclaim(uint32_t id, int instance);
+  // Drops the claim `c` of node `n`.
+  void dropClaim(Node& n, Claim* c);
   // Frees `id` if nothing claims it and it has no children, then its parent the same way.
   void freeIfUnused(uint32_t id);
 
