@@ -52,11 +52,15 @@ bool Sim::decide(Flight& f, Nanos t) {
   }
   SimEngine& chosen = engines_[f.decision.instance];
   f.instance = f.decision.instance;
-  f.own_matched = std::min(snaps_[f.instance].matched_tokens, f.prompt_tokens);
+  // As the live router (router/proxy.cc): engines compute at least the last prompt token, so
+  // at most the full blocks of the first prompt_tokens - 1 tokens can be cached.
+  const int64_t cacheable = std::max<int64_t>(0, f.prompt_tokens - 1) / bs * bs;
+  f.own_matched = std::min(snaps_[f.instance].matched_tokens, cacheable);
   f.peer = f.decision.mode == policy::Mode::kPushMigrate      ? f.decision.source_instance
            : f.decision.mode == policy::Mode::kPrefillOffload ? f.decision.prefill_instance
                                                               : -1;
   if (f.peer >= 0) holdPeer(f, snaps_[f.peer].matched_tokens);
+  f.decision.predicted_cached_tokens = std::min(f.decision.predicted_cached_tokens, cacheable);
   f.uncached = f.prompt_tokens - f.decision.predicted_cached_tokens;
   chosen.running += 1;
   chosen.pending_prefill += f.uncached;

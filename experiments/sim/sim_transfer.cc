@@ -23,9 +23,8 @@ uint32_t indexOf(const std::string& id) {
 
 void Sim::holdPeer(Flight& f, int64_t peer_matched) {
   if (f.decision.mode != policy::Mode::kPrefillOffload) return;
-  // D will hold every full block of the prompt once P's blocks are pushed.
-  const auto bs = static_cast<int64_t>(setup_.router.index.block_size);
-  f.decision.predicted_cached_tokens = f.prompt_tokens / bs * bs;
+  // D will hold every full block of the prompt once P's blocks are pushed (decide() caps it).
+  f.decision.predicted_cached_tokens = f.prompt_tokens;
   f.peer_uncached = std::max<int64_t>(0, f.prompt_tokens - std::min(peer_matched, f.prompt_tokens));
   SimEngine& p = engines_[f.peer];
   p.running += 1;
