@@ -250,9 +250,7 @@ void Sim::promptKeys(Flight& f, const trace::Request& r) {
   const auto router_bs = static_cast<int64_t>(setup_.router.index.block_size);
   f.content_seed = synth_->appendBlockKeys(r, f.index, engine_bs, &f.block_keys);
   if (router_bs == engine_bs) {
-    // The engine takes these hashes and appends its output blocks' to them: room for those
-    // too, so the first output block does not copy the whole vector.
-    f.hashes.reserve(f.block_keys.size() + static_cast<size_t>(f.max_tokens / engine_bs) + 1);
+    f.hashes.reserve(f.block_keys.size());
     policy::hashKeyBlocks(f.block_keys, &f.hashes);
   } else if (router_bs > 0) {
     std::vector<uint64_t> keys;

@@ -10,6 +10,16 @@
 #include "experiments/sim/sim_internal.h"
 
 namespace kvf::experiments::sim {
+namespace {
+
+// The keyed hasher the simulator gives its token-free engines: the cache index's own block-key
+// hash (policy/block_hash.h), as an engine hash. Their hashes are then the index's by
+// construction (CacheIndex::setEngineHashesAreOurs), so events need no mapping.
+uint64_t engineKeyedHash(uint64_t parent, uint64_t key) {
+  return policy::hashBlockKey(policy::BlockHash{parent}, key).value;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<engine::EngineCore>> Sim::makeCore(SimEngine& e) {
   engine::EngineConfig config = setup_.engine;
@@ -19,7 +29,7 @@ absl::StatusOr<std::unique_ptr<engine::EngineCore>> Sim::makeCore(SimEngine& e) 
   // BlockRemoved hashes are the index's and it keeps no engine->ours map per instance (two
   // table probes fewer per block; Sim::init declares it to the index). Only the hash values
   // change: equal content still gets equal hashes, so the engines cache exactly as before.
-  config.scheduler.keyed_hasher = {&policy::hashBlockKey, policy::kRootBlockHash};
+  config.scheduler.keyed_hasher = {&engineKeyedHash, policy::kRootBlockHash.value};
   return engine::EngineCore::create(config, &e.sink);
 }
 
@@ -44,17 +54,22 @@ void Sim::fillPrompt(Flight& f, engine::RequestSpec& spec, bool keep) {
     blocks.num_tokens = f.prompt_tokens;
     blocks.content_seed = f.content_seed;
     // The router hashed the same blocks with the engines' keyed hasher (makeCore) when its
-    // block size is theirs: the engine takes those hashes instead of hashing every block again.
-    const bool same_blocks =
-        static_cast<int64_t>(setup_.router.index.block_size) == setup_.engine.cache.block_size &&
-        f.hashes.size() == f.block_keys.size();
+    // block size is theirs: the engine takes those hashes (the one place where router hashes
+    // become engine hashes) instead of hashing every block again. It appends its output
+    // blocks' hashes to them: room for those too.
+    const int64_t engine_bs = setup_.engine.cache.block_size;
+    const bool same_blocks = static_cast<int64_t>(setup_.router.index.block_size) == engine_bs &&
+                             f.hashes.size() == f.block_keys.size();
+    if (same_blocks) {
+      blocks.block_hashes.reserve(f.hashes.size() + static_cast<size_t>(f.max_tokens / engine_bs) +
+                                  1);
+      for (policy::BlockHash h : f.hashes) blocks.block_hashes.push_back(h.value);
+    }
     if (keep) {
       blocks.block_keys = f.block_keys;
-      if (same_blocks) blocks.block_hashes = f.hashes;
     } else {
       blocks.block_keys = std::move(f.block_keys);
       f.block_keys = {};
-      if (same_blocks) blocks.block_hashes = std::move(f.hashes);
       f.hashes = {};
     }
     spec.prompt_blocks = std::move(blocks);
