@@ -13,6 +13,7 @@
 #include "common/config.h"
 #include "policy/cache_index.h"
 #include "policy/policy.h"
+#include "policy/registry.h"
 
 namespace kvf::router {
 

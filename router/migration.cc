@@ -74,7 +74,7 @@ asio::awaitable<std::optional<std::string>> Router::upstreamBody(RequestContext&
 asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Request& request,
                                             KvTransferParams* params) {
   std::shared_ptr<Instance> p = ctx.peer;
-  const auto& elastic = config_.policy.elastic;
+  const policy::OffloadTerms terms = policy_->offloadTerms();
   auto fail = [&](std::string_view outcome, std::string_view detail) {
     ctx.offload_prefill = std::string(outcome);
     registry_
@@ -89,7 +89,7 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
     }
     return outcome == "ok";
   };
-  auto body = remotePrefillBody(request.body, elastic.lease_ms);
+  auto body = remotePrefillBody(request.body, terms.lease_ms);
   if (!body.ok()) {
     releasePeer(ctx);
     co_return fail("bad_request", std::string(body.status().message()));
@@ -102,8 +102,7 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
   if (auto auth = request.header("authorization"); !auth.empty()) {
     call.headers.emplace_back("authorization", std::string(auth));
   }
-  call.read_timeout =
-      std::chrono::milliseconds(static_cast<int64_t>(elastic.prefill_timeout_s * 1000.0));
+  call.read_timeout = std::chrono::milliseconds(terms.prefill_timeout / kNanosPerMilli);
   auto response = co_await p->client->request(std::move(call));
   releasePeer(ctx);  // P's prefill phase is over, whatever happened
   if (!response.ok()) {

@@ -379,7 +379,7 @@ void Router::finishRequest(RequestContext& ctx) {
   record.ts = wallSeconds() - nanosToSeconds(now - ctx.start);
   record.request_id = ctx.id;
   record.session = ctx.parsed.session;
-  record.policy = std::string(policy::policyKindName(policy_->kind()));
+  record.policy = std::string(policy_->name());
   record.instance = instance != nullptr ? instance->config.id : "";
   record.mode = std::string(policy::modeName(ctx.decision.mode));
   record.reason = std::string(ctx.decision.reason);

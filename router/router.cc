@@ -31,6 +31,9 @@ absl::StatusOr<std::shared_ptr<Router>> Router::create(asio::io_context& ioc, Ro
 }
 
 absl::Status Router::init() {
+  if (policy_ == nullptr) {
+    return absl::InvalidArgumentError(strCat("unknown policy kind \"", config_.policy.kind, "\""));
+  }
   KVF_ASSIGN_OR_RETURN(log_, DecisionLog::open(config_.decision_log));
   http::ServerOptions options;
   options.host = config_.host;
@@ -94,19 +97,16 @@ absl::Status Router::init() {
   for (const InstanceConfig& instance : config_.instances) {
     KVF_RETURN_IF_ERROR(addInstance(instance).status());
   }
-  bool moves_kv = config_.policy.kind == policy::PolicyKind::kUnified ||
-                  config_.policy.kind == policy::PolicyKind::kElastic;
   int workers = 0;
   for (const InstanceConfig& instance : config_.instances) workers += !instance.worker_url.empty();
-  if (moves_kv && workers < 2) {
+  if (policy_->movesKv() && workers < 2) {
     log::warn("KV-moving policy without two instances that have a worker_url: no push or offload",
-              "policy", policy::policyKindName(config_.policy.kind), "instances_with_worker",
-              workers);
+              "policy", policy_->name(), "instances_with_worker", workers);
   }
   registerRoutes();
   server_->start();
   log::info("router listening", "host", config_.host, "port", server_->port(), "policy",
-            policy::policyKindName(config_.policy.kind), "instances", config_.instances.size());
+            policy_->name(), "instances", config_.instances.size());
   return absl::OkStatus();
 }
 
@@ -189,11 +189,11 @@ metrics::Counter& Router::decisionCounter(const policy::Decision& decision) {
       return *c.counter;
     }
   }
-  auto& counter = registry_.counter(
-      "kvfabric_router_decisions_total", "Routing decisions by policy, mode and reason",
-      {{"policy", std::string(policy::policyKindName(policy_->kind()))},
-       {"mode", std::string(policy::modeName(decision.mode))},
-       {"reason", std::string(decision.reason)}});
+  auto& counter = registry_.counter("kvfabric_router_decisions_total",
+                                    "Routing decisions by policy, mode and reason",
+                                    {{"policy", std::string(policy_->name())},
+                                     {"mode", std::string(policy::modeName(decision.mode))},
+                                     {"reason", std::string(decision.reason)}});
   decision_counters_.push_back({decision.mode, decision.reason, &counter});
   return counter;
 }

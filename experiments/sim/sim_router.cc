@@ -135,7 +135,7 @@ void Sim::finishAttempt(Flight& f, Nanos t) {
   record.ts = nanosToSeconds(f.decided_at);
   record.request_id = requests_[f.index].id;
   record.session = requests_[f.index].session_id;
-  record.policy = std::string(policy::policyKindName(policy_->kind()));
+  record.policy = std::string(policy_->name());
   record.instance = f.instance >= 0 ? instance_ids_[f.instance] : "";
   record.mode = std::string(policy::modeName(f.decision.mode));
   record.reason = std::string(f.decision.reason);

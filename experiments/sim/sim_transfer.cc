@@ -72,7 +72,7 @@ void Sim::onPrefillArrive(Flight& f, Nanos t) {
   fillPrompt(f, spec, true);  // D needs the prompt too
   spec.sampling.max_tokens = 1;
   spec.sampling.ignore_eos = true;
-  double lease_ns = static_cast<double>(setup_.router.policy.elastic.lease_ms) * 1e6;
+  double lease_ns = static_cast<double>(policy_->offloadTerms().lease_ms) * 1e6;
   spec.remote_decode_lease = engineTime(static_cast<Nanos>(lease_ns));
   absl::Status added = p.core->validate(spec);
   if (added.ok()) added = p.core->add(std::move(spec), engineTime(t));
