@@ -12,7 +12,7 @@
 #include "common/cli.h"
 #include "common/clock.h"
 #include "common/log.h"
-#include "router/config.h"
+#include "router/core/config.h"
 #include "router/event_loop.h"
 #include "router/router.h"
 

@@ -1,4 +1,4 @@
-#include "router/config.h"
+#include "router/core/config.h"
 
 #include <gtest/gtest.h>
 

@@ -71,7 +71,12 @@ struct RouterConfig {
 absl::Status parseInstanceUrl(std::string_view url, std::string* host, uint16_t* port);
 
 void parseInstanceConfig(config::ConfigMap& map, InstanceConfig* out);
-absl::StatusOr<RouterConfig> loadRouterConfig(const std::string& path);
-absl::StatusOr<RouterConfig> parseRouterConfig(std::string_view yaml, std::string_view source);
+// `policies`: where `policy.kind` is looked up (must outlive the config).
+absl::StatusOr<RouterConfig> loadRouterConfig(
+    const std::string& path,
+    const policy::PolicyRegistry& policies = policy::PolicyRegistry::builtin());
+absl::StatusOr<RouterConfig> parseRouterConfig(
+    std::string_view yaml, std::string_view source,
+    const policy::PolicyRegistry& policies = policy::PolicyRegistry::builtin());
 
 }  // namespace kvf::router
