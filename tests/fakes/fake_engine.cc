@@ -178,9 +178,10 @@ int64_t FakeEngine::simulatePush(const bj::object& params, const std::vector<uin
     auto it = registry().find(source);
     if (it != registry().end()) holder = it->second;
   }
-  std::string failure = remote_kv_fails.load() ? "source unreachable (fake)"
-                        : holder == nullptr    ? "unknown source " + source
-                                               : "";
+  std::string failure = remote_kv_fails.load()       ? "source unreachable (fake)"
+                        : holder == nullptr          ? "unknown source " + source
+                        : holder->refuse_push.load() ? "source refused the push (fake)"
+                                                     : "";
   size_t run = 0;  // the leading run of wanted blocks that the source holds
   while (failure.empty() && run < prompt.size() && (!offered || offered->contains(prompt[run])) &&
          holder->holds(prompt[run])) {
@@ -259,6 +260,18 @@ asio::awaitable<void> FakeEngine::completion(bool chat, const http::Request& r,
   {
     std::lock_guard lock(bodies_mutex_);
     bodies_.push_back(r.body);
+  }
+  if (int status = fail_status.load(); status != 0) {
+    co_await w.sendError(status, "engine error (fake)");
+    co_return;
+  }
+  if (int ms = stall_ms.load(); ms > 0) {
+    auto begun = co_await w.beginStream(200, "text/event-stream");
+    if (!begun.ok()) co_return;
+    asio::steady_timer hang(co_await asio::this_coro::executor);
+    hang.expires_after(std::chrono::milliseconds(ms));
+    co_await hang.async_wait(asio::as_tuple(asio::use_awaitable));
+    co_return;  // no event, no end: the connection closes with the handler
   }
   std::vector<uint32_t> tokens = promptTokens(chat, *body);
   int64_t cached = cacheLookupAndInsert(tokens);

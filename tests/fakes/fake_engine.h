@@ -57,8 +57,16 @@ class FakeEngine {
   std::atomic<int> remote_decode_status{200};         // != 200: P answers this error
   std::atomic<int> remote_decode_delay_ms{0};         // P answers after this delay
   std::atomic<bool> remote_decode_bad_params{false};  // P answers without block_hashes
+  // Failures before the engine looks at the prompt (nothing cached, no KV event): != 0 answers
+  // every completion with this HTTP status; > 0 ms opens the response stream and then sends
+  // nothing for that long (a hung engine); true makes this engine refuse to push its blocks
+  // to a receiver (the receiver reports a fallback).
+  std::atomic<int> fail_status{0};
+  std::atomic<int> stall_ms{0};
+  std::atomic<bool> refuse_push{false};
   std::string workerUrl() const;
-  bool holds(uint64_t hash) const;  // on the engine's io thread
+  bool holds(uint64_t hash) const;                        // on the engine's io thread
+  size_t cachedBlocks() const { return cached_.size(); }  // on the engine's io thread
   // Every completion body received, in order (thread-safe copy).
   std::vector<std::string> receivedBodies() const;
   // Evicts every cached block and announces it (as vLLM does on reset_prefix_cache).
