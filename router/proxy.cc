@@ -23,6 +23,18 @@ double wallSeconds() {
 
 log::RateLimitedLog upstream_log;
 
+// usage.prompt_tokens of a response body or SSE event, if it has one.
+std::optional<int64_t> usagePromptTokens(std::string_view json_text) {
+  if (json_text.find("\"usage\"") == std::string_view::npos) return std::nullopt;
+  auto body = json::parseObject(json_text);
+  if (!body.ok()) return std::nullopt;
+  const auto* usage = body->if_contains("usage");
+  if (usage == nullptr || !usage->is_object()) return std::nullopt;
+  const auto* n = usage->as_object().if_contains("prompt_tokens");
+  if (n == nullptr || !n->is_int64()) return std::nullopt;
+  return n->as_int64();
+}
+
 }  // namespace
 
 asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request& request,
@@ -51,8 +63,12 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
     route.tokens = ctx.parsed.token_ids;
     core_->completeHashes(route);
   }
-  if (!ctx.parsed.has_token_ids && config_.tokenize && !(co_await tokenize(ctx, request))) {
-    metrics_->tokenize_fallbacks->inc();
+  if (!ctx.parsed.has_token_ids) {
+    if (!config_.tokenize) {
+      metrics_->tokenize_fallbacks_disabled->inc();
+    } else if (!(co_await tokenize(ctx, request))) {
+      metrics_->tokenize_fallbacks_failed->inc();
+    }
   }
   if (!ctx.parsed.has_token_ids) {
     route.hashes = requestHashes(ctx.parsed, config_.index.block_size);
@@ -221,10 +237,16 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
     metrics_->requests_upstream_error->inc();
   }
   // The usage report (cached tokens, transfer outcome) only feeds the closed loop: read it
-  // after the client has its answer, from a copy when the body is small (the usual case).
+  // after the client has its answer, from a copy when the body is small (the usual case). A
+  // text prompt's report first: its prediction is capped by the engine's prompt length.
   constexpr size_t kReportAfterSendBytes = 64 * 1024;
-  if (response_body->size() > kReportAfterSendBytes) {
+  if (response_body->size() > kReportAfterSendBytes || !ctx.route.exact) {
     applyResponseReport(ctx, *response_body);
+    for (auto& [name, value] : headers) {
+      if (name == "x-kvf-predicted-cached-tokens") {
+        value = std::to_string(ctx.route.predictedCachedTokens());
+      }
+    }
     co_await writer.send(ctx.status, content_type, std::move(*response_body), headers);
     predictHeld(ctx);
     co_return ForwardResult::kDone;
@@ -288,6 +310,9 @@ void Router::applyResponseReport(RequestContext& ctx, std::string_view body) {
   ResponseReport report = readResponseReport(body);
   if (report.cached_tokens) ctx.actual_cached_tokens = report.cached_tokens;
   if (report.transfer) ctx.transfer = std::move(report.transfer);
+  if (!ctx.route.exact) {
+    if (auto n = usagePromptTokens(body)) core_->reportPromptTokens(ctx.route, *n);
+  }
 }
 
 void Router::endPrefillPhase(RequestContext& ctx) {

@@ -40,6 +40,14 @@ absl::Status Router::init() {
   zmq_ = std::make_shared<zmq::context_t>(1);
 
   auto& r = registry_;
+  // Every text prompt indexed approximately instead of tokenized, by why: tokenize disabled,
+  // or /tokenize failed (no admitted instance, error, bad answer).
+  auto tokenizeFallbacks = [&](std::string_view reason) {
+    return &r.counter("kvfabric_router_tokenize_fallbacks_total",
+                      "Text prompts indexed approximately instead of tokenized, by reason "
+                      "(disabled: tokenize.enabled is false; failed: POST /tokenize failed)",
+                      {{"reason", std::string(reason)}});
+  };
   auto requests = [&](std::string_view outcome) {
     return &r.counter("kvfabric_router_requests_total", "Requests by outcome",
                       {{"outcome", std::string(outcome)}});
@@ -65,8 +73,7 @@ absl::Status Router::init() {
                    metrics::exponentialBuckets(1e-4, 2, 18)),
       &r.counter("kvfabric_router_kv_events_ignored_total",
                  "KV events for media other than GPU, or unmappable to our hashes"),
-      &r.counter("kvfabric_router_tokenize_fallbacks_total",
-                 "Text prompts indexed approximately because /tokenize failed")});
+      tokenizeFallbacks("disabled"), tokenizeFallbacks("failed")});
   r.callback("kvfabric_router_offloads_in_flight",
              "Prefill offloads whose prefill phase is in flight (against elastic's cap)",
              metrics::MetricType::kGauge, {},

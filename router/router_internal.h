@@ -53,7 +53,8 @@ struct Router::Metrics {
   metrics::Histogram* request_seconds;
   metrics::Histogram* kv_event_lag_seconds;
   metrics::Counter* kv_events_ignored;
-  metrics::Counter* tokenize_fallbacks;
+  metrics::Counter* tokenize_fallbacks_disabled;
+  metrics::Counter* tokenize_fallbacks_failed;
 };
 
 }  // namespace kvf::router

@@ -129,6 +129,7 @@ bool RoutingCore::decide(RequestRoute& r, Nanos now) {
   ++r.attempt_;
   r.predicted_ = false;
   r.offload_outcome_ = {};
+  r.engine_prompt_tokens_ = 0;
   r.peer_id_.clear();
   index_.expire(now);
   const auto n = static_cast<size_t>(slot_end_);
@@ -223,6 +224,13 @@ void RoutingCore::predictPeer(RequestRoute& r, Nanos now) {
   index_.addSoft(r.peer_, r.hashes, now, !s.has_events || !r.exact);
 }
 
+void RoutingCore::reportPromptTokens(RequestRoute& r, int64_t engine_prompt_tokens) const {
+  if (r.exact || engine_prompt_tokens <= 0) return;
+  r.engine_prompt_tokens_ = engine_prompt_tokens;
+  r.decision_.predicted_cached_tokens =
+      std::min(r.decision_.predicted_cached_tokens, cacheableTokens(engine_prompt_tokens));
+}
+
 void RoutingCore::fillRecord(const RequestRoute& r, DecisionRecord* out) const {
   const policy::Decision& d = r.decision_;
   out->session = std::string(r.session);
@@ -232,7 +240,7 @@ void RoutingCore::fillRecord(const RequestRoute& r, DecisionRecord* out) const {
   out->reason = std::string(d.reason);
   out->request_class = std::string(policy::requestClassName(d.request_class));
   out->attempt = r.attempt_;
-  out->prompt_tokens = r.prompt_tokens;
+  out->prompt_tokens = r.engine_prompt_tokens_ > 0 ? r.engine_prompt_tokens_ : r.prompt_tokens;
   out->predicted_cached_tokens = d.predicted_cached_tokens;
   out->scores.clear();
   for (size_t i = 0; i < d.scores.size() && i < static_cast<size_t>(slot_end_); ++i) {

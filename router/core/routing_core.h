@@ -91,6 +91,7 @@ class RequestRoute {
   std::string peer_id_;
   int64_t own_matched_tokens_ = 0;
   int64_t uncached_tokens_ = 0;
+  int64_t engine_prompt_tokens_ = 0;  // a text prompt's length as the engine counted it; 0: none
   policy::InstanceMask excluded_ = 0;
   bool predicted_ = false;
   std::string_view offload_outcome_;
@@ -153,6 +154,11 @@ class RoutingCore {
   void predict(RequestRoute& route, Nanos now);
   // The same for the offload's P once it prefilled the prompt.
   void predictPeer(RequestRoute& route, Nanos now);
+  // The engine's own count of the prompt's tokens (its usage report). A text prompt's length
+  // was only estimated, so its prediction is capped again: at most the full blocks of the
+  // engine's prompt_tokens - 1, as for a token-id prompt; the record then gives the engine's
+  // count. Token-id prompts are left as they are.
+  void reportPromptTokens(RequestRoute& route, int64_t engine_prompt_tokens) const;
 
   // The decision record's routing fields: policy, session, instance, mode, reason, class,
   // attempt, prompt and predicted tokens, scores, source, predicted costs, P's outcome and the

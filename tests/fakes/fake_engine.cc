@@ -30,11 +30,21 @@ uint64_t engineHash(uint64_t parent, const uint32_t* tokens, size_t n) {
   return h | 1;  // never 0
 }
 
-// Text is "tokenized" one token per byte; chat turns are role-tagged and concatenated.
-std::vector<uint32_t> promptTokens(bool chat, const bj::object& body) {
+// Text is "tokenized" into one token per `bytes_per_token` bytes (the bytes' FNV hash); chat
+// turns' contents are concatenated.
+std::vector<uint32_t> promptTokens(bool chat, const bj::object& body, int bytes_per_token) {
   std::vector<uint32_t> tokens;
   auto addText = [&](std::string_view s) {
-    for (unsigned char c : s) tokens.push_back(c);
+    const size_t n = static_cast<size_t>(std::max(1, bytes_per_token));
+    for (size_t i = 0; i < s.size(); i += n) {
+      if (n == 1) {
+        tokens.push_back(static_cast<unsigned char>(s[i]));
+        continue;
+      }
+      uint32_t h = 2166136261u;
+      for (unsigned char c : s.substr(i, n)) h = (h ^ c) * 16777619u;
+      tokens.push_back(h % 100000);
+    }
   };
   if (chat) {
     if (const auto* m = body.if_contains("messages"); m && m->is_array()) {
@@ -82,14 +92,19 @@ FakeEngine::FakeEngine(asio::io_context& ioc, FakeEngineOptions options)
       "POST", "/v1/chat/completions",
       [this](const http::Request& r, http::ResponseWriter& w) { return completion(true, r, w); });
   server_->route("POST", "/tokenize",
-                 [](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
+                 [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
+                   if (tokenize_fails.load()) {
+                     co_await w.sendError(500, "tokenizer error (fake)");
+                     co_return;
+                   }
                    auto body = json::parseObject(r.body);
                    if (!body.ok()) {
                      co_await w.sendStatus(body.status());
                      co_return;
                    }
                    bool chat = body->contains("messages");
-                   std::vector<uint32_t> tokens = promptTokens(chat, *body);
+                   std::vector<uint32_t> tokens =
+                       promptTokens(chat, *body, options_.text_bytes_per_token);
                    bj::object out{{"count", tokens.size()}, {"max_model_len", 131072}};
                    bj::array list;
                    for (uint32_t t : tokens) list.push_back(t);
@@ -273,7 +288,7 @@ asio::awaitable<void> FakeEngine::completion(bool chat, const http::Request& r,
     co_await hang.async_wait(asio::as_tuple(asio::use_awaitable));
     co_return;  // no event, no end: the connection closes with the handler
   }
-  std::vector<uint32_t> tokens = promptTokens(chat, *body);
+  std::vector<uint32_t> tokens = promptTokens(chat, *body, options_.text_bytes_per_token);
   int64_t cached = cacheLookupAndInsert(tokens);
   bj::object transfer;
   bool remote_decode = false;

@@ -30,6 +30,9 @@ struct FakeEngineOptions {
   bool publish_kv_events = false;
   int output_tokens = 4;  // tokens generated per request (at most max_tokens)
   std::chrono::milliseconds token_delay{1};
+  // Text prompts are "tokenized" into one token per this many bytes (a real tokenizer takes
+  // 3-6 bytes of English per token).
+  int text_bytes_per_token = 1;
   // Advertised worker URL in do_remote_decode answers; empty: this engine's own URL.
   std::string worker_url;
 };
@@ -64,6 +67,7 @@ class FakeEngine {
   std::atomic<int> fail_status{0};
   std::atomic<int> stall_ms{0};
   std::atomic<bool> refuse_push{false};
+  std::atomic<bool> tokenize_fails{false};  // POST /tokenize answers 500
   std::string workerUrl() const;
   bool holds(uint64_t hash) const;                        // on the engine's io thread
   size_t cachedBlocks() const { return cached_.size(); }  // on the engine's io thread
