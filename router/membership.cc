@@ -31,8 +31,9 @@ EtcdMembership::~EtcdMembership() { stop(); }
 
 absl::Status EtcdMembership::start() {
   const membership::EtcdConfig& config = router_.config_.etcd;
-  KVF_ASSIGN_OR_RETURN(auto etcd, membership::EtcdClient::create(router_.ioc_.get_executor(),
-                                                                 membership::clientOptions(config)));
+  KVF_ASSIGN_OR_RETURN(auto etcd,
+                       membership::EtcdClient::create(router_.ioc_.get_executor(),
+                                                      membership::clientOptions(config)));
   membership::WatcherOptions options;
   options.prefix = config.prefix;
   options.probe_interval = millis(config.probe_interval_s);
@@ -43,9 +44,9 @@ absl::Status EtcdMembership::start() {
     onPut(key, value);
   };
   callbacks.on_delete = [this](const std::string& key) { onDelete(key); };
-  watcher_ = membership::PrefixWatcher::create(router_.ioc_.get_executor(), std::move(etcd),
-                                               std::move(options), std::move(callbacks),
-                                               router_.clock_);
+  watcher_ =
+      membership::PrefixWatcher::create(router_.ioc_.get_executor(), std::move(etcd),
+                                        std::move(options), std::move(callbacks), router_.clock_);
 
   auto& r = router_.registry_;
   auto changes = [&](std::string_view change) {
@@ -107,7 +108,7 @@ void EtcdMembership::reject(const std::string& key, const absl::Status& why) {
 }
 
 absl::StatusOr<InstanceConfig> EtcdMembership::parseRecord(const std::string& key,
-                                                          const std::string& value) {
+                                                           const std::string& value) {
   if (value.size() > membership::kMaxRecordBytes) {
     return absl::InvalidArgumentError(
         strCat("value of ", value.size(), " bytes exceeds ", membership::kMaxRecordBytes));
@@ -138,8 +139,8 @@ void EtcdMembership::onPut(const std::string& key, const std::string& value) {
   std::shared_ptr<Instance> existing = router_.findInstance(config.id);
   bool ours = ids_by_key_.contains(key);
   if (existing && !ours) {
-    reject(key, absl::AlreadyExistsError(
-                    strCat("instance \"", config.id, "\" is configured statically or by the admin API")));
+    reject(key, absl::AlreadyExistsError(strCat(
+                    "instance \"", config.id, "\" is configured statically or by the admin API")));
     return;
   }
   if (existing && sameInstance(existing->config, config)) return;  // a lease renewed its key
@@ -155,8 +156,8 @@ void EtcdMembership::onPut(const std::string& key, const std::string& value) {
   }
   if (!existing) added_->inc();
   ids_by_key_[key] = config.id;
-  log::info("instance registered in etcd; admitted after its first health check", "id",
-            config.id, "url", config.url, "key", key);
+  log::info("instance registered in etcd; admitted after its first health check", "id", config.id,
+            "url", config.url, "key", key);
 }
 
 void EtcdMembership::onDelete(const std::string& key) {

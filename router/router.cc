@@ -137,7 +137,7 @@ std::shared_ptr<Instance> Router::findInstance(std::string_view id) const {
 }
 
 absl::StatusOr<std::shared_ptr<Instance>> Router::addInstance(const InstanceConfig& config,
-                                                             bool admit_now) {
+                                                              bool admit_now) {
   if (findInstance(config.id)) {
     return absl::AlreadyExistsError(strCat("instance \"", config.id, "\" already exists"));
   }
