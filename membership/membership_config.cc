@@ -6,6 +6,8 @@
 
 namespace kvf::membership {
 
+EtcdConfig::EtcdConfig() = default;
+
 void parseEtcdConfig(config::ConfigMap& map, EtcdRole role, EtcdConfig* out) {
   map.require("endpoints");
   map.get("endpoints", &out->endpoints);

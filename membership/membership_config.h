@@ -16,16 +16,20 @@
 
 namespace kvf::membership {
 
-inline constexpr std::string_view kDefaultPrefix = "/kvfabric/instances/";
+inline constexpr char kDefaultPrefix[] = "/kvfabric/instances/";
 inline constexpr size_t kMaxIdBytes = 128;
 inline constexpr size_t kMaxRecordBytes = 16 * 1024;
 
 struct EtcdConfig {
-  std::vector<std::string> endpoints;  // http://host:port
-  std::string prefix = std::string(kDefaultPrefix);
-  int64_t lease_ttl_s = 10;      // registrants: the lease's time to live
-  double request_timeout_s = 2;  // each call to etcd
-  double probe_interval_s = 1;   // watchers: how often etcd's liveness is checked
+  // Out of line: inlined into a large config struct's value-initialization, the strings trip
+  // GCC 12's -Wmaybe-uninitialized at -O3.
+  EtcdConfig();
+
+  std::vector<std::string> endpoints;   // http://host:port
+  std::string prefix = kDefaultPrefix;  // every key starts with it
+  int64_t lease_ttl_s = 10;             // registrants: the lease's time to live
+  double request_timeout_s = 2;         // each call to etcd
+  double probe_interval_s = 1;          // watchers: how often etcd's liveness is checked
 };
 
 enum class EtcdRole { kRegistrant, kWatcher };
