@@ -111,8 +111,8 @@ TEST(EtcdCodecTest, RejectsMalformedResponsesNamingTheField) {
 }
 
 TEST(EtcdCodecTest, DecodesLeaseGrantAndKeepAlive) {
-  auto grant = decodeLeaseGrant(std::string("{") + kHeader +
-                                R"(,"ID":"2324035617164594437","TTL":"5"})");
+  auto grant =
+      decodeLeaseGrant(std::string("{") + kHeader + R"(,"ID":"2324035617164594437","TTL":"5"})");
   ASSERT_TRUE(grant.ok()) << grant.status();
   EXPECT_EQ(grant->id, 2324035617164594437);
   EXPECT_EQ(grant->ttl, 5);
@@ -133,7 +133,8 @@ TEST(EtcdCodecTest, DecodesLeaseGrantAndKeepAlive) {
 }
 
 TEST(EtcdCodecTest, DecodesWatchMessages) {
-  auto created = decodeWatchMessage(std::string(R"({"result":{)") + kHeader + R"(,"created":true}})");
+  auto created =
+      decodeWatchMessage(std::string(R"({"result":{)") + kHeader + R"(,"created":true}})");
   ASSERT_TRUE(created.ok()) << created.status();
   EXPECT_TRUE(created->created);
   EXPECT_TRUE(created->events.empty());
@@ -166,8 +167,7 @@ TEST(EtcdCodecTest, DecodesWatchMessages) {
   EXPECT_EQ(compacted->header.revision, 0);
 
   // A progress notification: no events, not created, not canceled.
-  auto progress = decodeWatchMessage(
-      R"({"result":{"header":{"revision":"40"},"watch_id":"0"}})");
+  auto progress = decodeWatchMessage(R"({"result":{"header":{"revision":"40"},"watch_id":"0"}})");
   ASSERT_TRUE(progress.ok()) << progress.status();
   EXPECT_FALSE(progress->created || progress->canceled);
   EXPECT_EQ(progress->header.revision, 40);
@@ -179,9 +179,9 @@ TEST(EtcdCodecTest, DecodesWatchMessages) {
 
 TEST(EtcdCodecTest, ErrorsKeepTheirGrpcCode) {
   // A unary call's error (HTTP 404): {"error", "message", "code"}.
-  absl::Status lease = decodeError(
-      404, R"({"error":"etcdserver: requested lease not found","message":"etcdserver: )"
-           R"(requested lease not found","code":5})");
+  absl::Status lease =
+      decodeError(404, R"({"error":"etcdserver: requested lease not found","message":"etcdserver: )"
+                       R"(requested lease not found","code":5})");
   EXPECT_TRUE(absl::IsNotFound(lease)) << lease;
   EXPECT_NE(lease.message().find("requested lease not found"), absl::string_view::npos);
   // A stream's error: {"error": {"grpc_code", "http_code", "message", "http_status"}}.
@@ -231,7 +231,8 @@ TEST(MembershipConfigTest, RecordsKeysAndEndpoints) {
   EXPECT_EQ(o.at("kv_events").at("endpoint"), "tcp://10.0.0.5:5557");
   EXPECT_FALSE(o.at("kv_events").as_object().contains("replay_endpoint"));
   EXPECT_EQ(o.at("worker_url"), "http://10.0.0.5:9000");
-  EXPECT_FALSE(parsed(encodeInstanceRecord({.id = "a", .url = "http://h:1"})).contains("kv_events"));
+  EXPECT_FALSE(
+      parsed(encodeInstanceRecord({.id = "a", .url = "http://h:1"})).contains("kv_events"));
 
   EXPECT_EQ(instanceKey("/kvfabric/instances/", "vllm-0"), "/kvfabric/instances/vllm-0");
   EXPECT_TRUE(validateInstanceId("vllm-0.rank:1_a").ok());

@@ -270,7 +270,8 @@ TEST_F(EtcdLiveTest, RegistrationLivesWithItsLeaseAndIsRevokedOnStop) {
   // Someone revokes the lease (as an expiry would): registered again under a new one.
   ASSERT_TRUE(io_.run([&]() -> asio::awaitable<absl::Status> {
                    co_return co_await direct_->leaseRevoke(lease);
-                 }).ok());
+                 })
+                  .ok());
   ASSERT_TRUE(eventually(
       [&] {
         auto kv = get("/m/engine-0");
@@ -287,7 +288,8 @@ TEST_F(EtcdLiveTest, RegistrationLivesWithItsLeaseAndIsRevokedOnStop) {
   ASSERT_TRUE(eventually([&] { return get("/m/engine-0").has_value(); }, 10s));
 
   // stop() revokes: the key goes at once, not a TTL later.
-  auto stopped = io_.run([&]() -> asio::awaitable<absl::Status> { co_return co_await reg->stop(); });
+  auto stopped =
+      io_.run([&]() -> asio::awaitable<absl::Status> { co_return co_await reg->stop(); });
   EXPECT_TRUE(stopped.ok()) << stopped;
   EXPECT_FALSE(get("/m/engine-0").has_value());
 }

@@ -13,9 +13,9 @@
 #include <thread>
 #include <vector>
 
+#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
-#include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 
@@ -90,22 +90,22 @@ class TcpRelay {
 
   void pump(std::shared_ptr<Pair> pair, tcp::socket& from, tcp::socket& to,
             std::array<char, 16384>& buffer) {
-    from.async_read_some(boost::asio::buffer(buffer), [this, pair, &from, &to, &buffer](
-                                                          boost::system::error_code ec, size_t n) {
-      if (ec) {
-        pair->close();
-        return;
-      }
-      boost::asio::async_write(to, boost::asio::buffer(buffer.data(), n),
-                               [this, pair, &from, &to, &buffer](boost::system::error_code wec,
-                                                                 size_t) {
-                                 if (wec) {
-                                   pair->close();
-                                   return;
-                                 }
-                                 pump(pair, from, to, buffer);
-                               });
-    });
+    from.async_read_some(boost::asio::buffer(buffer),
+                         [this, pair, &from, &to, &buffer](boost::system::error_code ec, size_t n) {
+                           if (ec) {
+                             pair->close();
+                             return;
+                           }
+                           boost::asio::async_write(to, boost::asio::buffer(buffer.data(), n),
+                                                    [this, pair, &from, &to, &buffer](
+                                                        boost::system::error_code wec, size_t) {
+                                                      if (wec) {
+                                                        pair->close();
+                                                        return;
+                                                      }
+                                                      pump(pair, from, to, buffer);
+                                                    });
+                         });
   }
 
   void closeAll() {
