@@ -79,9 +79,9 @@ class EtcdMembershipTest : public ::testing::Test {
         "listen: {port: 0}\nhealth: {interval_s: 0.2, timeout_s: 0.5}\nadmin: {token: adm}\n",
         "membership:\n  source: etcd\n  etcd: {endpoints: [\"", etcd_->endpoint(),
         "\"], probe_interval_s: 0.2, request_timeout_s: 0.5}\n");
-    router_ = startLogged({bin_ + "/kvf-router", "--config", (dir_ / "router.yaml").string(),
-                           "--port", "0"},
-                          (dir_ / "router.log").string());
+    router_ = startLogged(
+        {bin_ + "/kvf-router", "--config", (dir_ / "router.yaml").string(), "--port", "0"},
+        (dir_ / "router.log").string());
     ASSERT_TRUE(waitForLog(*router_, "listening on port ", 20s)) << readLog(*router_);
     std::string log = readLog(*router_);
     size_t at = log.find("listening on port ") + std::string("listening on port ").size();
@@ -128,9 +128,9 @@ class EtcdMembershipTest : public ::testing::Test {
         "kv_events: {endpoint: 'tcp://127.0.0.1:*', replay_endpoint: 'tcp://127.0.0.1:*'}\n",
         "membership:\n  etcd: {endpoints: [\"", etcd_->endpoint(), "\"], lease_ttl_s: ", kTtl,
         ", request_timeout_s: 0.5}\n");
-    auto engine = startLogged({bin_ + "/kvf-engine", "--config", (dir_ / "engine.yaml").string(),
-                               "--instance_id", id},
-                              (dir_ / (id + ".log")).string());
+    auto engine = startLogged(
+        {bin_ + "/kvf-engine", "--config", (dir_ / "engine.yaml").string(), "--instance_id", id},
+        (dir_ / (id + ".log")).string());
     EXPECT_TRUE(waitForLog(*engine, "registered in etcd", 30s)) << readLog(*engine);
     return engine;
   }
@@ -182,9 +182,9 @@ class EtcdMembershipTest : public ::testing::Test {
   int complete(int base) {
     std::vector<int> tokens(256);
     std::iota(tokens.begin(), tokens.end(), base);
-    auto r = routerCall("POST", "/v1/completions",
-                        strCat(R"({"model":"test-model","max_tokens":4,"prompt":[)", strJoin(tokens, ","),
-                               "]}"));
+    auto r = routerCall(
+        "POST", "/v1/completions",
+        strCat(R"({"model":"test-model","max_tokens":4,"prompt":[)", strJoin(tokens, ","), "]}"));
     return r.ok() ? r->status : -1;
   }
 
@@ -234,7 +234,8 @@ TEST_F(EtcdMembershipTest, RegisteredInstancesAreAdmittedAfterAHealthCheckAndSer
   ASSERT_TRUE(record.ok()) << *value;
   EXPECT_EQ(record->at("id"), "engine-a");
   std::string url(record->at("url").as_string());
-  EXPECT_EQ(url, "http://127.0.0.1:" + testing::logValue(*children_[0], "kvf-engine ready", "port"));
+  EXPECT_EQ(url,
+            "http://127.0.0.1:" + testing::logValue(*children_[0], "kvf-engine ready", "port"));
   std::string events(record->at("kv_events").at("endpoint").as_string());
   EXPECT_TRUE(events.starts_with("tcp://127.0.0.1:")) << events;
   EXPECT_EQ(events.find('*'), std::string::npos) << events;

@@ -46,21 +46,20 @@ TEST(CliFlags, UnknownFlagFailsAndNamesIt) {
       << testing::readLog(*child);
 }
 
-INSTANTIATE_TEST_SUITE_P(Binaries, HelpTest,
-                         ::testing::Values(Binary{"kvf-router", "config"},
-                                           Binary{"kvf-engine", "instance_id"},
-                                           Binary{"kvf-trace", "output"},
-                                           Binary{"kvf-replay", "dispatch"},
-                                           Binary{"kvf-experiment", "jobs"},
-                                           Binary{"kvf-transport-bench", "block_sizes"},
-                                           Binary{"kvf-proxy-bench", "prompt_tokens"}),
-                         [](const ::testing::TestParamInfo<Binary>& param) {
-                           std::string name = param.param.name;
-                           for (char& c : name) {
-                             if (c == '-') c = '_';
-                           }
-                           return name;
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Binaries, HelpTest,
+    ::testing::Values(Binary{"kvf-router", "config"}, Binary{"kvf-engine", "instance_id"},
+                      Binary{"kvf-register", "lease_ttl_s"}, Binary{"kvf-trace", "output"},
+                      Binary{"kvf-replay", "dispatch"}, Binary{"kvf-experiment", "jobs"},
+                      Binary{"kvf-transport-bench", "block_sizes"},
+                      Binary{"kvf-proxy-bench", "prompt_tokens"}),
+    [](const ::testing::TestParamInfo<Binary>& param) {
+      std::string name = param.param.name;
+      for (char& c : name) {
+        if (c == '-') c = '_';
+      }
+      return name;
+    });
 
 }  // namespace
 }  // namespace kvf
