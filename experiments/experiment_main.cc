@@ -3,6 +3,7 @@
 //   kvf-experiment sim EXP.yaml     the same experiment in virtual time (experiments/sim/)
 //   kvf-experiment report DIR       (re)write DIR/report.md and plots from collected results
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -37,8 +38,17 @@ std::string binDir() {
   return ec ? std::string(".") : exe.parent_path().string();
 }
 
+// ${KVF_TRACES_DIR} in an experiment file's paths comes from the environment.
+experiments::PathVariables pathVariables() {
+  experiments::PathVariables variables;
+  if (const char* dir = std::getenv(experiments::kTracesDirVariable); dir != nullptr && *dir) {
+    variables[experiments::kTracesDirVariable] = dir;
+  }
+  return variables;
+}
+
 absl::Status runExperiment(const std::string& path) {
-  auto config = experiments::loadExperimentConfig(path);
+  auto config = experiments::loadExperimentConfig(path, pathVariables());
   if (!config.ok()) return config.status();
   if (!absl::GetFlag(FLAGS_output_dir).empty())
     config->output_dir = absl::GetFlag(FLAGS_output_dir);
@@ -63,9 +73,10 @@ absl::Status simulate(const std::string& path) {
   options.plots = absl::GetFlag(FLAGS_plots);
   options.only_arm = absl::GetFlag(FLAGS_sim_arm);
   options.only_rep = absl::GetFlag(FLAGS_sim_rep);
+  options.path_variables = pathVariables();
   absl::Status s = experiments::sim::runSimExperiment(path, options);
   if (!s.ok() || !options.only_arm.empty()) return s;
-  auto config = experiments::loadExperimentConfig(path);
+  auto config = experiments::loadExperimentConfig(path, options.path_variables);
   std::string out =
       options.output_dir.empty() && config.ok() ? config->output_dir : options.output_dir;
   std::printf("report: %s/report.md\nplots:  %s/plots/\n", out.c_str(), out.c_str());
