@@ -292,15 +292,14 @@ absl::Status writeCsvs(const fs::path& dir, const std::vector<ArmData>& arms) {
 
 }  // namespace
 
-// The plot script is copied next to the binaries at build time; fall back to the source tree.
-static std::string plotScriptPath() {
+std::string installedScript(const std::string& name) {
   std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    fs::path beside = exe.parent_path() / "kvf-plot-report.py";
-    if (fs::exists(beside)) return beside.string();
+  fs::path dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  if (ec) return name;
+  if (!fs::exists(dir / name) && fs::exists(dir / ".." / "bin" / name)) {
+    return (dir / ".." / "bin" / name).lexically_normal().string();
   }
-  return strCat(KVF_SOURCE_DIR, "/experiments/report/plot_report.py");
+  return (dir / name).string();
 }
 
 absl::StatusOr<std::string> writeReport(const std::string& dir_text, bool plots) {
@@ -319,7 +318,7 @@ absl::StatusOr<std::string> writeReport(const std::string& dir_text, bool plots)
   classTables(md, arms, sums);
   KVF_RETURN_IF_ERROR(writeCsvs(dir, arms));
   if (plots) {
-    std::string script = plotScriptPath();
+    std::string script = installedScript("kvf-plot-report.py");
     std::string cmd = strCat("/usr/bin/python3 '", script, "' '", dir.string(), "'");
     if (std::system(cmd.c_str()) != 0) {
       log::warn("plots not written (needs /usr/bin/python3 with matplotlib)", "dir", dir.string());
