@@ -9,6 +9,7 @@
 #include "absl/flags/flag.h"
 #include "common/cli.h"
 #include "common/log.h"
+#include "common/ready_file.h"
 #include "engine/engine_config.h"
 #include "engine/engine_server.h"
 
@@ -30,6 +31,10 @@ ABSL_FLAG(double, time_scale, 0,
           "modelled latency takes 1/8 of its wall time); overrides the config if > 0. Replay "
           "with the same kvf-replay --time_scale to keep the modelled load.");
 ABSL_FLAG(std::string, log_level, "", "trace, debug, info, warn, error; overrides the config");
+ABSL_FLAG(std::string, ready_file, "",
+          "Once listening, write the HTTP port and a newline to this file (atomically; removed "
+          "at start and on exit), so a script can wait for it: until [ -s FILE ]; do sleep "
+          "0.1; done. GET /health answers 200 from then on.");
 
 int main(int argc, char** argv) {
   auto args = kvf::cli::parseFlags(
@@ -39,10 +44,11 @@ int main(int argc, char** argv) {
       "metrics (docs/engine.md).\n\n"
       "Usage: kvf-engine --config engine.yaml [--port N] [--instance_id ID]\n"
       "                  [--kv_events_endpoint tcp://*:P] [--kv_replay_endpoint tcp://*:P]\n"
-      "                  [--worker_port N] [--time_scale S]\n\n"
+      "                  [--worker_port N] [--time_scale S] [--ready_file FILE]\n\n"
       "SIGINT or SIGTERM stop it. Exit status: 0 stopped by a signal, 1 could not start, 2 a\n"
       "bad command line or config.");
   if (!args.empty()) kvf::cli::failUsage("kvf-engine", "unexpected argument '" + args[0] + "'");
+  kvf::ReadyFile ready(absl::GetFlag(FLAGS_ready_file));
   std::string path = absl::GetFlag(FLAGS_config);
   if (path.empty()) kvf::cli::failUsage("kvf-engine", "--config is required");
   auto config = kvf::engine::loadEngineConfig(path);
@@ -88,6 +94,10 @@ int main(int argc, char** argv) {
                  "block_size", c.cache.block_size, "kv_events", (*server)->kvEventsEndpoint(),
                  "kv_replay", (*server)->kvReplayEndpoint(), "worker", (*server)->workerUrl(),
                  "time_scale", c.time_scale);
+  if (absl::Status s = ready.publish((*server)->port()); !s.ok()) {
+    kvf::log::error("cannot signal readiness", "error", std::string(s.message()));
+    return kvf::cli::kExitFailure;
+  }
   ioc.run();
   return 0;
 }
