@@ -72,6 +72,15 @@ TEST(ExperimentSmoke, TwoArmsOnRealEnginesAndRouter) {
   EXPECT_NE(report.find("| rr | 12 | 0 |"), std::string::npos) << report;
   EXPECT_NE(report.find("| lm | 12 | 0 |"), std::string::npos) << report;
   EXPECT_NE(report.find("Change against the baseline (rr)"), std::string::npos) << report;
+  // The report says what ran, at which time scale, and why the arms differ; the run prints that
+  // part, table included, when it ends.
+  EXPECT_NE(report.find("**Setup.** 12 requests"), std::string::npos) << report;
+  EXPECT_NE(report.find("Live: 2 engines"), std::string::npos) << report;
+  EXPECT_NE(report.find("**Time scale 20**"), std::string::npos) << report;
+  EXPECT_NE(report.find("**Why.** "), std::string::npos) << report;
+  std::string printed = readFile(dir / "run.log");
+  EXPECT_NE(printed.find("| arm | requests | errors |"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("**Why.** "), std::string::npos) << printed;
 
   // A second run finds every repetition done and only rewrites the report.
   auto stamp = fs::last_write_time(dir / "out" / "arms" / "rr" / "rep0" / "results.jsonl");
