@@ -57,14 +57,15 @@ void readExperimentFile(const fs::path& file, ExperimentSetup* s) {
   s->dispatch = yamlOr<std::string>(replay, "dispatch", "timestamp");
   s->time_scale = yamlOr(replay, "time_scale", 1.0);
   s->engines = yamlOr(cluster, "engines", 8);
-  s->engine_config = fs::path(yamlOr<std::string>(cluster, "engine_config", "")).filename().string();
+  s->engine_config =
+      fs::path(yamlOr<std::string>(cluster, "engine_config", "")).filename().string();
   s->engine_time_scale = yamlOr(cluster, "engine_time_scale", 1.0);
 }
 
 // The prompt tokens each request still had to prefill: not served from cache.
 double uncachedTokens(const RequestResult& r) {
-  double prompt = static_cast<double>(r.outcome.prompt_tokens >= 0 ? r.outcome.prompt_tokens
-                                                                   : r.input_length);
+  double prompt =
+      static_cast<double>(r.outcome.prompt_tokens >= 0 ? r.outcome.prompt_tokens : r.input_length);
   return std::max(0.0, prompt - static_cast<double>(std::max<int64_t>(r.outcome.cached_tokens, 0)));
 }
 
@@ -95,7 +96,8 @@ std::pair<double, int64_t> prefillAheadAtSend(const std::vector<RequestResult>& 
     };
     auto started = prefix([](const Span& sp) { return sp.start; });
     auto done = prefix([](const Span& sp) { return sp.first_token; });
-    auto tokensBefore = [](const std::vector<std::pair<double, double>>& v, double t, bool inclusive) {
+    auto tokensBefore = [](const std::vector<std::pair<double, double>>& v, double t,
+                           bool inclusive) {
       auto it = inclusive ? std::upper_bound(v.begin(), v.end(), std::make_pair(t, 1e300))
                           : std::lower_bound(v.begin(), v.end(), std::make_pair(t, -1e300));
       return it == v.begin() ? 0.0 : std::prev(it)->second;
@@ -159,15 +161,15 @@ std::string setupParagraph(const ExperimentSetup& s) {
       "tokens, mean output {}; sent by {}. {} {} engines{}, {} for every arm and repetition; {} "
       "per arm.\n\n",
       thousands(static_cast<double>(s.requests)),
-      s.trace_path.empty() ? "(unknown trace)" : fs::path(s.trace_path).filename().string(),
-      window, s.span_s,
-      thousands(s.mean_input_tokens), thousands(s.mean_output_tokens),
+      s.trace_path.empty() ? "(unknown trace)" : fs::path(s.trace_path).filename().string(), window,
+      s.span_s, thousands(s.mean_input_tokens), thousands(s.mean_output_tokens),
       s.dispatch == "session" ? "session (a turn after the previous one and its think time)"
                               : "timestamp (open loop)",
       s.simulated ? "Simulated:" : "Live:", s.engines,
       s.engine_config.empty() ? "" : fmt::format(" (`{}`)", s.engine_config),
       s.simulated ? "a fresh simulated cluster" : "fresh, cold engine processes and router",
-      s.repetitions == 1 ? std::string("one repetition") : fmt::format("{} repetitions", s.repetitions));
+      s.repetitions == 1 ? std::string("one repetition")
+                         : fmt::format("{} repetitions", s.repetitions));
   std::string clock = s.simulated ? "virtual seconds of the simulation" : "wall-clock seconds";
   if (s.time_scale == 1 && s.engine_time_scale == 1) {
     out += fmt::format("**Time scale 1**: real time; every time below is in {}.", clock);
@@ -179,8 +181,9 @@ std::string setupParagraph(const ExperimentSetup& s) {
         scaleText(s.time_scale), scaleText(s.time_scale), scaleText(s.engine_time_scale), clock,
         scaleText(s.engine_time_scale));
     if (s.time_scale != s.engine_time_scale) {
-      out += " The replay and engine time scales differ, so the engines modelled a different "
-             "load than the trace's.";
+      out +=
+          " The replay and engine time scales differ, so the engines modelled a different "
+          "load than the trace's.";
     }
   }
   out += fmt::format(
@@ -287,28 +290,33 @@ std::string whyParagraph(const std::vector<ArmData>& arms, const std::vector<Rep
                                   thousands(b.prefill_ahead_tokens));
   if (std::abs(hit_gap) < 1.0) {
     out += worst_queues_more
-               ? fmt::format("Their hit ratios are within a point, so queueing separates them: "
-                             "{}'s requests wait behind more prefill ({}).",
-                             wn, queue)
+               ? fmt::format(
+                     "Their hit ratios are within a point, so queueing separates them: "
+                     "{}'s requests wait behind more prefill ({}).",
+                     wn, queue)
                : "Their hit ratios are within a point and so is their queueing on average: the "
                  "difference is in which requests met a busy instance (the load plot shows when).";
   } else if (hit_gap > 0) {
     out += worst_queues_less
-               ? fmt::format("{} queues more prefill, but its {:.1f} points more cache hits save "
-                             "more prefill than its queue costs.",
-                             bn, hit_gap)
-               : fmt::format("{} serves {:.1f} points more of the prompts from cache and queues no "
-                             "more prefill: both favour it.",
-                             bn, hit_gap);
+               ? fmt::format(
+                     "{} queues more prefill, but its {:.1f} points more cache hits save "
+                     "more prefill than its queue costs.",
+                     bn, hit_gap)
+               : fmt::format(
+                     "{} serves {:.1f} points more of the prompts from cache and queues no "
+                     "more prefill: both favour it.",
+                     bn, hit_gap);
   } else {
     out += worst_queues_more
-               ? fmt::format("{} hits the cache more ({:+.1f} points) but its requests wait behind "
-                             "more prefill ({}): the queueing costs more than its hits save.",
-                             wn, -hit_gap, queue)
-               : fmt::format("{} hits the cache more ({:+.1f} points) and queues no more prefill on "
-                             "average, so its higher TTFT comes from queueing bursts on some "
-                             "instances (the load plot shows where).",
-                             wn, -hit_gap);
+               ? fmt::format(
+                     "{} hits the cache more ({:+.1f} points) but its requests wait behind "
+                     "more prefill ({}): the queueing costs more than its hits save.",
+                     wn, -hit_gap, queue)
+               : fmt::format(
+                     "{} hits the cache more ({:+.1f} points) and queues no more prefill on "
+                     "average, so its higher TTFT comes from queueing bursts on some "
+                     "instances (the load plot shows where).",
+                     wn, -hit_gap);
   }
   // The arm whose load is the most uneven, when it is clearly uneven.
   auto imbalance = [&](size_t i) {
@@ -327,8 +335,10 @@ std::string whyParagraph(const std::vector<ArmData>& arms, const std::vector<Rep
         u.max_over_mean_tokens, u.least_requests);
   }
   if (worst_p99 != worst) {
-    out += fmt::format(" The worst TTFT p99 is {}'s ({:.3f} s).", arms[worst_p99].name,
-                       sums[worst_p99].ttft.p99);
+    out += fmt::format(
+        " The worst TTFT p99 is {}'s ({:.3f} s; its busiest instance took {:.2f}x the mean "
+        "requests).",
+        arms[worst_p99].name, sums[worst_p99].ttft.p99, balances[worst_p99].max_over_mean_requests);
   }
   for (size_t i = 0; i < arms.size(); ++i) {
     if (sums[i].errors > 0) {
