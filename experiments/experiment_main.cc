@@ -24,7 +24,7 @@ ABSL_FLAG(std::string, bin_dir, "",
 ABSL_FLAG(std::string, output_dir, "",
           "Overrides the experiment's output_dir (default experiments/results/<name>).");
 ABSL_FLAG(bool, plots, true,
-          "report and sim: also write PNG plots (needs /usr/bin/python3 + matplotlib).");
+          "Also write PNG plots with the report (needs /usr/bin/python3 + matplotlib).");
 ABSL_FLAG(int, jobs, -1,
           "sim: arm processes at once (-1: the experiment's sim.jobs; 0: hardware threads).");
 ABSL_FLAG(std::string, sim_arm, "",
@@ -65,7 +65,7 @@ absl::Status runExperiment(experiments::ExperimentConfig config) {
   if (!absl::GetFlag(FLAGS_output_dir).empty()) config.output_dir = absl::GetFlag(FLAGS_output_dir);
   std::string out = config.output_dir;
   experiments::Harness harness(std::move(config), binDir());
-  KVF_RETURN_IF_ERROR(harness.run());
+  KVF_RETURN_IF_ERROR(harness.run(absl::GetFlag(FLAGS_plots)));
   printSummary(out);
   return absl::OkStatus();
 }
