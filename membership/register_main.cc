@@ -3,7 +3,6 @@
 // dies (the lease runs out) or stops (SIGTERM revokes the lease at once). Optionally registers
 // only once the instance's /health answers, and withdraws while it keeps failing.
 #include <csignal>
-#include <iostream>
 
 #include <boost/asio/as_tuple.hpp>
 #include <boost/asio/co_spawn.hpp>
@@ -121,7 +120,7 @@ std::string readFlags(Options* o) {
   if (o->deregister_after > 0 && !o->wait_healthy) {
     problems.push_back("--deregister_after_failures needs --wait_healthy");
   }
-  return strJoin(problems, "\n");
+  return strJoin(problems, "; ");
 }
 
 class Registrant {
@@ -206,17 +205,14 @@ class Registrant {
 int run() {
   Options options;
   std::string problems = readFlags(&options);
-  if (!problems.empty()) {
-    std::cerr << "kvf-register: " << problems << "\n(see --help)\n";
-    return 2;
-  }
+  if (!problems.empty()) cli::failUsage("kvf-register", problems);
   asio::io_context ioc(1);
   auto etcd = EtcdClient::create(ioc.get_executor(), clientOptions(options.etcd));
   auto instance_url = parseHostPortUrl(options.record.url);
   if (!etcd.ok() || !instance_url.ok()) {
-    std::cerr << "kvf-register: " << (etcd.ok() ? instance_url.status() : etcd.status()).message()
-              << "\n";
-    return 2;
+    // Both were validated with the flags; a failure here is still a bad command line.
+    cli::failUsage("kvf-register",
+                   std::string((etcd.ok() ? instance_url.status() : etcd.status()).message()));
   }
   http::ClientOptions http_options;
   http_options.connect_timeout = options.health_interval;
@@ -238,14 +234,20 @@ int run() {
 }  // namespace kvf::membership
 
 int main(int argc, char** argv) {
-  kvf::cli::parseFlags(
+  auto args = kvf::cli::parseFlags(
       argc, argv,
-      "Registers an engine instance in etcd under a lease and keeps it alive, so kvf-router\n"
-      "instances with `membership: {source: etcd}` admit it (after their first health check)\n"
-      "and drop it when the lease ends. SIGTERM or SIGINT revokes the lease and exits.\n"
+      "kvf-register: registers an engine instance (e.g. a stock vLLM) in etcd under a lease\n"
+      "and keeps it alive, so kvf-router instances with `membership: {source: etcd}` admit it\n"
+      "(after their first health check) and drop it when the lease ends\n"
+      "(docs/configuration.md, \"Membership in etcd\").\n\n"
       "Usage: kvf-register --etcd_endpoints http://127.0.0.1:2379 --id vllm-0 \\\n"
       "         --url http://10.0.0.5:8000 [--kv_events_endpoint tcp://10.0.0.5:5557] \\\n"
-      "         [--worker_url http://10.0.0.5:9000] [--lease_ttl_s 10]");
+      "         [--worker_url http://10.0.0.5:9000] [--lease_ttl_s 10]\n\n"
+      "SIGINT or SIGTERM revoke the lease and stop it. Exit status: 0 stopped by a signal, 2 a\n"
+      "bad command line.");
+  if (!args.empty()) {
+    kvf::cli::failUsage("kvf-register", "unexpected argument '" + args[0] + "'");
+  }
   kvf::log::init("kvf-register", absl::GetFlag(FLAGS_log_level));
   return kvf::membership::run();
 }

@@ -20,12 +20,14 @@
 #include "tests/testing/child_process.h"
 #include "tests/testing/etcd_server.h"
 #include "tests/testing/io_thread.h"
+#include "tests/testing/poll.h"
 #include "tests/testing/temp_dir.h"
 
 namespace kvf {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::eventually;
 using testing::readLog;
 using testing::startLogged;
 using testing::waitForLog;
@@ -33,20 +35,11 @@ namespace fs = std::filesystem;
 
 constexpr int kTtl = 2;  // seconds: every lease in these tests
 
-template <class F>
-bool eventually(F condition, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    if (condition()) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(50ms);
-  }
-}
-
 struct Fake {
   std::unique_ptr<Process> process;
   std::string port;
   std::string pub;
+  std::unique_ptr<Process> registrant;  // its kvf-register, when started with one
 };
 
 class EtcdMembershipTest : public ::testing::Test {
@@ -102,6 +95,12 @@ class EtcdMembershipTest : public ::testing::Test {
     f.port = field("port");
     f.pub = field("pub");
     EXPECT_FALSE(f.port.empty()) << "fake engine did not start: " << ready;
+    return f;
+  }
+
+  Fake startRegisteredFake(const std::string& id) {
+    Fake f = startFake(id);
+    f.registrant = startRegister(id, f.port, f.pub);
     return f;
   }
 
@@ -210,8 +209,7 @@ TEST_F(EtcdMembershipTest, RegisteredInstancesAreAdmittedAfterAHealthCheckAndSer
   // The emulated engine registers itself; a fake engine registers through the sidecar once its
   // /health answers.
   children_.push_back(startEngine("engine-a"));
-  Fake fake = startFake("fake-b");
-  children_.push_back(startRegister("fake-b", fake.port, fake.pub));
+  Fake fake = startRegisteredFake("fake-b");
   // A sidecar for an instance that never answers /health: never registered.
   auto dead_port = pickFreePort();
   ASSERT_TRUE(dead_port.ok());
@@ -243,14 +241,11 @@ TEST_F(EtcdMembershipTest, RegisteredInstancesAreAdmittedAfterAHealthCheckAndSer
   for (int i = 0; i < 8; ++i) EXPECT_EQ(complete(i * 1000), 200);
   EXPECT_EQ(metric("kvfabric_router_membership_instances"), 3);
   EXPECT_EQ(metric("kvfabric_router_membership_etcd_up"), 1);
-  children_.push_back(std::move(fake.process));
 }
 
 TEST_F(EtcdMembershipTest, AKilledRegistrantLeavesWithinItsTtlTogetherWithItsIndexEntries) {
-  Fake fake = startFake("fake-a");
-  auto registrant = startRegister("fake-a", fake.port, fake.pub);
-  Fake other = startFake("fake-b");
-  auto graceful = startRegister("fake-b", other.port, other.pub);
+  Fake fake = startRegisteredFake("fake-a");
+  Fake other = startRegisteredFake("fake-b");
   ASSERT_TRUE(eventually([&] { return admitted("fake-a") && admitted("fake-b"); }, 20s));
   // Requests leave KV events behind: the index holds blocks of the instances.
   for (int i = 0; i < 8; ++i) ASSERT_EQ(complete(i * 1000), 200);
@@ -258,13 +253,13 @@ TEST_F(EtcdMembershipTest, AKilledRegistrantLeavesWithinItsTtlTogetherWithItsInd
 
   // SIGTERM revokes the lease: gone at once, well before the TTL.
   auto t0 = std::chrono::steady_clock::now();
-  graceful->stop(5s);
+  other.registrant->stop(5s);
   ASSERT_TRUE(eventually([&] { return !listed("fake-b"); }, 10s));
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(kTtl));
 
   // kill -9: the lease runs out, the router drops the instance and its index entries.
   t0 = std::chrono::steady_clock::now();
-  registrant->kill();
+  fake.registrant->kill();
   ASSERT_TRUE(listed("fake-a"));
   ASSERT_TRUE(eventually([&] { return !listed("fake-a"); }, std::chrono::seconds(kTtl + 10)));
   auto took = std::chrono::steady_clock::now() - t0;
@@ -275,24 +270,19 @@ TEST_F(EtcdMembershipTest, AKilledRegistrantLeavesWithinItsTtlTogetherWithItsInd
   EXPECT_EQ(complete(1), 503) << "no instance left";
   // The engine itself kept running: only its registration ended.
   EXPECT_TRUE(fake.process->running());
-  children_.push_back(std::move(fake.process));
-  children_.push_back(std::move(other.process));
 }
 
 TEST_F(EtcdMembershipTest, AnEtcdRestartLosesNothingAndPicksUpWhatChanged) {
-  Fake a = startFake("fake-a");
-  auto reg_a = startRegister("fake-a", a.port, a.pub);
-  Fake b = startFake("fake-b");
-  auto reg_b = startRegister("fake-b", b.port, b.pub);
+  Fake a = startRegisteredFake("fake-a");
+  Fake b = startRegisteredFake("fake-b");
   ASSERT_TRUE(eventually([&] { return admitted("fake-a") && admitted("fake-b"); }, 20s));
   ASSERT_TRUE(eventually([&] { return metric("kvfabric_router_membership_etcd_up") == 1; }, 5s));
 
   etcd_->stop();
   ASSERT_TRUE(eventually([&] { return metric("kvfabric_router_membership_etcd_up") == 0; }, 5s));
   // While etcd is down: B's registrant dies, C's starts (and waits for etcd).
-  reg_b->kill();
-  Fake c = startFake("fake-c");
-  auto reg_c = startRegister("fake-c", c.port, c.pub);
+  b.registrant->kill();
+  Fake c = startRegisteredFake("fake-c");
   std::this_thread::sleep_for(std::chrono::seconds(kTtl + 1));  // longer than any lease
   EXPECT_TRUE(admitted("fake-a") && admitted("fake-b")) << "nothing dropped while etcd is away";
   EXPECT_EQ(complete(7), 200);
@@ -311,14 +301,10 @@ TEST_F(EtcdMembershipTest, AnEtcdRestartLosesNothingAndPicksUpWhatChanged) {
             std::string::npos)
       << r->body;
   EXPECT_EQ(complete(9), 200);
-  for (auto* f : {&a, &b, &c}) children_.push_back(std::move(f->process));
-  children_.push_back(std::move(reg_a));
-  children_.push_back(std::move(reg_c));
 }
 
 TEST_F(EtcdMembershipTest, AnUnreachableEtcdFreezesTheMembershipAndTheMetricsSaySo) {
-  Fake a = startFake("fake-a");
-  auto reg_a = startRegister("fake-a", a.port, a.pub);
+  Fake a = startRegisteredFake("fake-a");
   ASSERT_TRUE(eventually([&] { return admitted("fake-a"); }, 20s));
   ASSERT_TRUE(eventually([&] { return metric("kvfabric_router_membership_etcd_up") == 1; }, 5s));
   EXPECT_LT(metric("kvfabric_router_membership_last_sync_age_seconds"), 2);
@@ -335,8 +321,6 @@ TEST_F(EtcdMembershipTest, AnUnreachableEtcdFreezesTheMembershipAndTheMetricsSay
   EXPECT_EQ(metric("kvfabric_router_membership_etcd_up"), 0);
   EXPECT_GT(metric("kvfabric_router_membership_last_sync_age_seconds"), 3 * kTtl - 1);
   EXPECT_EQ(metric("kvfabric_router_membership_instances"), 1);
-  children_.push_back(std::move(a.process));
-  children_.push_back(std::move(reg_a));
 }
 
 }  // namespace

@@ -18,22 +18,14 @@
 #include "membership/prefix_watcher.h"
 #include "tests/testing/etcd_server.h"
 #include "tests/testing/io_thread.h"
+#include "tests/testing/poll.h"
 #include "tests/testing/tcp_relay.h"
 
 namespace kvf::membership {
 namespace {
 
 using namespace std::chrono_literals;
-
-template <class F>
-bool eventually(F condition, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    if (condition()) return true;
-    if (std::chrono::steady_clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(20ms);
-  }
-}
+using testing::eventually;
 
 class EtcdLiveTest : public ::testing::Test {
  protected:
