@@ -141,7 +141,7 @@ void EngineServer::Impl::registerRoutes() {
   using http::ResponseWriter;
   http->route("POST", "/v1/completions",
               [this](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
-                co_await handleApi(ApiKind::kCompletion, r, w);
+                co_await handleApi(ApiKind::kCompletions, r, w);
               });
   http->route("POST", "/v1/chat/completions",
               [this](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
@@ -190,7 +190,7 @@ asio::awaitable<void> EngineServer::Impl::handleApi(ApiKind kind, const http::Re
     co_await w.sendStatus(parsed.status());
     co_return;
   }
-  std::string id = strCat(kind == ApiKind::kCompletion ? "cmpl-" : "chatcmpl-", config.instance_id,
+  std::string id = strCat(kind == ApiKind::kCompletions ? "cmpl-" : "chatcmpl-", config.instance_id,
                           "-", next_request++);
   RequestSpec spec;
   spec.id = id;

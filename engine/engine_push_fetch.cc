@@ -86,13 +86,11 @@ absl::Status EngineServer::Impl::applyKvTransfer(const KvTransferParams& k,
 }
 
 bj::value EngineServer::Impl::leaseParams(const Pending& p) const {
-  bj::object o;
-  o["source"] = workerUrl();
-  bj::array hashes;
-  for (uint64_t h : p.lease_block_hashes) hashes.emplace_back(h);
-  o["block_hashes"] = std::move(hashes);
-  o["lease_id"] = *p.lease_id;
-  return o;
+  KvTransferParams params;
+  params.source = workerUrl();
+  params.block_hashes = p.lease_block_hashes;
+  params.lease_id = *p.lease_id;
+  return protocol::kvTransferParamsJson(params);
 }
 
 void EngineServer::Impl::startFetch(RemoteKvFetch fetch) {
@@ -123,8 +121,8 @@ asio::awaitable<absl::StatusOr<std::shared_ptr<SourceWorker>>> EngineServer::Imp
   if (resp->status != 200) {
     co_return absl::UnavailableError(strCat("GET /kv/info: HTTP ", resp->status));
   }
-  KVF_CO_ASSIGN_OR_RETURN(worker::WorkerInfo info,
-                          worker::parseWorkerInfo(resp->body, push_limits));
+  KVF_CO_ASSIGN_OR_RETURN(protocol::WorkerInfo info,
+                          protocol::parseWorkerInfo(resp->body, push_limits));
   KVF_CO_ASSIGN_OR_RETURN(sw->transport_address,
                           kt::base64Decode(info.transport_address, push_limits.max_blob_bytes));
   sw->info = std::move(info);
@@ -141,7 +139,7 @@ asio::awaitable<TransferOutcome> EngineServer::Impl::transferBlocks(const Remote
     out.reason = strCat("source worker: ", std::string(sw.status().message()));
     co_return out;  // no landing: nothing can be written
   }
-  const worker::WorkerInfo& info = *(*sw)->info;
+  const protocol::WorkerInfo& info = *(*sw)->info;
   if (info.block_bytes != bytes || info.block_size != config.cache.block_size) {
     out.reason = strCat("source blocks are ", info.block_size, " tokens / ", info.block_bytes,
                         " bytes, ours ", config.cache.block_size, " / ", bytes);
@@ -167,7 +165,7 @@ asio::awaitable<TransferOutcome> EngineServer::Impl::transferBlocks(const Remote
   }
   out.landing = *landing;
 
-  worker::PushRequest pr;
+  protocol::PushRequest pr;
   pr.request_id = f.id;
   pr.block_hashes = f.hashes;
   pr.receiver_address = kt::base64Encode(transport->workerAddress());
@@ -180,18 +178,18 @@ asio::awaitable<TransferOutcome> EngineServer::Impl::transferBlocks(const Remote
   http::ClientRequest req;
   req.method = "POST";
   req.target = "/kv/push";
-  req.body = worker::serializePushRequest(pr);
+  req.body = protocol::serializePushRequest(pr);
   if (!worker_token.empty()) req.headers.emplace_back("authorization", "Bearer " + worker_token);
   req.read_timeout = msUntil(deadline_wall);
   auto resp = co_await (*sw)->client->request(std::move(req));
-  std::optional<worker::PushResponse> answer;
+  std::optional<protocol::PushResponse> answer;
   bool no_put = false;  // the source says it posted nothing: the landing can be dismissed
   if (!resp.ok()) {
     out.reason = strCat("POST /kv/push: ", std::string(resp.status().message()));
   } else if (resp->status != 200) {
     no_put = resp->status >= 400 && resp->status < 500;  // refused before any put
     out.reason = strCat("POST /kv/push: HTTP ", resp->status, " ", resp->body.substr(0, 200));
-  } else if (auto parsed = worker::parsePushResponse(resp->body, push_limits); !parsed.ok()) {
+  } else if (auto parsed = protocol::parsePushResponse(resp->body, push_limits); !parsed.ok()) {
     out.reason = strCat("POST /kv/push answer: ", std::string(parsed.status().message()));
   } else {
     answer = std::move(*parsed);
@@ -296,8 +294,11 @@ asio::awaitable<void> EngineServer::Impl::runFetch(RemoteKvFetch f) {
   Verdict v = co_await asio::co_spawn(core_ioc, finish, asio::use_awaitable);
   const size_t good = v.good;
   std::string reason = v.problem.empty() ? out.reason : v.problem;
-  const char* status = good == 0 ? "fallback" : (good < f.hashes.size() ? "partial" : "ok");
-  (good == 0 ? pm.fetch_fallback : good < f.hashes.size() ? pm.fetch_partial : pm.fetch_ok)->inc();
+  const protocol::TransferOutcome outcome = protocol::transferOutcomeFor(good, f.hashes.size());
+  (outcome == protocol::TransferOutcome::kFallback  ? pm.fetch_fallback
+   : outcome == protocol::TransferOutcome::kPartial ? pm.fetch_partial
+                                                    : pm.fetch_ok)
+      ->inc();
   pm.tokens_in->inc(static_cast<double>(good) * static_cast<double>(bs));
   pm.bytes_in->inc(static_cast<double>(good * config.cache.payload_bytes_per_block));
   pm.fetch_seconds->observe(nanosToSeconds(steadyNanos() - t0));
@@ -306,13 +307,13 @@ asio::awaitable<void> EngineServer::Impl::runFetch(RemoteKvFetch f) {
               reason);
   }
   if (auto it = pending.find(f.id); it != pending.end()) {
-    bj::object r;
-    r["status"] = status;
-    r["pushed_tokens"] = static_cast<int64_t>(good) * bs;
-    r["pushed_bytes"] = good * config.cache.payload_bytes_per_block;
-    r["requested_tokens"] = n * bs;
-    if (!reason.empty()) r["reason"] = reason;
-    it->second->kv_transfer_result = bj::value(std::move(r));
+    KvTransferResult r;
+    r.outcome = outcome;
+    r.pushed_tokens = static_cast<int64_t>(good) * bs;
+    r.pushed_bytes = static_cast<int64_t>(good * config.cache.payload_bytes_per_block);
+    r.requested_tokens = n * bs;
+    r.reason = reason;
+    it->second->kv_transfer_result = std::move(r);
   }
   if (!resolved) co_await releaseWhenResolved(f.id, out.landing);
 }

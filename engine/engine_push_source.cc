@@ -141,13 +141,13 @@ asio::awaitable<void> EngineServer::Impl::handleKvInfo(const http::Request& req,
     co_await w.sendError(401, "missing or wrong bearer token");
     co_return;
   }
-  worker::WorkerInfo info;
+  protocol::WorkerInfo info;
   info.instance_id = config.instance_id;
   info.transport_address = kt::base64Encode(transport->workerAddress());
   info.transports = transport->transportsInUse();
   info.block_size = config.cache.block_size;
   info.block_bytes = config.cache.payload_bytes_per_block;
-  std::string body = worker::serializeWorkerInfo(info);
+  std::string body = protocol::serializeWorkerInfo(info);
   co_await w.sendJson(200, std::move(body));
 }
 
@@ -157,7 +157,7 @@ asio::awaitable<void> EngineServer::Impl::handleKvPush(const http::Request& req,
     co_await w.sendError(401, "missing or wrong bearer token");
     co_return;
   }
-  auto parsed = worker::parsePushRequest(req.body, push_limits);
+  auto parsed = protocol::parsePushRequest(req.body, push_limits);
   if (parsed.ok() && parsed->block_bytes != config.cache.payload_bytes_per_block) {
     parsed = absl::InvalidArgumentError(strCat("block_bytes: ", parsed->block_bytes,
                                                " but this worker's blocks have ",
@@ -185,7 +185,7 @@ asio::awaitable<void> EngineServer::Impl::handleKvPush(const http::Request& req,
     pm.served_ok->inc();
     pm.bytes_out->inc(static_cast<double>(response->pushed_bytes));
   }
-  std::string body = worker::serializePushResponse(*response);
+  std::string body = protocol::serializePushResponse(*response);
   co_await w.sendJson(200, std::move(body));
 }
 
@@ -214,8 +214,8 @@ absl::StatusOr<std::shared_ptr<kt::MemoryRegion>> corruptCopy(kt::TransportConte
 
 }  // namespace
 
-asio::awaitable<absl::StatusOr<worker::PushResponse>> EngineServer::Impl::servePush(
-    worker::PushRequest req) {
+asio::awaitable<absl::StatusOr<protocol::PushResponse>> EngineServer::Impl::servePush(
+    protocol::PushRequest req) {
   const Nanos received = steadyNanos();
   KVF_CO_ASSIGN_OR_RETURN(std::string peer,
                           kt::base64Decode(req.receiver_address, push_limits.max_blob_bytes));
@@ -231,7 +231,7 @@ asio::awaitable<absl::StatusOr<worker::PushResponse>> EngineServer::Impl::serveP
     co_return core->pinLeadingRun(hashes);
   };
   std::vector<BlockIndex> pinned = co_await asio::co_spawn(core_ioc, pin, asio::use_awaitable);
-  worker::PushResponse out;
+  protocol::PushResponse out;
   const size_t k = pinned.size();
   out.pushed_hashes.assign(hashes.begin(), hashes.begin() + static_cast<std::ptrdiff_t>(k));
   out.missing_hashes.assign(hashes.begin() + static_cast<std::ptrdiff_t>(k), hashes.end());

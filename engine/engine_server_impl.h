@@ -22,9 +22,9 @@
 #include "common/metrics.h"
 #include "engine/engine_server.h"
 #include "engine/openai_api.h"
+#include "protocol/push.h"
 #include "transport/transport.h"
 #include "worker/kv_event_publisher.h"
-#include "worker/push_protocol.h"
 
 namespace kvf::engine {
 namespace detail {
@@ -57,9 +57,9 @@ struct Pending {
   std::string finish_reason;
   int64_t cached_tokens = 0;
   int64_t prompt_tokens = 0;
-  std::optional<boost::json::value> kv_transfer_result;  // set by the fetch before any output
-  std::optional<std::string> lease_id;                   // remote decode: the lease taken
-  std::vector<uint64_t> lease_block_hashes;
+  std::optional<KvTransferResult> kv_transfer_result;  // set by the fetch before any output
+  std::optional<std::string> lease_id;                 // remote decode: the lease taken
+  std::vector<BlockHash> lease_block_hashes;
 };
 
 // Receiver-side options of one request with kv_transfer_params.source (HTTP thread).
@@ -72,7 +72,7 @@ struct FetchOptions {
 // What the receiver knows about a source worker (HTTP thread; dropped after a failure).
 struct SourceWorker {
   std::shared_ptr<http::HttpClient> client;
-  std::optional<worker::WorkerInfo> info;
+  std::optional<protocol::WorkerInfo> info;
   std::string transport_address;  // decoded
 };
 
@@ -150,7 +150,7 @@ struct EngineServer::Impl {
   std::shared_ptr<transport::MemoryRegion> pool_region;    // the KV pool payload, registered
   std::unique_ptr<http::HttpServer> worker_http;           // HTTP thread
   std::string worker_token;
-  worker::PushLimits push_limits;
+  protocol::PushLimits push_limits;
   absl::flat_hash_map<std::string, FetchOptions> fetch_options;             // HTTP thread
   absl::flat_hash_map<std::string, std::shared_ptr<SourceWorker>> sources;  // HTTP thread
   asio::steady_timer lease_timer{core_ioc};
@@ -190,7 +190,7 @@ struct EngineServer::Impl {
   bool authorized(const http::Request& req) const;
   asio::awaitable<void> handleKvInfo(const http::Request& req, http::ResponseWriter& w);
   asio::awaitable<void> handleKvPush(const http::Request& req, http::ResponseWriter& w);
-  asio::awaitable<absl::StatusOr<worker::PushResponse>> servePush(worker::PushRequest req);
+  asio::awaitable<absl::StatusOr<protocol::PushResponse>> servePush(protocol::PushRequest req);
   asio::awaitable<void> leaseLoop();  // core thread
   // kv_transfer_params of an API request -> the spec (receiver or remote decode).
   absl::Status applyKvTransfer(const KvTransferParams& params, RequestSpec& spec) const;

@@ -26,7 +26,8 @@ namespace kvf::engine {
 // How token-free blocks (PromptBlocks) are hashed: by default hashBlockKey(hash_seed, parent,
 // key) chained from 0; a simulator may supply its router index's function and root instead, so
 // the engine's hashes are the index's own (policy::CacheIndex::setEngineHashesAreOurs) and the
-// index keeps no engine->ours map. Only the hash values change, not what is cached.
+// index keeps no engine->ours map. Only the hash values change, not what is cached. The function
+// works on raw 64-bit values; its results become the engine's BlockHash.
 struct KeyedBlockHasher {
   uint64_t (*hash)(uint64_t parent, uint64_t key) = nullptr;
   uint64_t root = 0;
@@ -38,7 +39,7 @@ struct SchedulerConfig {
   bool enable_chunked_prefill = true;
   int64_t long_prefill_token_threshold = 0;  // per-request chunk cap; 0 = none
   int64_t vocab_size = 151936;
-  TokenId eos_token_id = -1;               // -1: the profile's (set by finalizeEngineConfig)
+  int64_t eos_token_id = -1;               // -1: the profile's (set by finalizeEngineConfig)
   uint64_t hash_seed = 0x6b7666656e67ULL;  // engine-specific block-hash seed
   KeyedBlockHasher keyed_hasher;           // not from YAML: set by a simulator
   // Not from YAML: false leaves RequestOutput::id empty, for a driver that finds its requests by

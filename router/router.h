@@ -21,6 +21,7 @@
 #include "policy/policy.h"
 #include "router/config.h"
 #include "router/decision_log.h"
+#include "router/kv_transfer.h"
 #include "router/request_parse.h"
 
 namespace kvf::http {
@@ -34,7 +35,6 @@ class context_t;
 namespace kvf::router {
 
 struct Instance;
-struct KvTransferParams;
 struct KvUpdate;
 struct RequestContext;
 
