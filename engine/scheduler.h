@@ -20,6 +20,7 @@
 #include "engine/request.h"
 #include "engine/timing_model.h"
 #include "worker/kv_events.h"
+#include "worker/lease_table.h"
 
 namespace kvf::engine {
 
@@ -149,6 +150,8 @@ class Scheduler {
   bool releaseRemoteKvLanding(const std::string& id);
   // Remote decode leases.
   bool releaseLease(const std::string& lease_id);
+  // Hands lease `lease_id` over with its pins (the caller unpins them later); nullopt if none.
+  std::optional<worker::Lease> detachLease(const std::string& lease_id);
   int expireLeases(Nanos now);
   std::optional<Nanos> nextLeaseExpiry() const;
   const SchedulerStats& stats() const { return stats_; }
@@ -205,11 +208,7 @@ class Scheduler {
   absl::flat_hash_map<std::string, Request*> remote_waiting_;
   // Landing blocks of fetches that gave up while a peer may still write into them.
   absl::flat_hash_map<std::string, std::vector<BlockIndex>> quarantine_;
-  struct Lease {
-    std::vector<BlockHash> hashes;
-    Nanos expires_at = 0;
-  };
-  absl::flat_hash_map<std::string, Lease> leases_;
+  worker::LeaseTable leases_;
   uint64_t next_arrival_seq_ = 0;
   // Per-step scratch (capacity kept across steps).
   std::vector<Scheduled> scheduled_;
