@@ -1,7 +1,8 @@
 // What an engine provides to the worker agent that lives inside it (worker/agent.h): its block
 // geometry, the payload memory the transport registers, pins on cached blocks, and the receiving
-// end of remote KV. The emulated engine implements it (engine/engine_core_side.h); the C ABI
-// (worker/kvf_worker.h) implements it over an engine's callbacks.
+// end of remote KV. The emulated engine implements it (EngineCoreSide,
+// engine/engine_server_impl.h); the C ABI (worker/kvf_worker.h) implements it over an engine's
+// callbacks.
 //
 // Threads: the agent never calls the engine from its own threads. It calls post() (any thread)
 // and the engine runs what it posted on its *engine thread*, one function at a time, in the order
