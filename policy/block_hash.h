@@ -14,12 +14,14 @@
 #include <utility>
 #include <vector>
 
+#include "protocol/wire_types.h"
+
 namespace kvf::policy {
 
-// A block hash of the router's own chain. A distinct type, so it is never mixed with an
-// engine's block hash (a bare 64-bit value from its KV events) by accident: the cache index maps
-// one to the other, and the places where an engine hashes exactly as we do (a simulator's
-// engine) convert explicitly. Eight bytes, trivially copyable: no cost over a bare uint64_t.
+// A block hash of the router's own chain, a distinct type so that it is never mixed with an
+// engine's block hash (protocol::EngineBlockHash, from its KV events) by accident: the cache
+// index maps one to the other; where an engine hashes as we do (a simulator's engine), the
+// conversion is written out. Eight bytes, trivially copyable: no cost over a bare uint64_t.
 struct BlockHash {
   uint64_t value;
 
@@ -32,7 +34,7 @@ struct BlockHash {
 };
 static_assert(sizeof(BlockHash) == sizeof(uint64_t) && std::is_trivially_copyable_v<BlockHash>);
 
-using TokenId = uint32_t;
+using TokenId = protocol::TokenId;
 // Instances holding a block (bit i: instance i), as the cache index reports them.
 using InstanceMask = uint64_t;
 

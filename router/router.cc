@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "router/membership.h"
 #include "router/router_internal.h"
 
 namespace kvf::router {
@@ -103,6 +104,10 @@ absl::Status Router::init() {
     log::warn("KV-moving policy without two instances that have a worker_url: no push or offload",
               "policy", core_->policy().name(), "instances_with_worker", workers);
   }
+  if (config_.membership == MembershipSource::kEtcd) {
+    membership_ = std::make_unique<EtcdMembership>(*this);
+    KVF_RETURN_IF_ERROR(membership_->start());
+  }
   registerRoutes();
   server_->start();
   log::info("router listening", "host", config_.host, "port", server_->port(), "policy",
@@ -115,6 +120,7 @@ uint16_t Router::port() const { return server_->port(); }
 void Router::stop() {
   if (stopped_) return;
   stopped_ = true;
+  if (membership_) membership_->stop();
   if (server_) server_->stop();
   for (auto& instance : slots_) {
     if (!instance) continue;
@@ -130,7 +136,8 @@ std::shared_ptr<Instance> Router::findInstance(std::string_view id) const {
   return nullptr;
 }
 
-absl::StatusOr<std::shared_ptr<Instance>> Router::addInstance(const InstanceConfig& config) {
+absl::StatusOr<std::shared_ptr<Instance>> Router::addInstance(const InstanceConfig& config,
+                                                              bool admit_now) {
   if (findInstance(config.id)) {
     return absl::AlreadyExistsError(strCat("instance \"", config.id, "\" already exists"));
   }
@@ -149,7 +156,8 @@ absl::StatusOr<std::shared_ptr<Instance>> Router::addInstance(const InstanceConf
   instance->client =
       http::HttpClient::create(ioc_.get_executor(), config.host, config.port, options);
   // A reused slot starts empty in the index, healthy and without load.
-  core_->addInstance(instance->slot, config.id, instance->pushCapable(), instance->hasEvents());
+  core_->addInstance(instance->slot, config.id, instance->pushCapable(), instance->hasEvents(),
+                     admit_now);
   *free_slot = instance;
   registerInstanceMetrics(instance);
   if (instance->hasEvents()) {

@@ -23,6 +23,7 @@
 #include "router/core/config.h"
 #include "router/core/decision_log.h"
 #include "router/core/routing_core.h"
+#include "router/kv_transfer.h"
 #include "router/request_parse.h"
 
 namespace kvf::http {
@@ -35,8 +36,8 @@ class context_t;
 
 namespace kvf::router {
 
+class EtcdMembership;
 struct Instance;
-struct KvTransferParams;
 struct KvUpdate;
 struct RequestContext;
 
@@ -60,10 +61,14 @@ class Router : public std::enable_shared_from_this<Router> {
   const policy::CacheIndex& index() const { return core_->index(); }
 
  private:
+  friend class EtcdMembership;  // adds and removes the instances registered in etcd
+
   Router(asio::io_context& ioc, RouterConfig config, const Clock& clock);
   absl::Status init();
   void registerRoutes();
-  absl::StatusOr<std::shared_ptr<Instance>> addInstance(const InstanceConfig& config);
+  // `admit_now` false: the instance takes no requests until a health check passed.
+  absl::StatusOr<std::shared_ptr<Instance>> addInstance(const InstanceConfig& config,
+                                                        bool admit_now = true);
   void removeInstance(const std::shared_ptr<Instance>& instance);
   std::shared_ptr<Instance> findInstance(std::string_view id) const;
 
@@ -124,6 +129,7 @@ class Router : public std::enable_shared_from_this<Router> {
   metrics::Registry registry_;
   std::unique_ptr<http::HttpServer> server_;
   std::unique_ptr<DecisionLog> log_;
+  std::unique_ptr<EtcdMembership> membership_;  // membership.source: etcd
   std::shared_ptr<zmq::context_t> zmq_;
   std::unique_ptr<RoutingCore> core_;
   std::vector<std::shared_ptr<Instance>> slots_;  // index = the core's slot

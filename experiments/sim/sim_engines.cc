@@ -64,7 +64,7 @@ void Sim::fillPrompt(Flight& f, engine::RequestSpec& spec, bool keep) {
     if (same_blocks) {
       blocks.block_hashes.reserve(hashes.size() +
                                   static_cast<size_t>(f.route.max_tokens / engine_bs) + 1);
-      for (policy::BlockHash h : hashes) blocks.block_hashes.push_back(h.value);
+      for (policy::BlockHash h : hashes) blocks.block_hashes.emplace_back(h.value);
     }
     if (keep) {
       blocks.block_keys = f.block_keys;
@@ -223,9 +223,9 @@ void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
   if (e.core->hasWork()) startStep(instance, t);
 }
 
-// The router's upstream read timeout (router/config.h read_timeout): no byte from the engine for
-// that long ends the client's stream with an error, and the engine aborts the request. Under
-// overload this is what fails requests whose first token takes longer.
+// The router's upstream read timeout (router/core/config.h read_timeout): no byte from the
+// engine for that long ends the client's stream with an error, and the engine aborts the
+// request. Under overload this is what fails requests whose first token takes longer.
 void Sim::onReadTimeout(uint32_t index, Nanos t) {
   Flight* f = flights_[index].get();
   if (f == nullptr || !f->in_engine || f->finishing) return;

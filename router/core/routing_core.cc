@@ -39,7 +39,8 @@ RoutingCore::RoutingCore(const RouterConfig& config, std::unique_ptr<policy::Pol
   ledger_->policy = std::move(policy);
 }
 
-void RoutingCore::addInstance(int slot, std::string id, bool push_capable, bool has_events) {
+void RoutingCore::addInstance(int slot, std::string id, bool push_capable, bool has_events,
+                              bool admitted) {
   InstanceState& s = ledger_->instances[static_cast<size_t>(slot)];
   uint64_t generation = s.generation + 1;
   s = InstanceState{};
@@ -48,6 +49,7 @@ void RoutingCore::addInstance(int slot, std::string id, bool push_capable, bool 
   s.generation = generation;
   s.push_capable = push_capable;
   s.has_events = has_events;
+  s.check_healthy = admitted;
   index_.clearInstance(slot);  // a reused slot starts empty
   slot_end_ = std::max(slot_end_, slot + 1);
 }

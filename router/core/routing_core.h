@@ -109,8 +109,10 @@ class RoutingCore {
   RoutingCore& operator=(const RoutingCore&) = delete;
 
   // Instances, by slot (0 .. policy::kMaxInstances - 1; the driver picks free ones). An added
-  // instance starts healthy, empty in the index and without load.
-  void addInstance(int slot, std::string id, bool push_capable, bool has_events);
+  // instance starts empty in the index and without load; healthy, or with `admitted` false
+  // taking no requests until health checks re-admit it.
+  void addInstance(int slot, std::string id, bool push_capable, bool has_events,
+                   bool admitted = true);
   // Forgets the instance: its index entries go, its leases give nothing back any more.
   void removeInstance(int slot);
   const InstanceState& instance(int slot) const { return ledger_->instances[slot]; }

@@ -1,0 +1,68 @@
+// The worker control API used for KV push (docs/protocols.md, "KV push"):
+// GET /kv/info (a worker's transport address and block geometry) and POST /kv/push (a receiver
+// asks a holder to push blocks into its registered KV pool). Parsing bounds every count and
+// size, because peers are not trusted; errors name the field. Pure functions; any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "protocol/wire_types.h"
+
+namespace kvf::protocol {
+
+struct PushLimits {
+  size_t max_blocks = 65536;        // block_hashes / block_addrs per push
+  size_t max_blob_bytes = 1 << 17;  // base64 transport address or rkey
+  size_t max_string_bytes = 1024;   // ids
+};
+
+// GET /kv/info answer.
+struct WorkerInfo {
+  std::string instance_id;
+  std::string transport_address;  // base64 of the opaque transport worker address
+  std::string transports;         // what UCX resolved, for logs
+  int64_t block_size = 0;         // tokens per block
+  uint64_t block_bytes = 0;       // payload bytes per block
+};
+
+// POST /kv/push body. The holder pushes the leading run of `block_hashes` it holds; block i
+// goes to `block_addrs[i]` (block_bytes each) in the receiver's region with rkey `rkey`, and
+// the put's completion notice names `landing_id`.
+struct PushRequest {
+  std::string request_id;  // for logs
+  std::vector<EngineBlockHash> block_hashes;
+  std::string receiver_address;  // base64 of the receiver's transport worker address
+  std::string rkey;              // base64 of the packed remote key of the receiver's region
+  std::vector<uint64_t> block_addrs;
+  uint64_t block_bytes = 0;
+  uint64_t landing_id = 0;
+  int64_t deadline_ms = 1000;  // for the put, from when the holder received the request
+  std::string lease_id;        // optional: release this remote-decode lease when done
+};
+
+// POST /kv/push answer (HTTP 200 whenever the request was valid). `error` empty: the put
+// completed (flushed, notice sent) or nothing was pushed; otherwise the put failed and
+// `put_issued` says whether writes may still reach the receiver.
+struct PushResponse {
+  std::vector<EngineBlockHash> pushed_hashes;  // the leading run pushed, in order
+  std::vector<uint64_t> checksums;             // xxh3-64 per pushed block as the holder sent it
+  std::vector<EngineBlockHash>
+      missing_hashes;  // the rest of block_hashes (not held, or after a gap)
+  uint64_t pushed_bytes = 0;
+  bool put_issued = false;
+  std::string error;
+  int64_t elapsed_us = 0;  // holder-side time from request to completion
+};
+
+std::string serializeWorkerInfo(const WorkerInfo& info);
+absl::StatusOr<WorkerInfo> parseWorkerInfo(std::string_view body, const PushLimits& limits);
+std::string serializePushRequest(const PushRequest& request);
+absl::StatusOr<PushRequest> parsePushRequest(std::string_view body, const PushLimits& limits);
+std::string serializePushResponse(const PushResponse& response);
+absl::StatusOr<PushResponse> parsePushResponse(std::string_view body, const PushLimits& limits);
+
+}  // namespace kvf::protocol
