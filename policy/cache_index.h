@@ -33,7 +33,7 @@ struct CacheIndexConfig {
   size_t max_soft_entries = 16u << 20;
   // The holder table (exact holders) doubles once more than this fraction of its 16-byte slots
   // would be used (rounded to eighths, 0.125-0.75): 64-128 bytes per block at 0.25, half that
-  // at 0.5 (docs/benchmarks.md).
+  // at 0.5 (docs/policies.md; measured in docs/notes/2026-11-22-simulator-memory-bound.md).
   double table_max_load = 0.25;
 };
 
