@@ -1,9 +1,10 @@
 // The disk tier's on-disk format. A tier directory holds slab files (slab-00000.kvf, ...) cut into
-// fixed slots, a meta file naming the geometry, and a lock file. A slot is one 4 KiB header
-// sector followed by the payload rounded up to 4 KiB, so every I/O is sector-aligned for
-// O_DIRECT. The header names the block, its payload checksum and a write sequence number, and
-// checks itself, so a restart can rebuild the index from the headers and a torn or stale slot is
-// recognised. Pure functions; thread-safe.
+// fixed slots, a meta file naming the geometry, and a lock file. A slab file starts with one 4 KiB
+// header sector per slot, then the slots' payloads, each rounded up to 4 KiB: every I/O is
+// sector-aligned for O_DIRECT, and payloads written one after another lie one after another (a
+// prefix read back is a sequential read). The header names the block, its payload checksum and a
+// write sequence number, and checks itself, so a restart can rebuild the index from the header
+// sectors alone and a torn or stale slot is recognised. Pure functions; thread-safe.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +26,18 @@ inline constexpr uint64_t roundUpToSector(uint64_t bytes) {
 // Bytes one block occupies in a slab file: header sector plus padded payload.
 inline constexpr uint64_t diskSlotBytes(uint64_t block_bytes) {
   return kDiskSector + roundUpToSector(block_bytes);
+}
+
+// Where slot `index` of a slab file cut into `slots_per_file` slots keeps its header and payload.
+inline constexpr uint64_t headerOffset(uint64_t index) { return index * kDiskSector; }
+inline constexpr uint64_t payloadOffset(uint64_t index, uint64_t slots_per_file,
+                                        uint64_t padded_bytes) {
+  return slots_per_file * kDiskSector + index * padded_bytes;
+}
+// The size of a slab file holding `slots` slots (the last file of a tier may hold fewer).
+inline constexpr uint64_t slabFileBytes(uint64_t slots, uint64_t slots_per_file,
+                                        uint64_t padded_bytes) {
+  return slots_per_file * kDiskSector + slots * padded_bytes;
 }
 
 struct SlotHeader {

@@ -55,7 +55,8 @@ absl::StatusOr<std::unique_ptr<DiskTier>> DiskTier::create(const DiskTierOptions
   }
   std::vector<uint64_t> sizes;
   for (uint64_t first = 0; first < total; first += per_file) {
-    sizes.push_back(std::min(per_file, total - first) * slot_bytes);
+    sizes.push_back(slabFileBytes(std::min(per_file, total - first), per_file,
+                                  roundUpToSector(options.block_bytes)));
   }
   DiskGeometry geometry{options.block_bytes, slot_bytes, per_file};
   auto opened = SlabFiles::open(options.dir, geometry, std::move(sizes), options.direct_io,
@@ -86,13 +87,22 @@ uint32_t DiskTier::fileOf(int32_t slot) const {
   return static_cast<uint32_t>(static_cast<uint64_t>(slot) / slots_per_file_);
 }
 
-uint64_t DiskTier::fileOffset(int32_t slot) const {
-  return static_cast<uint64_t>(slot) % slots_per_file_ * slot_bytes_;
+uint64_t DiskTier::headerOffsetOf(int32_t slot) const {
+  return headerOffset(static_cast<uint64_t>(slot) % slots_per_file_);
+}
+
+uint64_t DiskTier::payloadOffsetOf(int32_t slot) const {
+  return payloadOffset(static_cast<uint64_t>(slot) % slots_per_file_, slots_per_file_,
+                       padded_bytes_);
+}
+
+uint64_t DiskTier::slotsIn(uint32_t file) const {
+  return (files_->fileBytes(file) - slots_per_file_ * kDiskSector) / padded_bytes_;
 }
 
 absl::Status DiskTier::start(bool rebuild, std::string reason) {
   auto ring = std::make_unique<Ring>();
-  unsigned entries = 2 * options_.queue_depth + 2;
+  unsigned entries = 3 * options_.queue_depth + 2;  // a write is two requests
   if (int rc = io_uring_queue_init(entries, &ring->ring, 0); rc < 0) {
     ring.release();  // nothing to tear down: init failed
     return errnoToStatus(-rc, "io_uring_queue_init");
@@ -142,58 +152,48 @@ absl::Status DiskTier::start(bool rebuild, std::string reason) {
   return absl::OkStatus();
 }
 
-// Reads every allocated slot's header sector, queue_depth at a time, before the I/O thread
-// starts. The newest copy of a key wins; the payload is checked when it is read.
+// Reads the header sectors of every allocated slab file (they lie together at its start) in
+// large reads, before the I/O thread starts. The newest copy of a key wins; the payload is
+// checked when it is read.
 absl::Status DiskTier::rebuildIndex() {
-  const uint32_t depth = options_.queue_depth;
-  SectorBuffer buffers = allocateSectors(static_cast<uint64_t>(depth) * kDiskSector);
-  if (buffers == nullptr) return absl::ResourceExhaustedError("disk tier: out of memory");
+  constexpr uint64_t kChunkSectors = 256;
+  SectorBuffer chunk = allocateSectors(kChunkSectors * kDiskSector);
+  if (chunk == nullptr) return absl::ResourceExhaustedError("disk tier: out of memory");
   std::vector<uint64_t> sequence(slots_.size(), 0);
-  std::vector<int32_t> batch;
-  auto finish = [&]() -> absl::Status {
-    io_uring_submit(&ring_->ring);
-    for (size_t n = 0; n < batch.size(); ++n) {
-      io_uring_cqe* cqe = nullptr;
-      if (int rc = io_uring_wait_cqe(&ring_->ring, &cqe); rc < 0) {
-        return errnoToStatus(-rc, "rebuild: io_uring_wait_cqe");
-      }
-      size_t k = static_cast<size_t>(io_uring_cqe_get_data64(cqe));
-      int res = cqe->res;
-      io_uring_cqe_seen(&ring_->ring, cqe);
-      if (res < 0) return errnoToStatus(-res, "rebuild: reading a slot header");
-      std::span<const std::byte> sector(buffers.get() + k * kDiskSector, kDiskSector);
-      int32_t slot = batch[k];
-      auto header = res == static_cast<int>(kDiskSector) ? decodeSlotHeader(sector) : std::nullopt;
-      if (!header || header->payload_bytes != block_bytes_) {
-        bool blank = std::all_of(sector.begin(), sector.begin() + 64,
-                                 [](std::byte b) { return b == std::byte{0}; });
-        if (!blank) ++start_.invalid_slots;
-        continue;
-      }
-      auto [it, fresh] = index_.try_emplace(header->key, slot);
-      if (!fresh) {
-        if (sequence[it->second] >= header->sequence) continue;
-        slots_[it->second] = Slot{};
-        it->second = slot;
-      }
-      slots_[slot] = Slot{header->key, header->checksum, 0, SlotState::kResident, false};
-      sequence[slot] = header->sequence;
-      sequence_ = std::max(sequence_, header->sequence + 1);
-    }
-    batch.clear();
-    return absl::OkStatus();
-  };
-  for (int32_t slot = 0; slot < static_cast<int32_t>(slots_.size()); ++slot) {
-    int fd = files_->fd(fileOf(slot));
+  for (uint32_t f = 0; f < files_->fileCount(); ++f) {
+    int fd = files_->fd(f);
     if (fd < 0) continue;
-    io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
-    io_uring_prep_read(sqe, fd, buffers.get() + batch.size() * kDiskSector, kDiskSector,
-                       fileOffset(slot));
-    io_uring_sqe_set_data64(sqe, batch.size());
-    batch.push_back(slot);
-    if (batch.size() == depth) KVF_RETURN_IF_ERROR(finish());
+    uint64_t slots = slotsIn(f);
+    for (uint64_t first = 0; first < slots; first += kChunkSectors) {
+      uint64_t n = std::min(kChunkSectors, slots - first);
+      ssize_t got =
+          ::pread(fd, chunk.get(), n * kDiskSector, static_cast<off_t>(first * kDiskSector));
+      if (got != static_cast<ssize_t>(n * kDiskSector)) {
+        return got < 0 ? errnoToStatus(errno, strCat("rebuild: reading ", slabFileName(f)))
+                       : absl::DataLossError(strCat("rebuild: short read of ", slabFileName(f)));
+      }
+      for (uint64_t k = 0; k < n; ++k) {
+        auto slot = static_cast<int32_t>(f * slots_per_file_ + first + k);
+        std::span<const std::byte> sector(chunk.get() + k * kDiskSector, kDiskSector);
+        auto header = decodeSlotHeader(sector);
+        if (!header || header->payload_bytes != block_bytes_) {
+          bool blank = std::all_of(sector.begin(), sector.begin() + 64,
+                                   [](std::byte b) { return b == std::byte{0}; });
+          if (!blank) ++start_.invalid_slots;
+          continue;
+        }
+        auto [it, fresh] = index_.try_emplace(header->key, slot);
+        if (!fresh) {
+          if (sequence[it->second] >= header->sequence) continue;
+          slots_[it->second] = Slot{};
+          it->second = slot;
+        }
+        slots_[slot] = Slot{header->key, header->checksum, 0, SlotState::kResident, false};
+        sequence[slot] = header->sequence;
+        sequence_ = std::max(sequence_, header->sequence + 1);
+      }
+    }
   }
-  KVF_RETURN_IF_ERROR(finish());
   // LRU order from the write sequence: the newest block is the most recent.
   std::vector<int32_t> resident;
   for (const auto& [key, slot] : index_) resident.push_back(slot);
@@ -255,6 +255,7 @@ void DiskTier::read(BlockKey key, std::span<std::byte> out, Done done) {
         strCat("disk tier: read buffer of ", out.size(), " bytes, blocks are ", block_bytes_)));
     return;
   }
+  bool wake_io = false;
   {
     std::unique_lock lock(mu_);
     auto it = index_.find(key);
@@ -265,9 +266,12 @@ void DiskTier::read(BlockKey key, std::span<std::byte> out, Done done) {
     }
     Slot& s = slots_[it->second];
     ++s.pins;
+    // With reads already waiting, or every read slot busy, the I/O thread takes this one when it
+    // next runs anyway (a wakeup or a completion is on its way): no eventfd write needed.
+    wake_io = pending_reads_.empty() && reads_in_flight_ < options_.queue_depth;
     pending_reads_.push_back({key, it->second, s.checksum, out, std::move(done)});
   }
-  wake();
+  if (wake_io) wake();
 }
 
 bool DiskTier::remove(BlockKey key, bool count_drop) {

@@ -126,7 +126,9 @@ class DiskTier {
            TierListener* listener);
   absl::Status start(bool rebuild, std::string reason);
   absl::Status rebuildIndex();
-  uint64_t fileOffset(int32_t slot) const;
+  uint64_t headerOffsetOf(int32_t slot) const;
+  uint64_t payloadOffsetOf(int32_t slot) const;
+  uint64_t slotsIn(uint32_t file) const;
   uint32_t fileOf(int32_t slot) const;
 
   // I/O thread.
@@ -135,14 +137,14 @@ class DiskTier {
   void cancelPendingLocked();
   bool forgetWritingKeyLocked(BlockKey key);
   Op* takeOp();
-  bool setPayloadIov(Op* op, std::byte* caller, size_t caller_size);
+  bool setPayload(Op* op, std::byte* caller, size_t caller_size);
   void submitReadsLocked();
   void submitWritesLocked(std::unique_lock<std::mutex>& lock);
   int32_t allocateSlotLocked(std::unique_lock<std::mutex>& lock);
   bool writeBatchDueLocked(Nanos now);
-  void completeOp(Op* op, int result);
-  void completeWrite(Op* op, int result);
-  void completeRead(Op* op, int result);
+  void completeOp(Op* op);
+  void completeWrite(Op* op);
+  void completeRead(Op* op);
   void armWakeup();
   void wake();
   Nanos waitBudgetLocked(Nanos now) const;
@@ -182,6 +184,8 @@ class DiskTier {
   Nanos next_write_at_ = 0;  // rate limit
   bool draining_ = false;
   bool stop_ = false;
+  uint32_t writes_in_flight_ = 0;
+  uint32_t reads_in_flight_ = 0;
 
   // I/O thread only.
   struct Ring;
@@ -191,8 +195,7 @@ class DiskTier {
   std::vector<std::pair<Done, absl::Status>> deferred_;  // run after the lock is released
   log::RateLimitedLog io_log_;
   log::RateLimitedLog grow_log_;
-  uint32_t writes_in_flight_ = 0;
-  uint32_t reads_in_flight_ = 0;
+  log::RateLimitedLog submit_log_;
   int wake_fd_ = -1;
   std::atomic<bool> wake_armed_{false};
   std::thread thread_;

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <liburing.h>
-#include <sys/uio.h>
 
 #include <cstdlib>
 #include <memory>
@@ -35,7 +34,8 @@ struct DiskTier::ReadRequest {
   Done done;
 };
 
-// One I/O in flight: the header sector travels with the payload in one vectored call.
+// One block's I/O in flight. A write is two requests (its header sector and its payload, at
+// their two places in the slab file); a read is the payload alone.
 struct DiskTier::Op {
   enum class Kind : uint8_t { kWrite, kRead };
   Kind kind = Kind::kWrite;
@@ -47,10 +47,16 @@ struct DiskTier::Op {
   SectorBuffer header;  // one sector
   SectorBuffer bounce;  // padded payload, allocated when a caller's buffer does not fit O_DIRECT
   bool bounced = false;
-  iovec iov[2] = {};
-  int expected = 0;  // bytes the call must transfer
+  std::byte* payload = nullptr;  // what the payload request reads from or writes to
+  uint32_t payload_len = 0;      // bytes the payload request must move
+  int remaining = 0;             // requests not completed yet
+  int header_result = 0;
+  int payload_result = 0;
   Nanos submitted = 0;
 };
+
+// The tag in a completion's user data that marks a write's header request (ops are aligned).
+inline constexpr uintptr_t kHeaderTag = 1;
 
 struct DiskTier::Ring {
   io_uring ring{};

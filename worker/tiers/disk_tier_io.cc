@@ -22,8 +22,8 @@ constexpr Nanos kGrowRetry = 5 * kNanosPerSecond;
 bool sectorAligned(const void* p) { return reinterpret_cast<uintptr_t>(p) % kDiskSector == 0; }
 
 // The status of an I/O that should have moved `expected` bytes and returned `result`.
-absl::Status ioResult(int result, int expected, std::string_view what) {
-  if (result == expected) return absl::OkStatus();
+absl::Status ioResult(int result, uint64_t expected, std::string_view what) {
+  if (result >= 0 && static_cast<uint64_t>(result) == expected) return absl::OkStatus();
   if (result < 0) return errnoToStatus(-result, what);
   return absl::DataLossError(strCat(what, ": ", result, " of ", expected, " bytes"));
 }
@@ -33,15 +33,12 @@ absl::Status ioResult(int result, int expected, std::string_view what) {
 void DiskTier::armWakeup() {
   io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
   io_uring_prep_read(sqe, wake_fd_, &ring_->wake_value, sizeof ring_->wake_value, 0);
-  io_uring_sqe_set_data(sqe, nullptr);
+  io_uring_sqe_set_data64(sqe, 0);
 }
 
 void DiskTier::run() {
-  struct Held {
-    Op* op;
-    int result;
-  };
-  std::vector<Held> held;  // completions a fault-injected slow disk has not released yet
+  std::vector<Op*> held;  // finished ops a fault-injected slow disk has not released yet
+  std::vector<Op*> finished_ops;
   armWakeup();
   while (true) {
     Nanos budget = -1;
@@ -56,47 +53,46 @@ void DiskTier::run() {
     }
     runDeferred();
     if (finished) break;
-    while (io_uring_sq_ready(&ring_->ring) > 0) {
-      int rc = io_uring_submit(&ring_->ring);
-      if (rc < 0 && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
-        log::error("disk tier: io_uring_submit failed", "error", std::strerror(-rc));
-        break;
-      }
-    }
     Nanos now = clock_.now();
-    for (const Held& h : held) {
-      Nanos d = std::max<Nanos>(0, h.op->submitted + options_.fault_io_delay - now);
+    for (const Op* op : held) {
+      Nanos d = std::max<Nanos>(0, op->submitted + options_.fault_io_delay - now);
       budget = budget < 0 ? d : std::min(budget, d);
     }
+    // One system call submits what was prepared and waits for the first completion.
     io_uring_cqe* cqe = nullptr;
-    if (budget < 0) {
-      io_uring_wait_cqe(&ring_->ring, &cqe);
-    } else {
-      __kernel_timespec ts{budget / kNanosPerSecond, budget % kNanosPerSecond};
-      io_uring_wait_cqe_timeout(&ring_->ring, &cqe, &ts);
+    __kernel_timespec ts{budget / kNanosPerSecond, budget % kNanosPerSecond};
+    int rc = io_uring_submit_and_wait_timeout(&ring_->ring, &cqe, 1, budget < 0 ? nullptr : &ts,
+                                              nullptr);
+    if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+      submit_log_.warn("disk tier: io_uring_submit_and_wait failed", "error", std::strerror(-rc));
     }
-    std::vector<Held> reaped;
+    finished_ops.clear();
     unsigned head = 0;
     unsigned count = 0;
     io_uring_for_each_cqe(&ring_->ring, head, cqe) {
       ++count;
-      reaped.push_back({static_cast<Op*>(io_uring_cqe_get_data(cqe)), cqe->res});
+      auto data = static_cast<uintptr_t>(io_uring_cqe_get_data64(cqe));
+      if (data == 0) {  // the wakeup eventfd
+        wake_armed_.store(false);
+        armWakeup();
+        continue;
+      }
+      auto* op = reinterpret_cast<Op*>(data & ~kHeaderTag);
+      ((data & kHeaderTag) != 0 ? op->header_result : op->payload_result) = cqe->res;
+      if (--op->remaining == 0) finished_ops.push_back(op);
     }
     io_uring_cq_advance(&ring_->ring, count);
     now = clock_.now();
-    for (const Held& r : reaped) {
-      if (r.op == nullptr) {  // the wakeup eventfd
-        wake_armed_.store(false);
-        armWakeup();
-      } else if (options_.fault_io_delay > 0 && now < r.op->submitted + options_.fault_io_delay) {
-        held.push_back(r);
+    for (Op* op : finished_ops) {
+      if (options_.fault_io_delay > 0 && now < op->submitted + options_.fault_io_delay) {
+        held.push_back(op);
       } else {
-        completeOp(r.op, r.result);
+        completeOp(op);
       }
     }
-    std::erase_if(held, [&](const Held& h) {
-      if (now < h.op->submitted + options_.fault_io_delay) return false;
-      completeOp(h.op, h.result);
+    std::erase_if(held, [&](Op* op) {
+      if (now < op->submitted + options_.fault_io_delay) return false;
+      completeOp(op);
       return true;
     });
   }
@@ -141,21 +137,19 @@ DiskTier::Op* DiskTier::takeOp() {
   return op;
 }
 
-// Points op->iov[1] at `caller` when O_DIRECT can use it in place, else at the op's bounce buffer.
-bool DiskTier::setPayloadIov(Op* op, std::byte* caller, size_t caller_size) {
+// Points the op's payload request at `caller` when O_DIRECT can use it in place, else at the
+// op's bounce buffer.
+bool DiskTier::setPayload(Op* op, std::byte* caller, size_t caller_size) {
   bool direct = files_->directIo();
-  size_t len = direct ? padded_bytes_ : block_bytes_;
-  op->iov[0] = {op->header.get(), kDiskSector};
-  op->expected = static_cast<int>(kDiskSector + len);
+  op->payload_len = static_cast<uint32_t>(direct ? padded_bytes_ : block_bytes_);
   op->bounced = direct && (!sectorAligned(caller) || caller_size < padded_bytes_);
   if (!op->bounced) {
-    op->iov[1] = {caller, len};
+    op->payload = caller;
     return true;
   }
   if (op->bounce == nullptr) op->bounce = allocateSectors(padded_bytes_);
-  if (op->bounce == nullptr) return false;
-  op->iov[1] = {op->bounce.get(), len};
-  return true;
+  op->payload = op->bounce.get();
+  return op->payload != nullptr;
 }
 
 void DiskTier::submitReadsLocked() {
@@ -169,15 +163,17 @@ void DiskTier::submitReadsLocked() {
     op->checksum = r.checksum;
     op->out = r.out;
     op->done = std::move(r.done);
-    if (!setPayloadIov(op, r.out.data(), r.out.size())) {
+    if (!setPayload(op, r.out.data(), r.out.size())) {
       unpinLocked(r.slot);
       deferred_.emplace_back(std::move(op->done), absl::ResourceExhaustedError("out of memory"));
       free_ops_.push_back(op);
       continue;
     }
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
-    io_uring_prep_readv(sqe, files_->fd(fileOf(r.slot)), op->iov, 2, fileOffset(r.slot));
-    io_uring_sqe_set_data(sqe, op);
+    io_uring_prep_read(sqe, files_->fd(fileOf(r.slot)), op->payload, op->payload_len,
+                       payloadOffsetOf(r.slot));
+    io_uring_sqe_set_data64(sqe, reinterpret_cast<uintptr_t>(op));
+    op->remaining = 1;
     ++reads_in_flight_;
   }
 }
@@ -222,7 +218,7 @@ void DiskTier::submitWritesLocked(std::unique_lock<std::mutex>& lock) {
     op->checksum = w.checksum;
     op->done = std::move(w.done);
     auto* payload = const_cast<std::byte*>(w.payload.data());
-    if (!setPayloadIov(op, payload, w.payload.size())) {
+    if (!setPayload(op, payload, w.payload.size())) {
       freeSlotLocked(slot);
       --accepted_writes_;
       forgetWritingKeyLocked(w.key);
@@ -235,12 +231,19 @@ void DiskTier::submitWritesLocked(std::unique_lock<std::mutex>& lock) {
                      {op->header.get(), kDiskSector});
     slots_[slot].state = SlotState::kWriting;
     slots_[slot].key = w.key;
+    // Payload and header go together; a crash between them leaves a header whose checksum the
+    // old payload fails, so the block is dropped, never served.
+    int fd = files_->fd(fileOf(slot));
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_->ring);
-    io_uring_prep_writev(sqe, files_->fd(fileOf(slot)), op->iov, 2, fileOffset(slot));
-    io_uring_sqe_set_data(sqe, op);
+    io_uring_prep_write(sqe, fd, op->payload, op->payload_len, payloadOffsetOf(slot));
+    io_uring_sqe_set_data64(sqe, reinterpret_cast<uintptr_t>(op));
+    sqe = io_uring_get_sqe(&ring_->ring);
+    io_uring_prep_write(sqe, fd, op->header.get(), kDiskSector, headerOffsetOf(slot));
+    io_uring_sqe_set_data64(sqe, reinterpret_cast<uintptr_t>(op) | kHeaderTag);
+    op->remaining = 2;
     ++writes_in_flight_;
     if (options_.write_bytes_per_second > 0) {
-      Nanos cost = static_cast<Nanos>(static_cast<double>(op->expected) * 1e9 /
+      Nanos cost = static_cast<Nanos>(static_cast<double>(op->payload_len + kDiskSector) * 1e9 /
                                       static_cast<double>(options_.write_bytes_per_second));
       next_write_at_ = std::max(now, next_write_at_) + cost;
     }
@@ -301,16 +304,17 @@ Nanos DiskTier::waitBudgetLocked(Nanos now) const {
   return budget;
 }
 
-void DiskTier::completeOp(Op* op, int result) {
+void DiskTier::completeOp(Op* op) {
   if (op->kind == Op::Kind::kWrite) {
-    completeWrite(op, result);
+    completeWrite(op);
   } else {
-    completeRead(op, result);
+    completeRead(op);
   }
 }
 
-void DiskTier::completeWrite(Op* op, int result) {
-  absl::Status status = ioResult(result, op->expected, "writing a block");
+void DiskTier::completeWrite(Op* op) {
+  absl::Status status = ioResult(op->payload_result, op->payload_len, "writing a block");
+  if (status.ok()) status = ioResult(op->header_result, kDiskSector, "writing a block header");
   Done done = std::move(op->done);
   {
     std::lock_guard lock(mu_);
@@ -338,18 +342,14 @@ void DiskTier::completeWrite(Op* op, int result) {
   std::move(done)(std::move(status));
 }
 
-void DiskTier::completeRead(Op* op, int result) {
-  absl::Status status = ioResult(result, op->expected, "reading a block");
+void DiskTier::completeRead(Op* op) {
+  absl::Status status = ioResult(op->payload_result, op->payload_len, "reading a block");
   bool corrupt = false;
   if (status.ok()) {
-    auto header = decodeSlotHeader({op->header.get(), kDiskSector});
-    uint64_t sum = 0;
-    if (header && header->key == op->key && header->checksum == op->checksum) {
-      std::span<std::byte> out = op->out.first(block_bytes_);
-      sum = op->bounced ? copyWithChecksum(out, {op->bounce.get(), block_bytes_})
-                        : blockChecksum(out);
-    }
-    corrupt = !header || header->key != op->key || sum != op->checksum;
+    std::span<std::byte> out = op->out.first(block_bytes_);
+    uint64_t sum =
+        op->bounced ? copyWithChecksum(out, {op->bounce.get(), block_bytes_}) : blockChecksum(out);
+    corrupt = sum != op->checksum;
     if (corrupt) {
       status = absl::DataLossError(strCat("disk tier: block ", op->key, " failed its checksum"));
     }

@@ -210,19 +210,22 @@ TEST_F(DiskTierTest, ACorruptedBlockIsDetectedDroppedAndNeverServed) {
   int fd = ::open(slab.c_str(), O_RDWR);
   ASSERT_GE(fd, 0);
   std::byte flip{0x5a};
-  ASSERT_EQ(::pwrite(fd, &flip, 1, kDiskSector + 1234), 1);          // block 1's payload
-  ASSERT_EQ(::pwrite(fd, &flip, 1, diskSlotBytes(kBlock) + 20), 1);  // block 2's header
+  // Slab files of 4 slots (options()): block 1's payload, then block 2's header.
+  ASSERT_EQ(::pwrite(fd, &flip, 1, payloadOffset(0, 4, roundUpToSector(kBlock)) + 1234), 1);
+  ASSERT_EQ(::pwrite(fd, &flip, 1, headerOffset(1) + 20), 1);
   ::close(fd);
   std::memset(buf.block(1).data(), 0, kBlock);
   absl::Status s = readBlock(*t, 1, buf.block(1));
   EXPECT_TRUE(absl::IsDataLoss(s)) << s;
   EXPECT_FALSE(t->contains(1));
   EXPECT_TRUE(absl::IsNotFound(readBlock(*t, 1, buf.block(1))));
-  EXPECT_TRUE(absl::IsDataLoss(readBlock(*t, 2, buf.block(1))));
-  EXPECT_EQ(counters_.droppedBy(DropReason::kCorrupt), 2u);
-  EXPECT_EQ(listener_.removed(TierId::kDisk), (std::vector<BlockKey>{1, 2}));
+  // A damaged header leaves the payload good: still served, checked against its checksum.
+  ASSERT_TRUE(readBlock(*t, 2, buf.block(1)).ok());
+  EXPECT_TRUE(holdsPayloadOf(2, buf.block(1).first(kBlock)));
+  EXPECT_EQ(counters_.droppedBy(DropReason::kCorrupt), 1u);
+  EXPECT_EQ(listener_.removed(TierId::kDisk), (std::vector<BlockKey>{1}));
   t.reset();
-  // At a rebuild the torn header is recognised and its slot reused.
+  // At a rebuild the damaged header is recognised: its block is not recovered, its slot reused.
   auto again = open(options(dir_.string()));
   EXPECT_EQ(again->startReport().invalid_slots, 1u);
   EXPECT_FALSE(again->contains(2));
