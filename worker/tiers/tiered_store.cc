@@ -150,6 +150,7 @@ std::shared_ptr<OnboardTicket> TieredStore::onboard(
       readFromDisk(ticket, i, keys[i], dst);
     }
   }
+  if (disk_ != nullptr && options_.host.offload_min_hits > 1) pokeOffloader();  // as in touch()
   return ticket;
 }
 
@@ -187,7 +188,11 @@ void TieredStore::readFromDisk(const std::shared_ptr<OnboardTicket>& ticket, siz
   });
 }
 
-void TieredStore::touch(std::span<const BlockKey> keys) { host_->touch(keys); }
+void TieredStore::touch(std::span<const BlockKey> keys) {
+  host_->touch(keys);
+  // A use can make a block the frequency filter held back due for its write.
+  if (disk_ != nullptr && options_.host.offload_min_hits > 1) pokeOffloader();
+}
 
 bool TieredStore::remove(BlockKey key) {
   bool in_host = host_->drop(key, DropReason::kRemoved);
