@@ -108,8 +108,7 @@ std::vector<std::string> splitCommas(const std::string& text) {
 }
 
 [[noreturn]] void usage(const std::string& message) {
-  std::fprintf(stderr, "kvf-tier-bench: %s (see kvf-tier-bench --help)\n", message.c_str());
-  std::exit(2);
+  kvf::cli::failUsage("kvf-tier-bench", message);
 }
 
 // Host mode: per repetition, N blocks offloaded (copy + checksum into page-locked slots, with the
@@ -313,16 +312,19 @@ int runDisk(uint64_t block, uint64_t total, uint32_t qd, const std::string& dir,
 }  // namespace kvf::bench
 
 int main(int argc, char** argv) {
-  kvf::cli::parseFlags(
+  auto args = kvf::cli::parseFlags(
       argc, argv,
-      "kvf-tier-bench [flags]: figures of the KV tiers (worker/tiers/, docs/tiers.md).\n"
+      "kvf-tier-bench: figures of the KV tiers (worker/tiers/, docs/tiers.md).\n"
       "  --mode=host  host-tier offload and onboard copy bandwidth against memcpy on the same\n"
       "               buffers (mean and 95% interval over --repeats).\n"
       "  --mode=disk  disk-tier write and read bandwidth through io_uring in --dir; compare with\n"
       "               fio via experiments/bench/tier_bench.sh, which runs both.\n"
       "  --mode=loss  the seed's loss experiment: a trace's blocks through an LRU engine pool\n"
       "               into the host tier (turning over ~11 times) and the disk, twice; blocks\n"
-      "               lost and the second pass's disk hits, default (lossless) vs lossy arm.");
+      "               lost and the second pass's disk hits, default (lossless) vs lossy arm.\n"
+      "Prints markdown tables; exit status 1 when a run fails (or a block came back wrong).\n\n"
+      "Usage: kvf-tier-bench --mode=host|disk|loss [--dir DIR] [--trace FILE] [flags]");
+  if (!args.empty()) kvf::bench::usage("unexpected argument '" + args[0] + "'");
   kvf::log::init("tier-bench", "warn");
   std::string mode = absl::GetFlag(FLAGS_mode);
   uint64_t block_kib = absl::GetFlag(FLAGS_block_kib);
