@@ -94,14 +94,25 @@ absl::Status TieredStore::offload(BlockKey key, std::span<const std::byte> bytes
     return absl::InvalidArgumentError(
         strCat("tiers: offload of ", bytes.size(), " bytes, blocks are ", host_->blockBytes()));
   }
+  // A plain copy: the checksum is computed by the offloader, off the engine's eviction path.
+  return offloadInto(key, [&](std::span<std::byte> slot) {
+    std::memcpy(slot.data(), bytes.data(), bytes.size());
+    return absl::OkStatus();
+  });
+}
+
+absl::Status TieredStore::offloadInto(BlockKey key,
+                                      absl::FunctionRef<absl::Status(std::span<std::byte>)> fill) {
   auto reserved = host_->reserve(key);
   if (!reserved.ok()) {
     if (absl::IsAlreadyExists(reserved.status())) return absl::OkStatus();
     return reserved.status();
   }
   bool durable_below = disk_ == nullptr || disk_->contains(key);
-  // A plain copy: the checksum is computed by the offloader, off the engine's eviction path.
-  std::memcpy(reserved->bytes.data(), bytes.data(), bytes.size());
+  if (absl::Status filled = fill(reserved->bytes); !filled.ok()) {
+    host_->abort(*reserved);
+    return filled;
+  }
   host_->commit(*reserved, std::nullopt, durable_below);
   if (!durable_below) pokeOffloader();
   return absl::OkStatus();

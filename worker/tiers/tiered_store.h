@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/metrics.h"
@@ -113,6 +114,12 @@ class TieredStore {
   // already held. Unavailable: backpressure (every host block waits for the disk or is in use);
   // nothing was stored and the caller still owns the only copy.
   absl::Status offload(BlockKey key, std::span<const std::byte> bytes);
+  // offload() with the caller's copy: `fill` writes the block into its reserved host slot
+  // (block_bytes of page-locked memory, CUDA-pinned when a device is present: the target of a
+  // device-to-host cudaMemcpy) and returns OK, or an error that abandons the slot and is
+  // returned. Runs on the caller's thread, without a tier lock held.
+  absl::Status offloadInto(BlockKey key,
+                           absl::FunctionRef<absl::Status(std::span<std::byte>)> fill);
   // offload(), waiting up to `timeout` for room instead of failing at once: the engine's eviction
   // waits for the disk rather than losing the block.
   absl::Status offloadWait(BlockKey key, std::span<const std::byte> bytes,

@@ -297,6 +297,35 @@ TEST_F(TieredStoreTest, ACorruptedHostBlockIsServedFromDiskOrNotAtAll) {
   EXPECT_FALSE(s->host().contains(1));
 }
 
+TEST_F(TieredStoreTest, OffloadIntoFillsTheSlotOrAbandonsItOnError) {
+  auto s = make(options(2, 64));
+  auto bytes = payloadOf(7, kBlock);
+  absl::Status filled = s->offloadInto(7, [&](std::span<std::byte> slot) {
+    EXPECT_EQ(slot.size(), kBlock);
+    std::memcpy(slot.data(), bytes.data(), bytes.size());
+    return absl::OkStatus();
+  });
+  ASSERT_TRUE(filled.ok()) << filled;
+  // A copy that fails (a device error) stores nothing and leaves the slot free.
+  absl::Status failed =
+      s->offloadInto(8, [](std::span<std::byte>) { return absl::InternalError("copy failed"); });
+  EXPECT_TRUE(absl::IsInternal(failed)) << failed;
+  EXPECT_FALSE(s->host().contains(8));
+  EXPECT_EQ(s->stats().host.resident, 1u);
+  EXPECT_EQ(s->stats().host_stored, 1u);
+  // A key already held is not filled again.
+  bool called = false;
+  EXPECT_TRUE(s->offloadInto(7, [&](std::span<std::byte>) {
+                 called = true;
+                 return absl::OkStatus();
+               }).ok());
+  EXPECT_FALSE(called);
+  ASSERT_TRUE(s->flush(5s));
+  auto ticket = onboard(*s, {7});
+  EXPECT_EQ(ticket->state(0), OnboardState::kReady);
+  EXPECT_EQ(listener_.stored(TierId::kDisk), std::vector<BlockKey>{7});
+}
+
 TEST_F(TieredStoreTest, RejectsMismatchedGeometry) {
   auto o = options(4, 64);
   o.disk->block_bytes = 2 * kBlock;
