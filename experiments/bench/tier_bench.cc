@@ -27,11 +27,14 @@
 
 ABSL_FLAG(std::string, mode, "host",
           "host: host-tier copy bandwidth vs memcpy; disk: disk-tier write/read bandwidth; "
-          "loss: blocks lost and second-pass disk hits, lossless default vs the lossy switch");
+          "loss: blocks lost and second-pass disk hits, lossless default vs the lossy switch; "
+          "device: host tier <-> GPU copy bandwidth, pinned vs pageable");
 ABSL_FLAG(uint64_t, block_kib, 0,
-          "block payload in KiB (default: 2048 for host, 1024 for disk, 64 for loss)");
-ABSL_FLAG(uint64_t, host_mib, 1024, "host mode: bytes copied per direction and repetition");
-ABSL_FLAG(int, repeats, 7, "host and disk modes: repetitions (mean and 95% interval reported)");
+          "block payload in KiB (default: 2048 for host and device, 1024 for disk, 64 for loss)");
+ABSL_FLAG(uint64_t, host_mib, 1024,
+          "host and device modes: bytes copied per direction and repetition");
+ABSL_FLAG(int, repeats, 7,
+          "host, disk and device modes: repetitions (mean and 95% interval reported)");
 ABSL_FLAG(std::string, dir, "",
           "disk and loss modes: directory for the disk tier's files (required; emptied first)");
 ABSL_FLAG(uint64_t, disk_mib, 2048, "disk mode: bytes written, then read, per repetition");
@@ -50,7 +53,8 @@ ABSL_FLAG(double, compute_us, 0,
 ABSL_FLAG(std::string, arms, "default,lossy",
           "loss mode: arms to run, comma-separated: default (lossless), lossy (eviction "
           "decoupled from the disk write, as in the seed)");
-ABSL_FLAG(bool, json, false, "host and disk modes: also print one JSON line of the figures");
+ABSL_FLAG(bool, json, false,
+          "host, disk and device modes: also print one JSON line of the figures");
 
 namespace kvf::bench {
 
@@ -85,6 +89,12 @@ Interval meanInterval95(const std::vector<double>& samples) {
 
 std::string formatInterval(const Interval& i, int decimals) {
   return fmt::format("{:.{}f} ± {:.{}f}", i.mean, decimals, i.half_width, decimals);
+}
+
+Interval ratioInterval95(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<double> r;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) r.push_back(a[i] / b[i]);
+  return meanInterval95(r);
 }
 
 namespace {
@@ -164,11 +174,6 @@ int runHost(uint64_t block, uint64_t total, int repeats, bool json) {
     onboard_gbs.push_back(gb / onboard_s);
     onboard_memcpy_gbs.push_back(gb / onboard_memcpy_s);
   }
-  auto ratio = [](const std::vector<double>& a, const std::vector<double>& b) {
-    std::vector<double> r;
-    for (size_t i = 0; i < a.size(); ++i) r.push_back(a[i] / b[i]);
-    return meanInterval95(r);
-  };
   std::printf("host tier: %llu blocks of %llu KiB per direction, memory %s, %d repetitions\n",
               static_cast<unsigned long long>(n), static_cast<unsigned long long>(block >> 10),
               std::string(kw::pinKindName(s.hostPinKind())).c_str(), repeats);
@@ -176,15 +181,15 @@ int runHost(uint64_t block, uint64_t total, int repeats, bool json) {
   std::printf("| offload (copy into page-locked slots) | %s | %s | %s |\n",
               formatInterval(meanInterval95(store_gbs), 2).c_str(),
               formatInterval(meanInterval95(store_memcpy_gbs), 2).c_str(),
-              formatInterval(ratio(store_gbs, store_memcpy_gbs), 3).c_str());
+              formatInterval(ratioInterval95(store_gbs, store_memcpy_gbs), 3).c_str());
   std::printf("| onboard (copy out of slots, async) | %s | %s | %s |\n",
               formatInterval(meanInterval95(onboard_gbs), 2).c_str(),
               formatInterval(meanInterval95(onboard_memcpy_gbs), 2).c_str(),
-              formatInterval(ratio(onboard_gbs, onboard_memcpy_gbs), 3).c_str());
+              formatInterval(ratioInterval95(onboard_gbs, onboard_memcpy_gbs), 3).c_str());
   if (json) {
     std::printf("{\"mode\":\"host\",\"offload_ratio\":%.4f,\"onboard_ratio\":%.4f}\n",
-                ratio(store_gbs, store_memcpy_gbs).mean,
-                ratio(onboard_gbs, onboard_memcpy_gbs).mean);
+                ratioInterval95(store_gbs, store_memcpy_gbs).mean,
+                ratioInterval95(onboard_gbs, onboard_memcpy_gbs).mean);
   }
   return 0;
 }
@@ -322,8 +327,11 @@ int main(int argc, char** argv) {
       "  --mode=loss  the seed's loss experiment: a trace's blocks through an LRU engine pool\n"
       "               into the host tier (turning over ~11 times) and the disk, twice; blocks\n"
       "               lost and the second pass's disk hits, default (lossless) vs lossy arm.\n"
+      "  --mode=device  host tier <-> GPU copy bandwidth (one cudaMemcpyAsync per block), the\n"
+      "               tier's CUDA-pinned slots against pageable memory (needs a CUDA build and\n"
+      "               a device; --block_kib, --host_mib, --repeats as in host mode).\n"
       "Prints markdown tables; exit status 1 when a run fails (or a block came back wrong).\n\n"
-      "Usage: kvf-tier-bench --mode=host|disk|loss [--dir DIR] [--trace FILE] [flags]");
+      "Usage: kvf-tier-bench --mode=host|disk|loss|device [--dir DIR] [--trace FILE] [flags]");
   if (!args.empty()) kvf::bench::usage("unexpected argument '" + args[0] + "'");
   kvf::log::init("tier-bench", "warn");
   std::string mode = absl::GetFlag(FLAGS_mode);
@@ -341,6 +349,11 @@ int main(int argc, char** argv) {
     uint64_t block = (block_kib > 0 ? block_kib : 2048) << 10;
     return kvf::bench::runHost(block, absl::GetFlag(FLAGS_host_mib) << 20, repeats,
                                absl::GetFlag(FLAGS_json));
+  }
+  if (mode == "device") {
+    uint64_t block = (block_kib > 0 ? block_kib : 2048) << 10;
+    return kvf::bench::runDevice(block, absl::GetFlag(FLAGS_host_mib) << 20, repeats,
+                                 absl::GetFlag(FLAGS_json));
   }
   std::string dir = absl::GetFlag(FLAGS_dir);
   if (dir.empty()) kvf::bench::usage("--dir is required for --mode=" + mode);
@@ -376,5 +389,5 @@ int main(int argc, char** argv) {
     }
     return kvf::bench::runLossExperiment(o);
   }
-  kvf::bench::usage("--mode must be host, disk or loss");
+  kvf::bench::usage("--mode must be host, disk, loss or device");
 }

@@ -1,6 +1,6 @@
 // Shared by kvf-tier-bench's modes (tier_bench.cc: host copy and disk bandwidth; tier_loss.cc:
-// the loss experiment): aligned buffers and the summary of repeated measurements.
-// Single-threaded helpers.
+// the loss experiment; tier_device_bench.cc: host tier <-> GPU): aligned buffers and the summary of
+// repeated measurements. Single-threaded helpers.
 #pragma once
 
 #include <cstddef>
@@ -41,6 +41,12 @@ struct Interval {
 };
 Interval meanInterval95(const std::vector<double>& samples);
 std::string formatInterval(const Interval& i, int decimals);
+// The mean of a[i] / b[i] (paired measurements) with its 95% interval.
+Interval ratioInterval95(const std::vector<double>& a, const std::vector<double>& b);
+
+// --mode=device (tier_device_bench.cc): host tier <-> GPU copy bandwidth, pinned slots against
+// pageable memory; the process exit code (1 without CUDA or a device).
+int runDevice(uint64_t block_bytes, uint64_t total_bytes, int repeats, bool json);
 
 struct LossOptions {
   std::string trace;
