@@ -3,6 +3,8 @@
 #include <csignal>
 #include <iostream>
 
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/detached.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
 
@@ -10,8 +12,11 @@
 #include "common/cli.h"
 #include "common/log.h"
 #include "common/ready_file.h"
+#include "common/status.h"
+#include "common/strings.h"
 #include "engine/engine_config.h"
 #include "engine/engine_server.h"
+#include "membership/lease_registration.h"
 
 ABSL_FLAG(std::string, config, "",
           "Engine YAML config (engine/configs/engine.yaml is the default cluster's; see "
@@ -35,6 +40,51 @@ ABSL_FLAG(std::string, ready_file, "",
           "Once listening, write the HTTP port and a newline to this file (atomically; removed "
           "at start and on exit), so a script can wait for it: until [ -s FILE ]; do sleep "
           "0.1; done. GET /health answers 200 from then on.");
+
+namespace {
+
+namespace km = kvf::membership;
+
+bool isWildcard(std::string_view host) {
+  return host.empty() || host == "0.0.0.0" || host == "::" || host == "*";
+}
+
+std::string hostForUrl(const std::string& host) {
+  return host.find(':') != std::string::npos ? "[" + host + "]" : host;
+}
+
+// Registers the running engine in etcd: {id, url, kv_events, worker_url} as routers reach it.
+absl::StatusOr<std::shared_ptr<km::LeaseRegistration>> startRegistration(
+    boost::asio::io_context& ioc, const kvf::engine::EngineServer& server) {
+  const auto& c = server.config();
+  KVF_RETURN_IF_ERROR(km::validateInstanceId(c.instance_id));
+  std::string host = c.membership.advertise_host.empty() ? c.host : c.membership.advertise_host;
+  if (isWildcard(host)) {
+    return absl::InvalidArgumentError(
+        "membership.advertise_host is required when the engine listens on a wildcard host");
+  }
+  km::InstanceRecord record;
+  record.id = c.instance_id;
+  record.url = kvf::strCat("http://", hostForUrl(host), ":", server.port());
+  record.kv_events_endpoint = km::connectableEndpoint(server.kvEventsEndpoint(), hostForUrl(host));
+  record.kv_replay_endpoint = km::connectableEndpoint(server.kvReplayEndpoint(), hostForUrl(host));
+  if (!record.kv_events_endpoint.empty()) record.kv_topic = c.kv_events.topic;
+  if (server.workerPort() != 0) {
+    std::string worker_host = isWildcard(c.worker.host) ? host : c.worker.host;
+    record.worker_url = kvf::strCat("http://", hostForUrl(worker_host), ":", server.workerPort());
+  }
+  KVF_ASSIGN_OR_RETURN(
+      auto etcd, km::EtcdClient::create(ioc.get_executor(), km::clientOptions(c.membership.etcd)));
+  km::RegistrationOptions options;
+  options.key = km::instanceKey(c.membership.etcd.prefix, record.id);
+  options.value = km::encodeInstanceRecord(record);
+  options.lease_ttl_s = c.membership.etcd.lease_ttl_s;
+  auto registration = km::LeaseRegistration::create(ioc.get_executor(), etcd, std::move(options));
+  registration->start();
+  return registration;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   auto args = kvf::cli::parseFlags(
@@ -81,13 +131,33 @@ int main(int argc, char** argv) {
     kvf::log::error("cannot start engine", "error", std::string(server.status().message()));
     return kvf::cli::kExitFailure;
   }
+  std::shared_ptr<km::LeaseRegistration> registration;
   boost::asio::signal_set signals(ioc, SIGINT, SIGTERM);
   signals.async_wait([&](const boost::system::error_code&, int) {
     kvf::log::info("shutting down");
     (*server)->stop();
-    ioc.stop();
+    if (!registration) {
+      ioc.stop();
+      return;
+    }
+    // Routers drop the instance as soon as its lease is revoked, not a TTL later.
+    boost::asio::co_spawn(
+        ioc,
+        [&ioc, registration]() -> boost::asio::awaitable<void> {
+          co_await registration->stop();
+          ioc.stop();
+        },
+        boost::asio::detached);
   });
   (*server)->start();
+  if (config->membership.enabled) {
+    auto started = startRegistration(ioc, **server);
+    if (!started.ok()) {
+      kvf::log::error("cannot register in etcd", "error", std::string(started.status().message()));
+      return kvf::cli::kExitFailure;
+    }
+    registration = *started;
+  }
   const auto& c = (*server)->config();
   kvf::log::info("kvf-engine ready", "instance", c.instance_id, "port", (*server)->port(), "model",
                  c.served_model_name, "profile", c.profile.name, "blocks", c.cache.num_gpu_blocks,

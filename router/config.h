@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "membership/membership_config.h"
 #include "policy/cache_index.h"
 #include "policy/policy.h"
 
@@ -41,11 +42,16 @@ struct HealthConfig {
   bool scrape_metrics = true;   // read waiting / KV usage from the engine's /metrics
 };
 
+// Where instances come from besides `instances:`: nowhere (static), or etcd leases.
+enum class MembershipSource { kStatic, kEtcd };
+
 struct RouterConfig {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;
   size_t max_body_bytes = 32u << 20;
   std::vector<InstanceConfig> instances;
+  MembershipSource membership = MembershipSource::kStatic;
+  membership::EtcdConfig etcd;  // membership.etcd (source: etcd)
   policy::PolicyConfig policy;
   policy::CacheIndexConfig index;
   HealthConfig health;
