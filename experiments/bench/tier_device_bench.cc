@@ -53,8 +53,10 @@ double timedCopies(const std::vector<std::byte*>& host, std::byte* device, uint6
 
 int runDevice(uint64_t block, uint64_t total, int repeats, bool json) {
   int devices = 0;
-  if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
-    std::fprintf(stderr, "kvf-tier-bench --mode=device: no CUDA device\n");
+  cudaError_t error = cudaGetDeviceCount(&devices);
+  if (error != cudaSuccess || devices == 0) {
+    std::fprintf(stderr, "kvf-tier-bench --mode=device: %s\n",
+                 error != cudaSuccess ? cudaGetErrorString(error) : "no CUDA device");
     return 1;
   }
   uint64_t n = std::max<uint64_t>(1, total / block);

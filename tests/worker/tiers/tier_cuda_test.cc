@@ -5,6 +5,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <string>
 #include <vector>
 
 #include "tests/worker/tiers/tier_test_util.h"
@@ -18,9 +19,13 @@ using namespace std::chrono_literals;
 using testing::holdsPayloadOf;
 using testing::payloadOf;
 
-bool cudaDevicePresent() {
+// Empty when a device is usable; else why not (no device, or a driver older than the runtime
+// this was built with: the skip message says which).
+std::string whyNoDevice() {
   int devices = 0;
-  return cudaGetDeviceCount(&devices) == cudaSuccess && devices > 0;
+  cudaError_t error = cudaGetDeviceCount(&devices);
+  if (error != cudaSuccess) return cudaGetErrorString(error);
+  return devices > 0 ? "" : "no CUDA device";
 }
 
 absl::Status cudaStatus(cudaError_t error, const char* what) {
@@ -29,7 +34,7 @@ absl::Status cudaStatus(cudaError_t error, const char* what) {
 }
 
 TEST(TierCuda, BlocksRoundTripHostTierToDeviceAndBackByDma) {
-  if (!cudaDevicePresent()) GTEST_SKIP() << "no CUDA device";
+  if (std::string why = whyNoDevice(); !why.empty()) GTEST_SKIP() << why;
   constexpr uint64_t kBlock = 256 << 10, kBlocks = 8;
   TieredStoreOptions o;
   o.host.block_bytes = kBlock;
