@@ -27,6 +27,9 @@ ABSL_FLAG(bool, plots, true,
           "Also write PNG plots with the report (needs /usr/bin/python3 + matplotlib).");
 ABSL_FLAG(int, jobs, -1,
           "sim: arm processes at once (-1: the experiment's sim.jobs; 0: hardware threads).");
+ABSL_FLAG(double, utilisation, 0,
+          "run, sim: offered utilisation to scale the slice's session starts to, overriding the "
+          "file's load.utilisation (0: the file's; docs/experiments.md).");
 ABSL_FLAG(std::string, sim_arm, "",
           "sim (internal): simulate only this arm; the parent already wrote DIR/trace.jsonl.");
 ABSL_FLAG(int, sim_rep, 0, "sim (internal): the repetition of --sim_arm to simulate.");
@@ -63,6 +66,8 @@ void printSummary(const std::string& dir) {
 
 absl::Status runExperiment(experiments::ExperimentConfig config) {
   if (!absl::GetFlag(FLAGS_output_dir).empty()) config.output_dir = absl::GetFlag(FLAGS_output_dir);
+  if (absl::GetFlag(FLAGS_utilisation) > 0)
+    config.load.utilisation = absl::GetFlag(FLAGS_utilisation);
   std::string out = config.output_dir;
   experiments::Harness harness(std::move(config), binDir());
   KVF_RETURN_IF_ERROR(harness.run(absl::GetFlag(FLAGS_plots)));
@@ -78,6 +83,7 @@ absl::Status simulate(const std::string& path, const experiments::ExperimentConf
   options.only_arm = absl::GetFlag(FLAGS_sim_arm);
   options.only_rep = absl::GetFlag(FLAGS_sim_rep);
   options.path_variables = pathVariables();
+  if (absl::GetFlag(FLAGS_utilisation) > 0) options.utilisation = absl::GetFlag(FLAGS_utilisation);
   KVF_RETURN_IF_ERROR(experiments::sim::runSimExperiment(path, options));
   if (options.only_arm.empty()) {
     printSummary(options.output_dir.empty() ? config.output_dir : options.output_dir);
@@ -101,6 +107,10 @@ Usage:
                                 with the engine core and policies, arms in parallel processes,
                                 optional sweep:
   kvf-experiment report DIR     rewrite DIR/report.md and DIR/plots from its results
+
+Load is offered utilisation: `load: {utilisation: U}` (or --utilisation U) rescales the slice's
+session starts so its modelled prefill+decode work per second is U x the engines' capacity;
+`split: {by: session, validate_fraction, seed, half}` replays one half of the sessions.
 
 run and sim print the report's top when they finish: the setup (trace slice, engines, time
 scale, offered load), the comparison table and a paragraph on why the arms differ; the rest is

@@ -72,6 +72,24 @@ void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::
     t->get("seed", &out->trace.seed, 0, UINT64_MAX);
     t->rejectUnknownKeys();
   }
+  if (auto l = root.map("load")) {
+    double utilisation = 0;
+    l->get("utilisation", &utilisation, 0.001, 100.0);
+    if (utilisation > 0) out->load.utilisation = utilisation;
+    l->get("decode_batch", &out->load.decode_batch, 1, 4096);
+    l->rejectUnknownKeys();
+  }
+  if (auto s = root.map("split")) {
+    std::string by = "session";
+    s->get("by", &by);
+    if (by != "session") s->fail("by", "only 'session' is supported");
+    out->split.enabled = true;
+    s->get("validate_fraction", &out->split.validate_fraction, 0.0, 1.0);
+    s->get("seed", &out->split.seed, 0, UINT64_MAX);
+    s->getEnum("half", &out->split.half,
+               {{"validate", SplitConfig::Half::kValidate}, {"tune", SplitConfig::Half::kTune}});
+    s->rejectUnknownKeys();
+  }
   if (auto r = root.map("replay")) parseReplay(*r, &out->replay, &out->salt);
   if (auto c = root.map("cluster")) {
     c->get("engines", &out->cluster.engines, 1, 64);

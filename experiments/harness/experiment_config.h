@@ -11,6 +11,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "absl/status/statusor.h"
+#include "experiments/harness/load.h"
 #include "experiments/replay/replayer.h"
 
 namespace kvf::experiments {
@@ -18,11 +19,13 @@ namespace kvf::experiments {
 struct TraceSlice {
   std::string path;  // resolved against the experiment file's folder
   std::string format = "auto";
-  double start_s = 0;                     // window start (trace time, from the first request)
-  double duration_s = 0;                  // window length; 0 = to the end
-  int64_t limit = 0;                      // at most this many requests of the window (0 = all)
-  int64_t max_input_tokens = 0;           // drop longer requests (0 = keep all)
-  double conversation_rate = 1.0 / 60.0;  // agentic directories: conversations per second
+  double start_s = 0;            // window start (trace time, from the first request)
+  double duration_s = 0;         // window length; 0 = to the end
+  int64_t limit = 0;             // at most this many requests of the window (0 = all)
+  int64_t max_input_tokens = 0;  // drop longer requests (0 = keep all)
+  // Agentic directories: conversations per second (before `load.utilisation` rescales the
+  // conversation starts, when it is set).
+  double conversation_rate = 1.0 / 60.0;
   uint64_t seed = 1;
 };
 
@@ -46,6 +49,8 @@ struct ExperimentConfig {
   std::string source;      // the experiment file
   std::string output_dir;  // default experiments/results/<name>
   TraceSlice trace;
+  LoadConfig load;    // `load:` offered utilisation (experiments/harness/load.h)
+  SplitConfig split;  // `split:` the held-out half the experiment replays
   ReplayOptions replay;
   uint64_t salt = 0;
   ClusterConfig cluster;

@@ -15,6 +15,7 @@
 #include "common/process.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "engine/engine_config.h"
 #include "experiments/replay/replayer.h"
 #include "experiments/report/prom_text.h"
 #include "experiments/report/report.h"
@@ -104,11 +105,63 @@ absl::Status Harness::prepareTrace() {
     }
   }
   if (requests_.empty()) return absl::InvalidArgumentError("the trace slice has no requests");
+  KVF_RETURN_IF_ERROR(applySplitAndLoad());
   fs::create_directories(config_.output_dir);
   KVF_ASSIGN_OR_RETURN(auto writer,
                        trace::SessionWriter::create(config_.output_dir + "/trace.jsonl"));
   for (const auto& r : requests_) KVF_RETURN_IF_ERROR(writer->write(r));
   return writer->close();
+}
+
+absl::Status Harness::applySplitAndLoad() {
+  LoadRecord record;
+  if (config_.split.enabled) {
+    int64_t before = static_cast<int64_t>(requests_.size());
+    SplitHalves halves = splitBySession(std::move(requests_), config_.split);
+    bool validate = config_.split.half == SplitConfig::Half::kValidate;
+    requests_ = std::move(validate ? halves.validate : halves.tune);
+    record.split = validate ? "validate" : "tune";
+    record.split_sessions = validate ? halves.validate_sessions : halves.tune_sessions;
+    record.split_total_sessions = halves.validate_sessions + halves.tune_sessions;
+    log::info("split by session", "half", record.split, "sessions", record.split_sessions, "of",
+              record.split_total_sessions, "requests", requests_.size(), "of", before);
+    if (requests_.empty()) {
+      return absl::InvalidArgumentError(
+          strCat("split: the ", record.split, " half of the slice has no requests"));
+    }
+  }
+  if (config_.cluster.engine_config.empty()) {  // no cluster to model (trace-only callers)
+    if (config_.load.utilisation) {
+      return absl::InvalidArgumentError("load.utilisation needs cluster.engine_config");
+    }
+    return absl::OkStatus();
+  }
+  KVF_ASSIGN_OR_RETURN(engine::EngineConfig engine,
+                       engine::loadEngineConfig(config_.cluster.engine_config));
+  engine::TimingModel model(engine.profile);
+  WorkModel work;
+  work.model = &model;
+  work.chunk_tokens = engine.scheduler.max_num_batched_tokens;
+  work.decode_batch = config_.load.decode_batch;
+  work.engines = config_.cluster.engines;
+  work.trace_per_modelled = config_.replay.time_scale / config_.cluster.engine_time_scale;
+  OfferedLoad natural = offeredLoad(requests_, work);
+  record.natural_utilisation = natural.utilisation;
+  if (config_.load.utilisation) {
+    KVF_ASSIGN_OR_RETURN(record.arrival_factor,
+                         scaleToUtilisation(&requests_, *config_.load.utilisation, work));
+    std::stable_sort(requests_.begin(), requests_.end(),
+                     [](const auto& a, const auto& b) { return a.arrival < b.arrival; });
+  }
+  record.load = offeredLoad(requests_, work);
+  record.target = config_.load.utilisation;
+  record.decode_batch = work.decode_batch;
+  record.chunk_tokens = work.chunk_tokens;
+  record.profile = engine.profile.name;
+  log::info("offered load", "utilisation", record.load.utilisation, "work_s", record.load.work_s,
+            "span_s", record.load.span_s, "arrival_factor", record.arrival_factor);
+  fs::create_directories(config_.output_dir);
+  return writeLoadRecord(config_.output_dir + "/load.yaml", record);
 }
 
 namespace {

@@ -28,6 +28,9 @@ class Harness {
   const std::vector<trace::Request>& requests() const { return requests_; }
 
  private:
+  // Keeps the configured split half, rescales arrivals to load.utilisation and writes
+  // DIR/load.yaml (the offered load every report states).
+  absl::Status applySplitAndLoad();
   absl::Status runRepetition(const ArmConfig& arm, int rep, const std::string& rep_dir);
 
   ExperimentConfig config_;

@@ -210,6 +210,7 @@ absl::Status runSimExperiment(const std::string& experiment_path, const SimRunOp
   KVF_ASSIGN_OR_RETURN(ExperimentConfig config,
                        loadExperimentConfig(experiment_path, options.path_variables));
   if (!options.output_dir.empty()) config.output_dir = options.output_dir;
+  if (options.utilisation) config.load.utilisation = options.utilisation;
   KVF_ASSIGN_OR_RETURN(SimOptions sim, parseSimOptions(config.sim, config.source));
   KVF_ASSIGN_OR_RETURN(std::vector<Sweep> sweeps,
                        parseSweeps(config.sweep, config.arms, config.source));
