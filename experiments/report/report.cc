@@ -165,21 +165,24 @@ std::vector<RequestResult> pooledResults(const ArmData& arm) {
 std::string pct(double v) { return fmt::format("{:+.1f}%", 100 * v); }
 
 void latencyTable(std::string& md, const std::vector<ArmData>& arms,
-                  const std::vector<ReplaySummary>& sums, const std::vector<ArmBalance>& balances) {
+                  const std::vector<ReplaySummary>& sums, const std::vector<ArmBalance>& balances,
+                  const ExperimentSetup& setup) {
   md +=
       "| arm | requests | errors | APC | TTFT mean | TTFT p50 | TTFT p90 | TTFT p99 | TPOT p50 | "
       "TPOT p90 | TPOT p99 | E2E p50 | E2E p90 | E2E p99 | prefill ahead | req max/mean | "
-      "tok max/mean |\n";
-  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "tok max/mean | achieved req/s | achieved util |\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (size_t i = 0; i < arms.size(); ++i) {
     const auto& s = sums[i];
+    double util = achievedUtilisation(arms[i], setup);
     md += fmt::format(
         "| {} | {} | {} | {:.1f}% | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {:.4f} | {:.4f} | {:.4f} "
-        "| {:.3f} | {:.3f} | {:.3f} | {:.0f} | {:.2f} | {:.2f} |\n",
+        "| {:.3f} | {:.3f} | {:.3f} | {:.0f} | {:.2f} | {:.2f} | {:.2f} | {} |\n",
         arms[i].name, s.requests, s.errors, 100 * clusterHitRatio(arms[i], s), s.ttft.mean,
         s.ttft.p50, s.ttft.p90, s.ttft.p99, s.tpot.p50, s.tpot.p90, s.tpot.p99, s.e2e.p50,
         s.e2e.p90, s.e2e.p99, balances[i].prefill_ahead_tokens, balances[i].max_over_mean_requests,
-        balances[i].max_over_mean_tokens);
+        balances[i].max_over_mean_tokens, achievedRequestsPerSecond(arms[i]),
+        util > 0 ? fmt::format("{:.2f}", util) : std::string("-"));
   }
 }
 
@@ -314,9 +317,11 @@ absl::StatusOr<std::string> writeReport(const std::string& dir_text, bool plots)
       "ratio (token level, from the engines' /metrics). prefill ahead: uncached prompt tokens "
       "of earlier requests still waiting for their first token on the serving instance when a "
       "request was sent (mean; queueing). req max/mean, tok max/mean: the "
-      "busiest instance's requests and prompt tokens over the mean per instance (1.00 = even).\n\n",
+      "busiest instance's requests and prompt tokens over the mean per instance (1.00 = even). "
+      "achieved req/s: completed requests per second from the first send to the last finish; "
+      "achieved util: the offered utilisation times completed over offered request rate.\n\n",
       arms.size(), arms[0].name);
-  latencyTable(md, arms, sums, balances);
+  latencyTable(md, arms, sums, balances, setup);
   md += "\n" + whyParagraph(arms, sums, balances);
   deltaTable(md, arms);
   instanceTables(md, arms);

@@ -9,6 +9,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "common/strings.h"
+#include "experiments/harness/load.h"
 #include "trace/reader.h"
 
 namespace kvf::experiments {
@@ -122,6 +123,15 @@ absl::StatusOr<ExperimentSetup> readSetup(const std::string& dir_text) {
   for (const auto& arm : fs::directory_iterator(dir / "arms", ec)) {
     if (fs::exists(arm.path() / "rep0" / "router.yaml")) s.simulated = false;
   }
+  if (auto load = readLoadRecord((dir / "load.yaml").string()); load.ok()) {
+    s.offered_utilisation = load->load.utilisation;
+    s.target_utilisation = load->target;
+    s.natural_utilisation = load->natural_utilisation;
+    s.split = load->split;
+    s.split_sessions = load->split_sessions;
+    s.split_total_sessions = load->split_total_sessions;
+    s.decode_batch = load->decode_batch;
+  }
   if (!fs::exists(dir / "trace.jsonl")) return s;
   trace::ReaderOptions reader;
   reader.format = trace::TraceFormat::kSession;
@@ -189,12 +199,51 @@ std::string setupParagraph(const ExperimentSetup& s) {
   out += fmt::format(
       " **Offered load** (trace time): {:.2f} requests/s, {} prompt tokens/s per engine; ",
       s.offered_requests_per_s, thousands(s.offered_prompt_tokens_per_s_per_engine));
-  out += s.offered_utilisation
-             ? fmt::format("offered utilisation {:.0f}% of the cluster's modelled capacity.\n\n",
-                           100 * *s.offered_utilisation)
-             : "offered utilisation: not computed yet (the offered load is what the harness "
-               "knows).\n\n";
-  return out;
+  if (s.offered_utilisation) {
+    out += fmt::format(
+        "**offered utilisation {:.2f}** of the cluster's modelled capacity (cold prefill plus "
+        "decode at batch {} per request, docs/experiments.md)",
+        *s.offered_utilisation, s.decode_batch);
+    out += s.target_utilisation
+               ? fmt::format("; session starts were rescaled to it from the slice's own {:.2f}",
+                             s.natural_utilisation)
+               : std::string("; the trace's own arrivals");
+    out +=
+        ". Prefix-cache hits lower the real work; the table's achieved columns say what "
+        "each arm served.";
+  } else {
+    out += "offered utilisation: not recorded (results written before the harness computed it).";
+  }
+  if (!s.split.empty()) {
+    out += fmt::format(
+        " **Held-out split**: the {} half by session ({} of {} sessions); figures are that "
+        "half's.",
+        s.split, thousands(static_cast<double>(s.split_sessions)),
+        thousands(static_cast<double>(s.split_total_sessions)));
+  }
+  return out + "\n\n";
+}
+
+double achievedRequestsPerSecond(const ArmData& arm) {
+  double done = 0, seconds = 0;
+  for (const auto& rep : arm.reps) {
+    double first = 1e300, last = -1e300;
+    for (const auto& r : rep) {
+      first = std::min(first, r.sent_s);
+      if (!r.outcome.ok) continue;
+      last = std::max(last, r.sent_s + std::max(0.0, r.outcome.e2e_s));
+      done += 1;
+    }
+    if (last > first) seconds += last - first;
+  }
+  return seconds > 0 ? done / seconds : 0;
+}
+
+double achievedUtilisation(const ArmData& arm, const ExperimentSetup& setup) {
+  if (!setup.offered_utilisation || setup.requests <= 0 || setup.span_s <= 0) return 0;
+  // The offered rate in the replay clock; completed over offered, times the offered share.
+  double offered_rps = static_cast<double>(setup.requests) * setup.time_scale / setup.span_s;
+  return *setup.offered_utilisation * achievedRequestsPerSecond(arm) / offered_rps;
 }
 
 double clusterHitRatio(const ArmData& arm, const ReplaySummary& summary) {

@@ -38,6 +38,12 @@ struct ExperimentSetup {
   // Offered utilisation of the cluster's modelled capacity. nullopt until the harness computes
   // it from the engines' profile; the report then says the offered load is all it knows.
   std::optional<double> offered_utilisation;
+  // From DIR/load.yaml too: the target the arrivals were scaled to, and the split half.
+  std::optional<double> target_utilisation;
+  double natural_utilisation = 0;  // the same requests at their own arrivals
+  std::string split;               // "validate", "tune" or empty
+  int64_t split_sessions = 0, split_total_sessions = 0;
+  int decode_batch = 0;
 };
 
 // Reads DIR/experiment.yaml (leniently: the report must open results of older files too) and
@@ -59,6 +65,14 @@ struct ArmBalance {
   std::string busiest;              // the instance with the most requests
   int64_t busiest_requests = 0, least_requests = 0;
 };
+
+// Achieved throughput of an arm (pooled over repetitions): completed requests per second of the
+// replay clock, from the first send to the last finish of each repetition.
+double achievedRequestsPerSecond(const ArmData& arm);
+// The offered utilisation scaled by what the arm completed in how long: the share of the
+// cluster's modelled capacity the arm's completed work kept busy (offered x completed fraction x
+// offered span / makespan); 0 when the offered utilisation is unknown.
+double achievedUtilisation(const ArmData& arm, const ExperimentSetup& setup);
 
 // `instances`: the cluster size (instances that served nothing still count).
 ArmBalance balanceOf(const ArmData& arm, int instances);

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "experiments/harness/load.h"
 #include "experiments/report/prom_text.h"
 #include "experiments/report/report_summary.h"
 #include "tests/testing/temp_dir.h"
@@ -204,11 +205,40 @@ TEST(ReportSummary, SetupStatesSliceScaleAndLoad) {
        {"**Setup.** 5 requests from `conversation_trace.jsonl`", "trace seconds 0-240",
         "Simulated: 8 engines (`engine.yaml`)", "**Time scale 8**",
         "multiply by 8 for modelled seconds", "1.25 requests/s, 313 prompt tokens/s per engine",
-        "offered utilisation: not computed yet"}) {
+        "offered utilisation: not recorded"}) {
     EXPECT_NE(text.find(part), std::string::npos) << part << "\n" << text;
   }
-  setup->offered_utilisation = 0.85;
-  EXPECT_NE(setupParagraph(*setup).find("offered utilisation 85%"), std::string::npos);
+  // The harness's DIR/load.yaml gives the utilisation, the target and the split half.
+  LoadRecord record;
+  record.load.utilisation = 0.85;
+  record.target = 0.85;
+  record.natural_utilisation = 0.4;
+  record.decode_batch = 32;
+  record.split = "validate";
+  record.split_sessions = 3;
+  record.split_total_sessions = 6;
+  ASSERT_TRUE(writeLoadRecord((dir / "load.yaml").string(), record).ok());
+  setup = readSetup(dir.string());
+  ASSERT_TRUE(setup.ok()) << setup.status();
+  text = setupParagraph(*setup);
+  for (const char* part : {"**offered utilisation 0.85**", "decode at batch 32",
+                           "rescaled to it from the slice's own 0.40",
+                           "the validate half by session (3 of 6 sessions)"}) {
+    EXPECT_NE(text.find(part), std::string::npos) << part << "\n" << text;
+  }
+  // Achieved: an arm that finished all 5 requests in 8 s of its clock served 5/8 req/s against
+  // 5/4 x 8 offered (time scale 8), so it kept 0.85 x 0.625 / 10 of the capacity busy.
+  ArmData arm;
+  arm.reps.emplace_back();
+  for (int i = 0; i < 5; ++i) {
+    RequestResult r;
+    r.sent_s = i * 0.5;
+    r.outcome.ok = true;
+    r.outcome.e2e_s = i == 4 ? 6.0 : 1.0;
+    arm.reps.back().push_back(r);
+  }
+  EXPECT_DOUBLE_EQ(achievedRequestsPerSecond(arm), 5.0 / 8.0);
+  EXPECT_NEAR(achievedUtilisation(arm, *setup), 0.85 * 0.625 / 10, 1e-12);
   EXPECT_NE(setupParagraph(ExperimentSetup{}).find("Not recorded"), std::string::npos);
   EXPECT_EQ(terminalSummary("# R\n\nsetup\n\n| t |\n\n**Why.** x\n\n## Change\nmore\n"),
             "# R\n\nsetup\n\n| t |\n\n**Why.** x\n\n");
