@@ -30,6 +30,9 @@ ABSL_FLAG(int, jobs, -1,
 ABSL_FLAG(double, utilisation, 0,
           "run, sim: offered utilisation to scale the slice's session starts to, overriding the "
           "file's load.utilisation (0: the file's; docs/experiments.md).");
+ABSL_FLAG(bool, report, true,
+          "sim: write DIR/report.md when done (false: results only; `kvf-experiment report DIR` "
+          "writes it later).");
 ABSL_FLAG(std::string, sim_arm, "",
           "sim (internal): simulate only this arm; the parent already wrote DIR/trace.jsonl.");
 ABSL_FLAG(int, sim_rep, 0, "sim (internal): the repetition of --sim_arm to simulate.");
@@ -84,8 +87,9 @@ absl::Status simulate(const std::string& path, const experiments::ExperimentConf
   options.only_rep = absl::GetFlag(FLAGS_sim_rep);
   options.path_variables = pathVariables();
   if (absl::GetFlag(FLAGS_utilisation) > 0) options.utilisation = absl::GetFlag(FLAGS_utilisation);
+  options.report = absl::GetFlag(FLAGS_report);
   KVF_RETURN_IF_ERROR(experiments::sim::runSimExperiment(path, options));
-  if (options.only_arm.empty()) {
+  if (options.only_arm.empty() && options.report) {
     printSummary(options.output_dir.empty() ? config.output_dir : options.output_dir);
   }
   return absl::OkStatus();

@@ -258,6 +258,7 @@ absl::Status runSimExperiment(const std::string& experiment_path, const SimRunOp
   } else {
     KVF_RETURN_IF_ERROR(runParallel(config, experiment_path, arms, jobs, parallel));
   }
+  if (!options.report) return absl::OkStatus();
   auto report = writeReport(dir, options.plots);
   if (!report.ok()) return report.status();
   return writeSweepReport(dir, arms, sweeps, options.plots);

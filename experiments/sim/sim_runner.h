@@ -19,6 +19,9 @@ struct SimRunOptions {
   std::string output_dir;  // overrides the experiment's
   int jobs = -1;           // -1: the experiment's sim.jobs (0 there = hardware threads)
   bool plots = true;
+  // false: leave the results only (`kvf-experiment report DIR` writes the report later); the
+  // report's bootstrap over every arm costs more than simulating them on a busy machine.
+  bool report = true;
   PathVariables path_variables;       // ${KVF_TRACES_DIR} in the experiment's paths
   std::optional<double> utilisation;  // overrides the experiment's load.utilisation
   // Child mode: run only this arm and repetition (the parent already cut the trace).
