@@ -203,7 +203,7 @@ def main():
                 f"({load.get('requests')} requests of the {load.get('split', 'whole')} half, "
                 f"{load.get('split_sessions', '?')} of {load.get('split_total_sessions', '?')} "
                 f"sessions; arrivals x{float(load.get('arrival_factor', 1)):.3g}; "
-                f"{len(next(iter(arms.values()))['reps'])} repetitions). Seconds; 95% intervals.\n")
+                f"{len(next(iter(arms.values()))['reps'])} repetition(s)). Seconds; 95% intervals.\n")
             md.append("| arm | TTFT p50 | TTFT p90 | TTFT p99 | E2E p50 | E2E p90 | E2E p99 | "
                       "hit ratio | moves/rep | req max/mean | errors |")
             md.append("|---|---|---|---|---|---|---|---|---|---|---|")
