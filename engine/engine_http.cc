@@ -89,6 +89,8 @@ absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::create(asio::io_cont
   so.host = c.host;
   so.port = static_cast<uint16_t>(c.port);
   so.max_body_bytes = static_cast<size_t>(c.max_body_bytes);
+  so.max_connections = static_cast<size_t>(c.max_connections);
+  so.max_connections_per_client = static_cast<size_t>(c.max_connections_per_client);
   KVF_ASSIGN_OR_RETURN(impl->http, http::HttpServer::create(ioc, so));
   impl->registerMetrics();
   if (c.worker.port > 0) KVF_RETURN_IF_ERROR(impl->createPush());
