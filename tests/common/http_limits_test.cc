@@ -113,6 +113,15 @@ class HttpLimitsTest : public ::testing::Test {
     return client.read(5s).data;
   }
 
+  // `n` connections from `source`, each sending nothing.
+  std::vector<std::unique_ptr<RawClient>> connectMany(int n, const char* source) {
+    std::vector<std::unique_ptr<RawClient>> clients;
+    for (int i = 0; i < n; ++i) {
+      clients.push_back(std::make_unique<RawClient>(io_.context(), server_->port(), source));
+    }
+    return clients;
+  }
+
   testing::IoThread io_;
   std::unique_ptr<HttpServer> server_;
   std::atomic<int> handled_{0};
@@ -217,10 +226,7 @@ TEST_F(HttpLimitsTest, IdleConnectionsOfOneClientDoNotLockOthersOut) {
   ServerOptions options;
   options.max_connections = 8;
   startServer(options);
-  std::vector<std::unique_ptr<RawClient>> idle;
-  for (int i = 0; i < 8; ++i) {
-    idle.push_back(std::make_unique<RawClient>(io_.context(), server_->port(), "127.0.0.2"));
-  }
+  auto idle = connectMany(8, "127.0.0.2");
   ASSERT_TRUE(waitFor([&] { return server_->activeConnections() == 8; }));
   RawClient other(io_.context(), server_->port(), "127.0.0.3");
   other.send("GET /hello HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -241,10 +247,7 @@ TEST_F(HttpLimitsTest, PerClientCapClosesConnectionsPastIt) {
   ServerOptions options;
   options.max_connections_per_client = 3;
   startServer(options);
-  std::vector<std::unique_ptr<RawClient>> clients;
-  for (int i = 0; i < 5; ++i) {
-    clients.push_back(std::make_unique<RawClient>(io_.context(), server_->port(), "127.0.0.4"));
-  }
+  auto clients = connectMany(5, "127.0.0.4");
   ASSERT_TRUE(waitFor([&] { return server_->refusedConnections() == 2; }));
   EXPECT_EQ(server_->activeConnections(), 3u);
   // Another client is not affected.
