@@ -72,11 +72,14 @@ function(kvf_library folder)
   target_link_libraries(${target} PUBLIC ${ARG_DEPS} PRIVATE kvf::warnings)
 endfunction()
 
-# kvf_binary(NAME kvf-foo SOURCES main.cc DEPS ...): an executable in build/bin.
+# kvf_binary(NAME kvf-foo SOURCES main.cc DEPS ...): an executable in build/bin. It follows the
+# command-line convention of common/cli.h (and gets the build's version for --version);
+# tests/integration/cli_conventions_test.cc checks every file in build/bin.
 function(kvf_binary name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} kvf::warnings)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} kvf_version kvf::warnings)
+  set_property(GLOBAL APPEND PROPERTY KVF_INSTALLED_TARGETS ${name})
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
 endfunction()
 
@@ -104,15 +107,46 @@ function(kvf_test name)
   endif()
 endfunction()
 
-# kvf_benchmark(NAME name SOURCES ... DEPS ...): a Google Benchmark binary in build/bin.
+# kvf_benchmark(NAME name SOURCES ... DEPS ...): a Google Benchmark binary in build/bin; its
+# main() is experiments/bench/bench_main.h's benchmarkMain (description first in --help).
 function(kvf_benchmark name)
   cmake_parse_arguments(ARG "" "" "SOURCES;DEPS" ${ARGN})
   if(NOT KVF_BUILD_BENCHMARKS)
     return()
   endif()
   add_executable(${name} ${ARG_SOURCES})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} benchmark::benchmark kvf::warnings)
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} kvf_bench_main benchmark::benchmark
+                                        kvf_version kvf::warnings)
+  set_property(GLOBAL APPEND PROPERTY KVF_INSTALLED_TARGETS ${name})
   set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/bin)
+endfunction()
+
+# kvf_script(SOURCE file NAME installed-name): a script installed into build/bin under the kvf-*
+# name it prints, with "@KVF_VERSION@" replaced by the build's version (at build time, by
+# kvf_add_version_target).
+function(kvf_script)
+  cmake_parse_arguments(ARG "" "SOURCE;NAME" "" ${ARGN})
+  set_property(GLOBAL APPEND_STRING PROPERTY KVF_SCRIPTS
+               "${CMAKE_CURRENT_SOURCE_DIR}/${ARG_SOURCE}>${PROJECT_BINARY_DIR}/bin/${ARG_NAME}|")
+  set_property(GLOBAL APPEND PROPERTY KVF_SCRIPT_OUTPUTS "${PROJECT_BINARY_DIR}/bin/${ARG_NAME}")
+endfunction()
+
+# kvf_add_version_target(): object library kvf_version (objects, so link order never matters) (common/version.h) from a source the build
+# regenerates from git and the build type on every build (cmake/KvfVersion.cmake), and the
+# scripts of kvf_script(). Call once, after every kvf_script().
+function(kvf_add_version_target)
+  set(out ${PROJECT_BINARY_DIR}/generated/kvf_version.cc)
+  get_property(scripts GLOBAL PROPERTY KVF_SCRIPTS)
+  get_property(script_outputs GLOBAL PROPERTY KVF_SCRIPT_OUTPUTS)
+  add_custom_target(kvf_version_stamp ALL
+    COMMAND ${CMAKE_COMMAND} -DKVF_SOURCE_DIR=${PROJECT_SOURCE_DIR} -DKVF_OUTPUT=${out}
+            -DKVF_PROJECT_VERSION=${PROJECT_VERSION} -DKVF_BUILD_TYPE=${CMAKE_BUILD_TYPE}
+            "-DKVF_SCRIPTS=${scripts}" -P ${PROJECT_SOURCE_DIR}/cmake/KvfVersion.cmake
+    BYPRODUCTS ${out} ${script_outputs}
+    COMMENT "version: git revision and build type" VERBATIM)
+  add_library(kvf_version OBJECT ${out})
+  target_include_directories(kvf_version PUBLIC ${PROJECT_SOURCE_DIR})
+  add_dependencies(kvf_version kvf_version_stamp)
 endfunction()
 
 # format / format-check: clang-format over every tracked C++ source.

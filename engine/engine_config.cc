@@ -60,6 +60,16 @@ void parseWorker(config::ConfigMap& m, WorkerConfig* w) {
   m.rejectUnknownKeys();
 }
 
+void parseMembership(config::ConfigMap& m, MembershipConfig* out) {
+  m.require("etcd");
+  if (auto e = m.map("etcd")) {
+    out->enabled = true;
+    membership::parseEtcdConfig(*e, membership::EtcdRole::kRegistrant, &out->etcd);
+  }
+  m.get("advertise_host", &out->advertise_host);
+  m.rejectUnknownKeys();
+}
+
 void parseRoot(config::ConfigMap& root, EngineConfig* c) {
   root.get("instance_id", &c->instance_id);
   root.get("served_model_name", &c->served_model_name);
@@ -78,6 +88,7 @@ void parseRoot(config::ConfigMap& root, EngineConfig* c) {
   if (auto m = root.map("scheduler")) parseScheduler(*m, &c->scheduler);
   if (auto m = root.map("kv_events")) parseKvEvents(*m, &c->kv_events);
   if (auto m = root.map("worker")) parseWorker(*m, &c->worker);
+  if (auto m = root.map("membership")) parseMembership(*m, &c->membership);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "engine/scheduler.h"
 #include "engine/timing_model.h"
+#include "membership/membership_config.h"
 
 namespace kvf::engine {
 
@@ -51,6 +52,16 @@ struct WorkerConfig {
   int64_t fault_stall_ms = 3000;
 };
 
+// Self-registration in etcd (docs/configuration.md, "Membership in etcd"): the engine puts
+// {id, url, kv_events, worker_url} under <prefix><instance_id> with a lease it keeps alive, and
+// revokes the lease on SIGTERM.
+struct MembershipConfig {
+  bool enabled = false;  // a membership.etcd block is present
+  membership::EtcdConfig etcd;
+  // The host routers reach this engine at; empty: `host` (required when host is a wildcard).
+  std::string advertise_host;
+};
+
 struct EngineConfig {
   std::string instance_id = "engine-0";
   std::string served_model_name;  // default: the profile's model name
@@ -64,6 +75,7 @@ struct EngineConfig {
   SchedulerConfig scheduler;
   KvEventsConfig kv_events;
   WorkerConfig worker;
+  MembershipConfig membership;
   int64_t max_body_bytes = 64 * 1024 * 1024;
   int64_t max_connections = 4096;             // client connections (common/http_server.h)
   int64_t max_connections_per_client = 1024;  // per source address; 0: no per-client cap

@@ -17,14 +17,19 @@
 ABSL_FLAG(std::string, trace, "", "Trace file or directory (required).");
 ABSL_FLAG(std::string, format, "auto", "Trace format: auto, mooncake, session, bailian, agentic.");
 ABSL_FLAG(bool, skip_bad_lines, false, "Skip malformed trace records instead of stopping.");
-ABSL_FLAG(std::string, url, "http://127.0.0.1:9000", "Endpoint base URL (router or engine).");
+ABSL_FLAG(std::string, url, "http://127.0.0.1:8000",
+          "Endpoint base URL: the router (kvf-router listens on port 8000 unless its config "
+          "says otherwise) or one engine.");
 ABSL_FLAG(std::string, output, "", "Results JSONL file (required; never overwritten).");
 ABSL_FLAG(bool, resume, false, "Continue an existing results file, skipping finished requests.");
 ABSL_FLAG(std::string, dispatch, "timestamp",
           "timestamp: send each request at its trace time (open loop). session: send a "
           "session's next turn when the previous finished plus its think time, or at its trace "
           "time if later.");
-ABSL_FLAG(double, time_scale, 1.0, "Trace time compression (2 = twice as fast; 1 = real time).");
+ABSL_FLAG(double, time_scale, 1.0,
+          "Trace time compression: 8 sends the requests 8x faster than their trace timestamps "
+          "(1 = real time). Give kvf-engine the same --time_scale so the engines model the same "
+          "load; the measured latencies are then the modelled ones divided by it.");
 ABSL_FLAG(int64_t, limit, 0, "Replay only the first N requests by arrival (0 = all).");
 ABSL_FLAG(double, warmup_s, 0.0,
           "Leave requests arriving before this trace time out of the summary.");
@@ -62,67 +67,90 @@ absl::StatusOr<std::pair<std::string, uint16_t>> parseUrl(const std::string& url
   return std::make_pair(rest.substr(0, colon), static_cast<uint16_t>(port));
 }
 
-absl::Status run() {
-  std::string trace_path = absl::GetFlag(FLAGS_trace);
-  std::string output = absl::GetFlag(FLAGS_output);
-  if (trace_path.empty()) return absl::InvalidArgumentError("--trace is required");
-  if (output.empty()) return absl::InvalidArgumentError("--output is required");
+struct ReplayFlags {
+  std::string trace_path, output, dispatch;
   experiments::ReplayOptions options;
-  std::string dispatch = absl::GetFlag(FLAGS_dispatch);
-  if (dispatch == "session") {
+  std::pair<std::string, uint16_t> endpoint;
+  trace::ReaderOptions reader;
+};
+
+// Every check of the command line itself: a failure here is a usage error (exit 2).
+absl::StatusOr<ReplayFlags> readFlags() {
+  ReplayFlags f;
+  f.trace_path = absl::GetFlag(FLAGS_trace);
+  f.output = absl::GetFlag(FLAGS_output);
+  if (f.trace_path.empty()) return absl::InvalidArgumentError("--trace is required");
+  if (f.output.empty()) return absl::InvalidArgumentError("--output is required");
+  experiments::ReplayOptions& options = f.options;
+  f.dispatch = absl::GetFlag(FLAGS_dispatch);
+  if (f.dispatch == "session") {
     options.dispatch = experiments::DispatchMode::kSession;
-  } else if (dispatch != "timestamp") {
+  } else if (f.dispatch != "timestamp") {
     return absl::InvalidArgumentError("--dispatch must be timestamp or session");
   }
   options.time_scale = absl::GetFlag(FLAGS_time_scale);
   if (!(options.time_scale > 0)) return absl::InvalidArgumentError("--time_scale must be > 0");
   options.limit = absl::GetFlag(FLAGS_limit);
+  if (options.limit < 0) return absl::InvalidArgumentError("--limit must be >= 0");
   options.warmup_s = absl::GetFlag(FLAGS_warmup_s);
   options.max_in_flight = absl::GetFlag(FLAGS_max_in_flight);
   options.timeout =
       std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_s) * 1000));
   options.model = absl::GetFlag(FLAGS_model);
   options.progress = absl::GetFlag(FLAGS_progress);
-  KVF_ASSIGN_OR_RETURN(auto endpoint, parseUrl(absl::GetFlag(FLAGS_url)));
-
-  trace::ReaderOptions reader;
-  KVF_ASSIGN_OR_RETURN(reader.format, trace::parseFormatName(absl::GetFlag(FLAGS_format)));
-  reader.on_error =
+  KVF_ASSIGN_OR_RETURN(f.endpoint, parseUrl(absl::GetFlag(FLAGS_url)));
+  KVF_ASSIGN_OR_RETURN(f.reader.format, trace::parseFormatName(absl::GetFlag(FLAGS_format)));
+  f.reader.on_error =
       absl::GetFlag(FLAGS_skip_bad_lines) ? trace::OnError::kSkip : trace::OnError::kStop;
-  reader.arrivals.rate_per_s = absl::GetFlag(FLAGS_conversation_rate);
-  reader.arrivals.seed = absl::GetFlag(FLAGS_seed);
-  KVF_ASSIGN_OR_RETURN(std::vector<trace::Request> requests, trace::readAll(trace_path, reader));
+  f.reader.arrivals.rate_per_s = absl::GetFlag(FLAGS_conversation_rate);
+  f.reader.arrivals.seed = absl::GetFlag(FLAGS_seed);
+  return f;
+}
+
+absl::Status run(const ReplayFlags& f) {
+  const experiments::ReplayOptions& options = f.options;
+  KVF_ASSIGN_OR_RETURN(std::vector<trace::Request> requests,
+                       trace::readAll(f.trace_path, f.reader));
   experiments::assignMissingIds(&requests);
   trace::TokenSynthOptions synth_options;
   synth_options.vocab_min = absl::GetFlag(FLAGS_vocab_min);
   synth_options.vocab_max = absl::GetFlag(FLAGS_vocab_max);
   synth_options.salt = absl::GetFlag(FLAGS_salt);
 
-  KVF_ASSIGN_OR_RETURN(auto log, experiments::ResultLog::open(output, absl::GetFlag(FLAGS_resume)));
-  log::info("replay starting", "trace", trace_path, "requests", requests.size(), "done",
-            log->done().size(), "dispatch", dispatch, "time_scale", options.time_scale);
+  KVF_ASSIGN_OR_RETURN(auto log,
+                       experiments::ResultLog::open(f.output, absl::GetFlag(FLAGS_resume)));
+  log::info("replay starting", "trace", f.trace_path, "requests", requests.size(), "done",
+            log->done().size(), "dispatch", f.dispatch, "time_scale", options.time_scale);
 
-  absl::Status status = experiments::replayTrace(requests, endpoint.first, endpoint.second, options,
-                                                 synth_options, log.get());
+  absl::Status status = experiments::replayTrace(requests, f.endpoint.first, f.endpoint.second,
+                                                 options, synth_options, log.get());
   std::printf(
       "%s",
       experiments::formatSummary(experiments::summarize(log->results(), options.warmup_s)).c_str());
-  std::printf("results: %s\n", output.c_str());
+  std::printf("results: %s\n", f.output.c_str());
   return status;
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
-  kvf::cli::parseFlags(
+  auto args = kvf::cli::parseFlags(
       argc, argv,
-      "Replays a trace against an OpenAI-compatible endpoint and measures TTFT, TPOT and E2E.\n"
-      "  kvf-replay --trace T.jsonl --url http://127.0.0.1:9000 --output results.jsonl");
+      "kvf-replay: replays a trace against an OpenAI-compatible endpoint (the router or one\n"
+      "engine) and measures TTFT, TPOT and E2E per request (docs/experiments.md).\n\n"
+      "Usage: kvf-replay --trace T.jsonl --output results.jsonl [--url http://127.0.0.1:8000]\n"
+      "                  [--limit N] [--time_scale S] [--dispatch timestamp|session]\n\n"
+      "Prints a progress line on stderr, then a summary table (failed requests are counted\n"
+      "there). Exit status: 0 the replay ran, 1 it could not run (endpoint, trace or results\n"
+      "file), 2 a bad command line.");
+  if (!args.empty()) kvf::cli::failUsage("kvf-replay", "unexpected argument '" + args[0] + "'");
+  auto flags = readFlags();
+  if (!flags.ok()) kvf::cli::failUsage("kvf-replay", std::string(flags.status().message()));
   kvf::log::init("kvf-replay");
-  absl::Status status = run();
+  absl::Status status = run(*flags);
   if (!status.ok()) {
     std::fprintf(stderr, "kvf-replay: %s\n", std::string(status.message()).c_str());
-    return 1;
+    return kvf::cli::kExitFailure;
   }
   return 0;
 }

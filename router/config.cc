@@ -109,7 +109,19 @@ void parseRoot(config::ConfigMap& root, RouterConfig* out) {
     out->max_connections_per_client = per_client;
     listen->rejectUnknownKeys();
   }
-  root.require("instances");
+  if (auto m = root.map("membership")) {
+    m->getEnum("source", &out->membership,
+               {{"static", MembershipSource::kStatic}, {"etcd", MembershipSource::kEtcd}});
+    if (auto e = m->map("etcd")) {
+      membership::parseEtcdConfig(*e, membership::EtcdRole::kWatcher, &out->etcd);
+      if (out->membership != MembershipSource::kEtcd) m->fail("etcd", "needs source: etcd");
+    } else if (out->membership == MembershipSource::kEtcd) {
+      m->require("etcd");
+    }
+    m->rejectUnknownKeys();
+  }
+  // With etcd membership the static list may be empty (or absent).
+  if (out->membership == MembershipSource::kStatic) root.require("instances");
   std::set<std::string> ids;
   for (auto& item : root.mapList("instances")) {
     InstanceConfig instance;

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "common/clock.h"
 #include "common/config.h"
+#include "membership/membership_config.h"
 #include "policy/cache_index.h"
 #include "policy/policy.h"
 
@@ -41,6 +42,9 @@ struct HealthConfig {
   bool scrape_metrics = true;   // read waiting / KV usage from the engine's /metrics
 };
 
+// Where instances come from besides `instances:`: nowhere (static), or etcd leases.
+enum class MembershipSource { kStatic, kEtcd };
+
 struct RouterConfig {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;
@@ -48,6 +52,8 @@ struct RouterConfig {
   size_t max_connections = 4096;             // client connections (common/http_server.h)
   size_t max_connections_per_client = 1024;  // per source address; 0: no per-client cap
   std::vector<InstanceConfig> instances;
+  MembershipSource membership = MembershipSource::kStatic;
+  membership::EtcdConfig etcd;  // membership.etcd (source: etcd)
   policy::PolicyConfig policy;
   policy::CacheIndexConfig index;
   HealthConfig health;

@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "router/membership.h"
 #include "router/router_internal.h"
 
 namespace kvf::router {
@@ -105,6 +106,10 @@ absl::Status Router::init() {
               "policy", policy::policyKindName(config_.policy.kind), "instances_with_worker",
               workers);
   }
+  if (config_.membership == MembershipSource::kEtcd) {
+    membership_ = std::make_unique<EtcdMembership>(*this);
+    KVF_RETURN_IF_ERROR(membership_->start());
+  }
   registerRoutes();
   server_->start();
   log::info("router listening", "host", config_.host, "port", server_->port(), "policy",
@@ -117,6 +122,7 @@ uint16_t Router::port() const { return server_->port(); }
 void Router::stop() {
   if (stopped_) return;
   stopped_ = true;
+  if (membership_) membership_->stop();
   if (server_) server_->stop();
   for (auto& instance : slots_) {
     if (!instance) continue;
@@ -132,7 +138,8 @@ std::shared_ptr<Instance> Router::findInstance(std::string_view id) const {
   return nullptr;
 }
 
-absl::StatusOr<std::shared_ptr<Instance>> Router::addInstance(const InstanceConfig& config) {
+absl::StatusOr<std::shared_ptr<Instance>> Router::addInstance(const InstanceConfig& config,
+                                                              bool admit_now) {
   if (findInstance(config.id)) {
     return absl::AlreadyExistsError(strCat("instance \"", config.id, "\" already exists"));
   }
@@ -144,6 +151,7 @@ absl::StatusOr<std::shared_ptr<Instance>> Router::addInstance(const InstanceConf
   instance->config = config;
   instance->slot = static_cast<int>(free_slot - slots_.begin());
   instance->generation = next_generation_++;
+  instance->check_healthy = admit_now;
   http::ClientOptions options;
   options.connect_timeout = std::chrono::milliseconds(config_.connect_timeout / kNanosPerMilli);
   options.read_timeout = std::chrono::milliseconds(config_.read_timeout / kNanosPerMilli);

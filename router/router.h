@@ -33,6 +33,7 @@ class context_t;
 
 namespace kvf::router {
 
+class EtcdMembership;
 struct Instance;
 struct KvTransferParams;
 struct KvUpdate;
@@ -58,10 +59,14 @@ class Router : public std::enable_shared_from_this<Router> {
   const policy::CacheIndex& index() const { return index_; }
 
  private:
+  friend class EtcdMembership;  // adds and removes the instances registered in etcd
+
   Router(asio::io_context& ioc, RouterConfig config, const Clock& clock);
   absl::Status init();
   void registerRoutes();
-  absl::StatusOr<std::shared_ptr<Instance>> addInstance(const InstanceConfig& config);
+  // `admit_now` false: the instance takes no requests until a health check passed.
+  absl::StatusOr<std::shared_ptr<Instance>> addInstance(const InstanceConfig& config,
+                                                        bool admit_now = true);
   void removeInstance(const std::shared_ptr<Instance>& instance);
   std::shared_ptr<Instance> findInstance(std::string_view id) const;
 
@@ -126,6 +131,7 @@ class Router : public std::enable_shared_from_this<Router> {
   metrics::Registry registry_;
   std::unique_ptr<http::HttpServer> server_;
   std::unique_ptr<DecisionLog> log_;
+  std::unique_ptr<EtcdMembership> membership_;  // membership.source: etcd
   std::shared_ptr<zmq::context_t> zmq_;
   policy::CacheIndex index_;
   std::unique_ptr<policy::Policy> policy_;

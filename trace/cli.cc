@@ -60,7 +60,6 @@ void printSkipped(const RequestReader& reader) {
 }
 
 absl::Status runStats(const std::vector<std::string>& args, const CliOptions& o) {
-  if (args.empty()) return absl::InvalidArgumentError("stats needs FILE|DIR arguments");
   for (const std::string& path : args) {
     KVF_ASSIGN_OR_RETURN(auto reader, openTrace(path, o.reader));
     Progress progress("stats " + path, o.progress);
@@ -82,9 +81,6 @@ absl::Status runStats(const std::vector<std::string>& args, const CliOptions& o)
 }
 
 absl::Status runConvert(const std::vector<std::string>& args, const CliOptions& o) {
-  if (args.size() != 1 || o.output.empty()) {
-    return absl::InvalidArgumentError("convert needs one FILE|DIR and --output");
-  }
   KVF_ASSIGN_OR_RETURN(auto reader, openTrace(args[0], o.reader));
   KVF_ASSIGN_OR_RETURN(auto writer, SessionWriter::create(o.output));
   Request r;
@@ -98,9 +94,6 @@ absl::Status runConvert(const std::vector<std::string>& args, const CliOptions& 
 }
 
 absl::Status runSample(const std::vector<std::string>& args, const CliOptions& o) {
-  if (args.size() != 1 || o.output.empty()) {
-    return absl::InvalidArgumentError("sample needs one FILE|DIR and --output");
-  }
   KVF_ASSIGN_OR_RETURN(auto writer, SessionWriter::create(o.output));
   KVF_ASSIGN_OR_RETURN(auto report,
                        sampleTrace(args[0], o.reader, o.sample, o.stats, writer.get()));
@@ -110,9 +103,6 @@ absl::Status runSample(const std::vector<std::string>& args, const CliOptions& o
 }
 
 absl::Status runSynth(const std::vector<std::string>& args, const CliOptions& o) {
-  if (args.size() > 1 || o.output.empty()) {
-    return absl::InvalidArgumentError("synth takes at most one CONFIG.yaml and needs --output");
-  }
   SynthConfig config;
   if (!args.empty()) {
     KVF_ASSIGN_OR_RETURN(config, loadSynthConfig(args[0]));
@@ -165,7 +155,6 @@ absl::StatusOr<int64_t> boostJsonPass(const std::string& path, int64_t* bytes) {
 }
 
 absl::Status runBench(const std::vector<std::string>& args, const CliOptions& o) {
-  if (args.size() != 1) return absl::InvalidArgumentError("bench needs one FILE|DIR");
   auto start = SteadyTime::now();
   KVF_ASSIGN_OR_RETURN(auto reader, openTrace(args[0], o.reader));
   Request r;
@@ -210,15 +199,34 @@ absl::Status runBench(const std::vector<std::string>& args, const CliOptions& o)
 
 }  // namespace
 
+absl::Status checkCommandLine(const std::string& command, const std::vector<std::string>& args,
+                              const CliOptions& options) {
+  auto fail = [](const std::string& message) { return absl::InvalidArgumentError(message); };
+  if (command == "stats")
+    return args.empty() ? fail("stats needs FILE|DIR arguments") : absl::OkStatus();
+  if (command == "convert" || command == "sample") {
+    return args.size() != 1 || options.output.empty()
+               ? fail(strCat(command, " needs one FILE|DIR and --output"))
+               : absl::OkStatus();
+  }
+  if (command == "synth") {
+    return args.size() > 1 || options.output.empty()
+               ? fail("synth takes at most one CONFIG.yaml and needs --output")
+               : absl::OkStatus();
+  }
+  if (command == "bench")
+    return args.size() != 1 ? fail("bench needs one FILE|DIR") : absl::OkStatus();
+  return fail(strCat("unknown command '", command, "' (stats, convert, sample, synth, bench)"));
+}
+
 absl::Status runCommand(const std::string& command, const std::vector<std::string>& args,
                         const CliOptions& options) {
+  KVF_RETURN_IF_ERROR(checkCommandLine(command, args, options));
   if (command == "stats") return runStats(args, options);
   if (command == "convert") return runConvert(args, options);
   if (command == "sample") return runSample(args, options);
   if (command == "synth") return runSynth(args, options);
-  if (command == "bench") return runBench(args, options);
-  return absl::InvalidArgumentError(
-      strCat("unknown command '", command, "' (stats, convert, sample, synth, bench)"));
+  return runBench(args, options);
 }
 
 }  // namespace kvf::trace

@@ -23,7 +23,13 @@ struct CliOptions {
   bool progress = true;
 };
 
-// Runs `command` ("stats", "convert", "sample", "synth", "bench") on `args`.
+// OK when `command` is known and `args` and the options have the shape it needs; else
+// InvalidArgument saying what is missing (a usage error: nothing was read or written).
+absl::Status checkCommandLine(const std::string& command, const std::vector<std::string>& args,
+                              const CliOptions& options);
+
+// Runs `command` ("stats", "convert", "sample", "synth", "bench") on `args`, after
+// checkCommandLine().
 absl::Status runCommand(const std::string& command, const std::vector<std::string>& args,
                         const CliOptions& options);
 

@@ -47,7 +47,10 @@ ABSL_FLAG(bool, progress, true, "Show progress on stderr for long runs.");
 
 namespace {
 
-constexpr char kUsage[] = R"(kvf-trace COMMAND [flags] ARGS
+constexpr char kUsage[] =
+    R"(kvf-trace: read, analyse, sample and synthesise prefix-structured request traces.
+
+Usage: kvf-trace COMMAND [flags] ARGS
 
 Commands:
   stats FILE|DIR...      statistics of each trace (table, or --json)
@@ -57,7 +60,9 @@ Commands:
   synth [CONFIG.yaml]    synthetic agentic trace (--output; default config without a file)
   bench FILE|DIR         parse and stats throughput on one core
 
-See docs/traces.md for formats and the definition of every statistic.)";
+See docs/traces.md for formats and the definition of every statistic; the repository carries
+the Mooncake traces in data/traces/mooncake/. Exit status: 0 done, 1 a trace or file could not
+be read or written, 2 a bad command line.)";
 
 absl::StatusOr<kvf::trace::CliOptions> cliOptions() {
   kvf::trace::CliOptions o;
@@ -114,21 +119,18 @@ absl::StatusOr<kvf::trace::CliOptions> cliOptions() {
 
 int main(int argc, char** argv) {
   std::vector<std::string> args = kvf::cli::parseFlags(argc, argv, kUsage);
-  if (args.empty()) {
-    std::cerr << kUsage << "\n\nRun with --help for every flag.\n";
-    return 2;
-  }
+  if (args.empty()) kvf::cli::failUsage("kvf-trace", "a COMMAND is required");
   auto options = cliOptions();
-  if (!options.ok()) {
-    std::cerr << "kvf-trace: " << options.status().message() << "\n";
-    return 2;
-  }
+  if (!options.ok()) kvf::cli::failUsage("kvf-trace", std::string(options.status().message()));
   std::string command = args[0];
   std::vector<std::string> rest(args.begin() + 1, args.end());
+  if (absl::Status s = kvf::trace::checkCommandLine(command, rest, *options); !s.ok()) {
+    kvf::cli::failUsage("kvf-trace", std::string(s.message()));
+  }
   absl::Status status = kvf::trace::runCommand(command, rest, *options);
   if (!status.ok()) {
     std::cerr << "kvf-trace " << command << ": " << status.message() << "\n";
-    return status.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    return kvf::cli::kExitFailure;
   }
   return 0;
 }

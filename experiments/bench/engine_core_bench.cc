@@ -5,6 +5,7 @@
 #include <string>
 
 #include "engine/engine_core.h"
+#include "experiments/bench/bench_main.h"
 
 namespace kvf::engine {
 namespace {
@@ -64,4 +65,12 @@ BENCHMARK(BM_Step)->Args({16, 0})->Args({64, 0})->Args({64, 1})->Args({256, 0});
 }  // namespace
 }  // namespace kvf::engine
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  return kvf::bench::benchmarkMain(
+      argc, argv,
+      "kvf-engine-core-bench: CPU cost of one engine-core step (what bounds how many emulated "
+      "engines\n"
+      "one core can drive): a steady batch of decoding requests, with and without a chunked\n"
+      "prefill alongside. Run it from the repository root (it reads\n"
+      "engine/profiles/qwen3-coder-30b-a3b-h20.yaml). Figures: docs/benchmarks.md.");
+}

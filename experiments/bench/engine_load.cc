@@ -128,17 +128,22 @@ int run() {
     std::string item =
         list.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
     size_t colon = item.rfind(':');
-    targets.emplace_back(item.substr(0, colon),
-                         static_cast<uint16_t>(std::stoi(item.substr(colon + 1))));
+    int port = 0;
+    if (colon != std::string::npos) port = std::atoi(item.c_str() + colon + 1);
+    if (port <= 0 || port > 65535) {
+      cli::failUsage("kvf-engine-load", "--targets: expected host:port, got '" + item + "'");
+    }
+    targets.emplace_back(item.substr(0, colon), static_cast<uint16_t>(port));
     if (comma == std::string::npos) break;
     pos = comma + 1;
   }
+  if (absl::GetFlag(FLAGS_trace).empty()) cli::failUsage("kvf-engine-load", "--trace is required");
   double rate = absl::GetFlag(FLAGS_rate);
   auto n = static_cast<size_t>(rate * absl::GetFlag(FLAGS_duration_s));
   auto trace = loadTrace(absl::GetFlag(FLAGS_trace), n);
   if (trace.empty()) {
-    std::cerr << "kvf-engine-load: no requests read from --trace\n";
-    return 2;
+    std::cerr << "kvf-engine-load: no requests read from " << absl::GetFlag(FLAGS_trace) << "\n";
+    return cli::kExitFailure;
   }
   asio::io_context ioc(1);
   std::vector<std::shared_ptr<http::HttpClient>> clients;
@@ -212,8 +217,14 @@ int run() {
 }  // namespace kvf::bench
 
 int main(int argc, char** argv) {
-  kvf::cli::parseFlags(argc, argv,
-                       "Open-loop trace-sized load for kvf-engine instances.\n"
-                       "Usage: kvf-engine-load --targets h:p,h:p --trace t.jsonl --rate 40");
+  auto args = kvf::cli::parseFlags(
+      argc, argv,
+      "kvf-engine-load: open-loop load of trace-sized requests for kvf-engine instances (no\n"
+      "router): each request goes to an engine chosen by its second hash id, so sessions stay\n"
+      "sticky; prints client latency and each engine's step lateness (docs/benchmarks.md).\n\n"
+      "Usage: kvf-engine-load --trace data/traces/mooncake/conversation_trace.jsonl\n"
+      "                       [--targets 127.0.0.1:8001,127.0.0.1:8002] [--rate 40]");
+  if (!args.empty())
+    kvf::cli::failUsage("kvf-engine-load", "unexpected argument '" + args[0] + "'");
   return kvf::bench::run();
 }

@@ -2,11 +2,18 @@
 # 8 emulated engines on this machine: idle CPU per instance, then trace-sized load at a fixed
 # rate (kvf-engine-load), then each engine's step-lateness figures from /metrics.
 # Usage: experiments/bench/engine_perf.sh [rate=40] [duration_s=60] [time_scale=1] [n=8]
+# Environment: TRACE (default data/traces/mooncake/conversation_trace.jsonl), KVF_BIN_DIR.
+
+# -h/--help prints the comment above; any other flag is a usage error (exit 2).
+case "${1:-}" in
+  -h|--help) sed -n '2,/^$/{/^$/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+  -*) echo "$0: unknown flag '$1' (see $0 --help)" >&2; exit 2 ;;
+esac
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rate=${1:-40}; duration=${2:-60}; scale=${3:-1}; n=${4:-8}
 bin=${KVF_BIN_DIR:-build/bin}
-trace=${TRACE:-/work/shared/traces/mooncake/conversation_trace.jsonl}
+trace=${TRACE:-data/traces/mooncake/conversation_trace.jsonl}
 dir=$(mktemp -d /tmp/kvf_engine_perf.XXXXXX)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }

@@ -2,19 +2,30 @@
 # The seed's section 3.4 question across load, in the simulator: session-sticky `linear`
 # against `lmetric` (no affinity) and `hybrid`, on two sessioned traces, at several arrival
 # rates, 8 emulated H20 engines with 256k context, session dispatch, real time.
-#   - agentic: the bundled agentic-coding conversations, the first 1,200 s of conversation
-#     arrivals at each rate in CONV_RATES (conversations per second);
+#   - agentic: the agentic-coding conversations (an optional trace set: $KVF_TRACES_DIR/
+#     agentic-coding, data/traces/README.md), the first 1,200 s of conversation arrivals at
+#     each rate in CONV_RATES (conversations per second);
 #   - synth: the seed-statistics synthetic trace (kvf-trace synth, 4,000 requests) thinned to
 #     each session share in SYNTH_SHARES (`kvf-trace sample --sample_ratio`).
 # Writes OUT/summary.csv (one line per trace x load x arm) and OUT/lmetric_vs_linear.png.
 # Usage: experiments/bench/lmetric_vs_linear.sh [OUT=experiments/results/lmetric-vs-linear]
 # (PLOT_ONLY=1: only redo summary.csv and the plot from OUT/runs.)
+
+# -h/--help prints the comment above; any other flag is a usage error (exit 2).
+case "${1:-}" in
+  -h|--help) sed -n '2,/^$/{/^$/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+  -*) echo "$0: unknown flag '$1' (see $0 --help)" >&2; exit 2 ;;
+esac
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 root=$(pwd)
 out=$(realpath -m "${1:-experiments/results/lmetric-vs-linear}")
 bin=${KVF_BIN_DIR:-build/bin}
-traces=${TRACES:-$(realpath -m ../shared/traces)}
+traces=${KVF_TRACES_DIR:-}
+if [ -z "${PLOT_ONLY:-}" ] && [ ! -d "$traces/agentic-coding" ]; then
+  echo "$0: needs the optional agentic-coding trace set: set KVF_TRACES_DIR (data/traces/README.md)" >&2
+  exit 1
+fi
 conv_rates=${CONV_RATES:-"0.0125 0.025 0.05 0.1 0.2"}
 synth_shares=${SYNTH_SHARES:-"0.25 0.5 1"}
 mkdir -p "$out/configs" "$out/runs"

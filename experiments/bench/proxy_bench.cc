@@ -151,9 +151,16 @@ void report(const std::vector<Target>& targets) {
 }  // namespace kvf::bench
 
 int main(int argc, char** argv) {
-  kvf::cli::parseFlags(argc, argv,
-                       "kvf-proxy-bench --targets direct=127.0.0.1:8001,router=127.0.0.1:8002"
-                       " [--rate 200] [--prompt_tokens 1000]: added latency per proxy");
+  auto args = kvf::cli::parseFlags(
+      argc, argv,
+      "kvf-proxy-bench: added latency of proxies in front of one engine: open-loop token-id\n"
+      "completions to each target in turn, latency percentiles per target and the difference\n"
+      "to the first (the engine reached directly). experiments/bench/proxy_overhead.sh starts\n"
+      "the engine, kvf-router and nginx and runs it.\n\n"
+      "Usage: kvf-proxy-bench --targets direct=127.0.0.1:8001,router=127.0.0.1:8000\n"
+      "                       [--rate 200] [--prompt_tokens 1000]");
+  if (!args.empty())
+    kvf::cli::failUsage("kvf-proxy-bench", "unexpected argument '" + args[0] + "'");
   boost::asio::io_context ioc;
   std::vector<kvf::bench::Target> targets;
   std::string all = absl::GetFlag(FLAGS_targets);
@@ -164,15 +171,12 @@ int main(int argc, char** argv) {
     auto eq = spec.find('=');
     auto colon = spec.rfind(':');
     if (eq == std::string_view::npos || colon == std::string_view::npos || colon < eq) {
-      std::fprintf(stderr, "--targets: expected name=host:port, got '%.*s'\n",
-                   static_cast<int>(spec.size()), spec.data());
-      return 2;
+      kvf::cli::failUsage("kvf-proxy-bench",
+                          "--targets: expected name=host:port, got '" + std::string(spec) + "'");
     }
     int port = std::atoi(std::string(spec.substr(colon + 1)).c_str());
     if (port <= 0 || port > 65535) {
-      std::fprintf(stderr, "--targets: bad port in '%.*s'\n", static_cast<int>(spec.size()),
-                   spec.data());
-      return 2;
+      kvf::cli::failUsage("kvf-proxy-bench", "--targets: bad port in '" + std::string(spec) + "'");
     }
     kvf::http::ClientOptions options;
     options.read_timeout = std::chrono::milliseconds(30'000);
@@ -183,10 +187,7 @@ int main(int argc, char** argv) {
                                              static_cast<uint16_t>(port), options);
     targets.push_back(std::move(t));
   }
-  if (targets.empty()) {
-    std::fprintf(stderr, "--targets is required (see --help)\n");
-    return 2;
-  }
+  if (targets.empty()) kvf::cli::failUsage("kvf-proxy-bench", "--targets is required");
   boost::asio::co_spawn(ioc, kvf::bench::runAll(&targets), boost::asio::detached);
   ioc.run();
   kvf::bench::report(targets);

@@ -11,6 +11,12 @@
 # same rotation, for before/after comparisons, with KVF_PROXY_BASE_EXTRA as its extra YAML.
 # Each router's CPU time (user + system, from /proc) over the run is printed at the end; it
 # includes the KV events of every target's requests (each router subscribes to the engine).
+
+# -h/--help prints the comment above; any other flag is a usage error (exit 2).
+case "${1:-}" in
+  -h|--help) sed -n '2,/^$/{/^$/d;s/^# \{0,1\}//;p}' "$0"; exit 0 ;;
+  -*) echo "$0: unknown flag '$1' (see $0 --help)" >&2; exit 2 ;;
+esac
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 rate=${1:-200}; rounds=${2:-5}; phase=${3:-3}

@@ -61,8 +61,8 @@ std::vector<uint64_t> parseList(const std::string& text, const char* flag) {
     try {
       out.push_back(std::stoull(text.substr(start, end - start)));
     } catch (...) {
-      std::fprintf(stderr, "--%s: '%s' is not a list of integers\n", flag, text.c_str());
-      std::exit(2);
+      kvf::cli::failUsage("kvf-transport-bench",
+                          std::string("--") + flag + ": '" + text + "' is not a list of integers");
     }
     start = end + 1;
   }
@@ -370,13 +370,18 @@ void measureBlock(const std::string& transport, kt::TransportContext& ctx,
 }  // namespace
 
 int main(int argc, char** argv) {
-  kvf::cli::parseFlags(argc, argv,
-                       "kvf-transport-bench [flags]: put bandwidth of kvfabric's transport vs "
-                       "ucx_perftest (ucp_put_bw) over shm and tcp on this host; prints a "
-                       "markdown table.");
+  auto args = kvf::cli::parseFlags(
+      argc, argv,
+      "kvf-transport-bench: put bandwidth of kvfabric's UCX transport against ucx_perftest\n"
+      "(ucp_put_bw) over shm and tcp on this host, and the cost of the first put to a new peer;\n"
+      "prints markdown tables (docs/transport.md).\n\n"
+      "Usage: kvf-transport-bench [--transports shm,tcp] [--block_sizes ...] [--batch_sizes ...]");
+  if (!args.empty()) {
+    kvf::cli::failUsage("kvf-transport-bench", "unexpected argument '" + args[0] + "'");
+  }
   if (absl::GetFlag(FLAGS_wait) != "poll" && absl::GetFlag(FLAGS_wait) != "block") {
-    std::fprintf(stderr, "--wait: '%s' is not poll or block\n", absl::GetFlag(FLAGS_wait).c_str());
-    return 2;
+    kvf::cli::failUsage("kvf-transport-bench",
+                        "--wait: '" + absl::GetFlag(FLAGS_wait) + "' is not poll or block");
   }
   kvf::log::init("transport-bench", "warn");
   auto blocks = parseList(absl::GetFlag(FLAGS_block_sizes), "block_sizes");

@@ -21,6 +21,25 @@ std::string resolve(const std::string& base_dir, const std::string& path) {
   return p.lexically_normal().string();
 }
 
+// A path field: `${NAME}` expanded, then resolved against the file's folder. A path built from
+// a variable must exist, so a wrong KVF_TRACES_DIR is reported here with the field's line
+// rather than later by the trace reader.
+void getPath(config::ConfigMap& m, std::string_view key, const std::string& base_dir,
+             const PathVariables& variables, std::string* out) {
+  std::string raw;
+  m.get(key, &raw);
+  if (raw.empty()) return;
+  auto expanded = expandPathVariables(raw, variables);
+  if (!expanded.ok()) {
+    m.fail(key, std::string(expanded.status().message()));
+    return;
+  }
+  *out = resolve(base_dir, *expanded);
+  if (*expanded != raw && !fs::exists(*out)) {
+    m.fail(key, strCat(raw, " is ", *out, ", which does not exist"));
+  }
+}
+
 void parseReplay(config::ConfigMap& m, ReplayOptions* out, uint64_t* salt) {
   m.getEnum("dispatch", &out->dispatch,
             {{"timestamp", DispatchMode::kTimestamp}, {"session", DispatchMode::kSession}});
@@ -35,15 +54,15 @@ void parseReplay(config::ConfigMap& m, ReplayOptions* out, uint64_t* salt) {
   m.rejectUnknownKeys();
 }
 
-void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::string& dir) {
+void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::string& dir,
+                     const PathVariables& variables) {
   root.require("name");
   root.get("name", &out->name);
   root.get("output_dir", &out->output_dir);
   root.require("trace");
   if (auto t = root.map("trace")) {
     t->require("path");
-    t->get("path", &out->trace.path);
-    out->trace.path = resolve(dir, out->trace.path);
+    getPath(*t, "path", dir, variables, &out->trace.path);
     t->get("format", &out->trace.format);
     t->get("start_s", &out->trace.start_s, 0.0, 1e9);
     t->get("duration_s", &out->trace.duration_s, 0.0, 1e9);
@@ -57,8 +76,7 @@ void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::
   if (auto c = root.map("cluster")) {
     c->get("engines", &out->cluster.engines, 1, 64);
     c->require("engine_config");
-    c->get("engine_config", &out->cluster.engine_config);
-    out->cluster.engine_config = resolve(dir, out->cluster.engine_config);
+    getPath(*c, "engine_config", dir, variables, &out->cluster.engine_config);
     c->get("engine_time_scale", &out->cluster.engine_time_scale, 0.001, 1000.0);
     c->get("startup_timeout_s", &out->cluster.startup_timeout_s, 1.0, 3600.0);
     c->get("workers", &out->cluster.workers);
@@ -97,11 +115,42 @@ void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::
 
 }  // namespace
 
-absl::StatusOr<ExperimentConfig> loadExperimentConfig(const std::string& path) {
+absl::StatusOr<std::string> expandPathVariables(const std::string& text,
+                                                const PathVariables& variables) {
+  std::string out;
+  size_t at = 0;
+  while (true) {
+    size_t open = text.find("${", at);
+    if (open == std::string::npos) break;
+    size_t close = text.find('}', open);
+    if (close == std::string::npos) {
+      return absl::InvalidArgumentError(strCat("unterminated '${' in \"", text, "\""));
+    }
+    std::string name = text.substr(open + 2, close - open - 2);
+    if (name != kTracesDirVariable) {
+      return absl::InvalidArgumentError(
+          strCat("unknown variable ${", name, "}; paths may use ${", kTracesDirVariable, "} only"));
+    }
+    auto value = variables.find(name);
+    if (value == variables.end() || value->second.empty()) {
+      return absl::InvalidArgumentError(
+          strCat("${", name, "} is not set: set ", name,
+                 " to the folder that holds the optional trace sets (data/traces/README.md)"));
+    }
+    out += text.substr(at, open - at);
+    out += value->second;
+    at = close + 1;
+  }
+  return out + text.substr(at);
+}
+
+absl::StatusOr<ExperimentConfig> loadExperimentConfig(const std::string& path,
+                                                      const PathVariables& variables) {
   std::string dir = fs::path(path).parent_path().string();
   auto parsed = config::parseFile<ExperimentConfig>(
-      path,
-      [&](config::ConfigMap& root, ExperimentConfig* out) { parseExperiment(root, out, dir); });
+      path, [&](config::ConfigMap& root, ExperimentConfig* out) {
+        parseExperiment(root, out, dir, variables);
+      });
   if (!parsed.ok()) return parsed.status();
   parsed->source = path;
   if (parsed->output_dir.empty()) parsed->output_dir = "experiments/results/" + parsed->name;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -57,6 +58,19 @@ struct ExperimentConfig {
   YAML::Node sweep;
 };
 
-absl::StatusOr<ExperimentConfig> loadExperimentConfig(const std::string& path);
+// Values of the variables an experiment file may use in its paths as `${NAME}`. Only
+// KVF_TRACES_DIR (the folder of the optional, larger trace sets; data/traces/README.md) is
+// known; main() fills it from the environment. A path naming a variable without a value, or
+// an unknown one, is an error that names the field and the variable.
+using PathVariables = std::map<std::string, std::string>;
+inline constexpr char kTracesDirVariable[] = "KVF_TRACES_DIR";
+
+absl::StatusOr<ExperimentConfig> loadExperimentConfig(const std::string& path,
+                                                      const PathVariables& variables = {});
+
+// Replaces every `${NAME}` in `text` by its value; InvalidArgument naming NAME when it has
+// none or is not a known variable. Exposed for tests.
+absl::StatusOr<std::string> expandPathVariables(const std::string& text,
+                                                const PathVariables& variables);
 
 }  // namespace kvf::experiments

@@ -274,7 +274,7 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
   return writeFile(rep_dir + "/DONE", "");
 }
 
-absl::Status Harness::run() {
+absl::Status Harness::run(bool plots) {
   KVF_RETURN_IF_ERROR(prepareTrace());
   const std::string& dir = config_.output_dir;
   {
@@ -304,7 +304,7 @@ absl::Status Harness::run() {
       if (!s.ok()) return annotate(s, strCat("arm ", arm.name, " rep ", rep));
     }
   }
-  auto report = writeReport(dir, true);
+  auto report = writeReport(dir, plots);
   return report.ok() ? absl::OkStatus() : report.status();
 }
 

@@ -20,8 +20,8 @@ class Harness {
   // `bin_dir` holds kvf-engine and kvf-router.
   Harness(ExperimentConfig config, std::string bin_dir);
 
-  // Runs every unfinished arm x repetition, then writes the report.
-  absl::Status run();
+  // Runs every unfinished arm x repetition, then writes the report (with PNG plots if `plots`).
+  absl::Status run(bool plots = true);
 
   // Cuts the trace slice (window, limit) and writes it to DIR/trace.jsonl (exposed for tests).
   absl::Status prepareTrace();

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Plots for `kvf-experiment report DIR`: TTFT and E2E CDFs per arm, per-instance prefix-cache
-hit ratio bars, and requests in flight per instance over time. Reads DIR/data/*.csv written by
-the report and writes DIR/plots/*.png. Needs Debian's python3-matplotlib (run with
-/usr/bin/python3)."""
+hit ratio bars, and requests in flight per instance over time (one panel per arm on shared
+axes). Reads DIR/data/*.csv written by the report and writes DIR/plots/*.png. Legends sit
+outside the data. Needs Debian's python3-matplotlib (run with /usr/bin/python3)."""
+import argparse
 import csv
 import os
 import sys
@@ -12,6 +13,13 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+VERSION = "@KVF_VERSION@"  # filled in when the build installs the script
+
+
+def legend_outside(ax, **kwargs):
+    """A legend to the right of the axes, so it never covers a line."""
+    ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, **kwargs)
 
 
 def read_csv(path):
@@ -48,9 +56,10 @@ def main(directory):
         ax.set_ylabel("fraction of requests")
         ax.set_title(f"{title} CDF per arm")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend()
+        legend_outside(ax)
         fig.tight_layout()
-        fig.savefig(os.path.join(out, f"{metric.split('_')[0]}_cdf.png"), dpi=110)
+        fig.savefig(os.path.join(out, f"{metric.split('_')[0]}_cdf.png"), dpi=110,
+                    bbox_inches="tight")
         plt.close(fig)
 
     cache = read_csv(os.path.join(data, "instance_cache.csv"))
@@ -70,12 +79,18 @@ def main(directory):
     ax.set_ylabel("prefix-cache hit ratio (%)")
     ax.set_title("Per-instance prefix-cache hit ratio")
     if arms:
-        ax.legend()
+        legend_outside(ax)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "instance_apc.png"), dpi=110)
+    fig.savefig(os.path.join(out, "instance_apc.png"), dpi=110, bbox_inches="tight")
     plt.close(fig)
 
-    fig, axes = plt.subplots(len(arms), 1, figsize=(8, 2.6 * max(1, len(arms))), squeeze=False)
+    # One panel per arm on shared axes, so the arms' load compares at a glance; one legend of
+    # instances (the same colour is the same instance in every panel) outside the panels.
+    fig, axes = plt.subplots(len(arms), 1, figsize=(9, 2.4 * max(1, len(arms)) + 0.6),
+                             squeeze=False, sharex=True, sharey=True)
+    instance_names = sorted({r["instance"] or "?" for r in rows}, key=lambda s: (len(s), s))
+    colours = {inst: f"C{k % 10}" for k, inst in enumerate(instance_names)}
+    handles = {}
     for ax, arm in zip(axes[:, 0], arms):
         per_instance = defaultdict(list)
         for r in rows:
@@ -93,22 +108,32 @@ def main(directory):
                 level += d
                 xs.append(t)
                 ys.append(level)
-            ax.step(xs, ys, where="post", label=str(inst), linewidth=0.9)
-        ax.set_title(f"{arm}: requests in flight per instance (repetition 0)")
-        ax.set_xlabel("time since replay start (s)")
+            line, = ax.step(xs, ys, where="post", linewidth=0.9, color=colours[inst])
+            handles.setdefault(inst, line)
+        ax.set_title(f"{arm}: requests in flight per instance (repetition 0)", fontsize=10)
         ax.set_ylabel("in flight")
         ax.grid(True, alpha=0.3)
-        if per_instance:
-            ax.legend(fontsize=7, ncol=8)
+    axes[-1, 0].set_xlabel("time since replay start (s)")
+    if handles:
+        names = [i for i in instance_names if i in handles]
+        fig.legend([handles[i] for i in names], [f"inst_{i}" for i in names], title="instance",
+                   loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, "load.png"), dpi=110)
+    fig.savefig(os.path.join(out, "load.png"), dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
+def parse_args(argv):
+    prog = os.path.basename(argv[0]) if argv else "kvf-plot-report.py"
+    parser = argparse.ArgumentParser(
+        prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Exit status: 0 plots written, 1 the data could not be read, 2 a bad command line.")
+    parser.add_argument("result_dir", metavar="RESULT_DIR",
+                        help="an experiment's result directory (kvf-experiment run or sim)")
+    version = VERSION if not VERSION.startswith("@") else "(not installed by the build)"
+    parser.add_argument("--version", action="version", version=f"{prog} {version}")
+    return parser.parse_args(argv[1:])
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 2 and sys.argv[1] in ("-h", "--help"):
-        print("usage: plot_report.py RESULT_DIR\n\n" + __doc__)
-        sys.exit(0)
-    if len(sys.argv) != 2:
-        sys.exit("usage: plot_report.py RESULT_DIR")
-    main(sys.argv[1])
+    main(parse_args(sys.argv).result_dir)

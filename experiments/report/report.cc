@@ -14,6 +14,7 @@
 #include "common/strings.h"
 #include "experiments/replay/summary.h"
 #include "experiments/report/prom_text.h"
+#include "experiments/report/report_summary.h"
 
 namespace kvf::experiments {
 
@@ -161,31 +162,24 @@ std::vector<RequestResult> pooledResults(const ArmData& arm) {
   return all;
 }
 
-double clusterHitRatio(const ArmData& arm, const ReplaySummary& summary) {
-  double hits = 0, queries = 0;
-  for (const auto& [name, hq] : arm.instance_cache) {
-    hits += hq.first;
-    queries += hq.second;
-  }
-  return queries > 0 ? hits / queries : summary.cached_token_ratio;
-}
-
 std::string pct(double v) { return fmt::format("{:+.1f}%", 100 * v); }
 
 void latencyTable(std::string& md, const std::vector<ArmData>& arms,
-                  const std::vector<ReplaySummary>& sums) {
+                  const std::vector<ReplaySummary>& sums, const std::vector<ArmBalance>& balances) {
   md +=
       "| arm | requests | errors | APC | TTFT mean | TTFT p50 | TTFT p90 | TTFT p99 | TPOT p50 | "
-      "TPOT p90 | TPOT p99 | E2E p50 | E2E p90 | E2E p99 |\n";
-  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+      "TPOT p90 | TPOT p99 | E2E p50 | E2E p90 | E2E p99 | prefill ahead | req max/mean | "
+      "tok max/mean |\n";
+  md += "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
   for (size_t i = 0; i < arms.size(); ++i) {
     const auto& s = sums[i];
     md += fmt::format(
         "| {} | {} | {} | {:.1f}% | {:.3f} | {:.3f} | {:.3f} | {:.3f} | {:.4f} | {:.4f} | {:.4f} "
-        "| {:.3f} | {:.3f} | {:.3f} |\n",
+        "| {:.3f} | {:.3f} | {:.3f} | {:.0f} | {:.2f} | {:.2f} |\n",
         arms[i].name, s.requests, s.errors, 100 * clusterHitRatio(arms[i], s), s.ttft.mean,
         s.ttft.p50, s.ttft.p90, s.ttft.p99, s.tpot.p50, s.tpot.p90, s.tpot.p99, s.e2e.p50,
-        s.e2e.p90, s.e2e.p99);
+        s.e2e.p90, s.e2e.p99, balances[i].prefill_ahead_tokens, balances[i].max_over_mean_requests,
+        balances[i].max_over_mean_tokens);
   }
 }
 
@@ -292,34 +286,44 @@ absl::Status writeCsvs(const fs::path& dir, const std::vector<ArmData>& arms) {
 
 }  // namespace
 
-// The plot script is copied next to the binaries at build time; fall back to the source tree.
-static std::string plotScriptPath() {
+std::string installedScript(const std::string& name) {
   std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) {
-    fs::path beside = exe.parent_path() / "kvf-plot-report.py";
-    if (fs::exists(beside)) return beside.string();
+  fs::path dir = fs::read_symlink("/proc/self/exe", ec).parent_path();
+  if (ec) return name;
+  if (!fs::exists(dir / name) && fs::exists(dir / ".." / "bin" / name)) {
+    return (dir / ".." / "bin" / name).lexically_normal().string();
   }
-  return strCat(KVF_SOURCE_DIR, "/experiments/report/plot_report.py");
+  return (dir / name).string();
 }
 
 absl::StatusOr<std::string> writeReport(const std::string& dir_text, bool plots) {
   KVF_ASSIGN_OR_RETURN(std::vector<ArmData> arms, loadExperiment(dir_text));
   fs::path dir(dir_text);
+  KVF_ASSIGN_OR_RETURN(ExperimentSetup setup, readSetup(dir_text));
+  setup.repetitions = static_cast<int>(arms[0].reps.size());
   std::vector<ReplaySummary> sums;
-  for (const auto& arm : arms) sums.push_back(summarize(pooledResults(arm)));
+  std::vector<ArmBalance> balances;
+  for (const auto& arm : arms) {
+    sums.push_back(summarize(pooledResults(arm)));
+    balances.push_back(balanceOf(arm, setup.engines));
+  }
   std::string md = fmt::format("# Experiment report: {}\n\n", dir.filename().string());
+  md += setupParagraph(setup);
   md += fmt::format(
-      "{} arm(s); baseline: **{}**. Seconds unless noted; APC is the cluster "
-      "prefix-cache hit ratio (token level, from the engines' /metrics).\n\n",
+      "{} arm(s); baseline: **{}**. Seconds unless noted. APC: the cluster prefix-cache hit "
+      "ratio (token level, from the engines' /metrics). prefill ahead: uncached prompt tokens "
+      "of earlier requests still waiting for their first token on the serving instance when a "
+      "request was sent (mean; queueing). req max/mean, tok max/mean: the "
+      "busiest instance's requests and prompt tokens over the mean per instance (1.00 = even).\n\n",
       arms.size(), arms[0].name);
-  latencyTable(md, arms, sums);
+  latencyTable(md, arms, sums, balances);
+  md += "\n" + whyParagraph(arms, sums, balances);
   deltaTable(md, arms);
   instanceTables(md, arms);
   classTables(md, arms, sums);
   KVF_RETURN_IF_ERROR(writeCsvs(dir, arms));
   if (plots) {
-    std::string script = plotScriptPath();
+    std::string script = installedScript("kvf-plot-report.py");
     std::string cmd = strCat("/usr/bin/python3 '", script, "' '", dir.string(), "'");
     if (std::system(cmd.c_str()) != 0) {
       log::warn("plots not written (needs /usr/bin/python3 with matplotlib)", "dir", dir.string());

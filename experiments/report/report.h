@@ -43,6 +43,10 @@ Delta bootstrapDelta(const std::vector<std::vector<double>>& baseline,
                      double (*stat)(std::vector<double>&), int resamples = 1000,
                      uint64_t seed = 42);
 
+// The path of a script the build installs into build/bin (kvf-plot-report.py, ...): beside this
+// binary, or in ../bin for binaries that live elsewhere in the build (tests).
+std::string installedScript(const std::string& name);
+
 // Writes DIR/report.md, DIR/data/*.csv and (when /usr/bin/python3 with matplotlib is present)
 // DIR/plots/*.png. Returns the markdown text.
 absl::StatusOr<std::string> writeReport(const std::string& dir, bool plots = true);

@@ -207,7 +207,8 @@ absl::StatusOr<ClusterSetup> buildSetup(const ExperimentConfig& config, const Si
 }
 
 absl::Status runSimExperiment(const std::string& experiment_path, const SimRunOptions& options) {
-  KVF_ASSIGN_OR_RETURN(ExperimentConfig config, loadExperimentConfig(experiment_path));
+  KVF_ASSIGN_OR_RETURN(ExperimentConfig config,
+                       loadExperimentConfig(experiment_path, options.path_variables));
   if (!options.output_dir.empty()) config.output_dir = options.output_dir;
   KVF_ASSIGN_OR_RETURN(SimOptions sim, parseSimOptions(config.sim, config.source));
   KVF_ASSIGN_OR_RETURN(std::vector<Sweep> sweeps,

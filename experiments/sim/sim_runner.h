@@ -18,6 +18,7 @@ struct SimRunOptions {
   std::string output_dir;  // overrides the experiment's
   int jobs = -1;           // -1: the experiment's sim.jobs (0 there = hardware threads)
   bool plots = true;
+  PathVariables path_variables;  // ${KVF_TRACES_DIR} in the experiment's paths
   // Child mode: run only this arm and repetition (the parent already cut the trace).
   std::string only_arm;
   int only_rep = -1;

@@ -40,15 +40,6 @@ Row rowOf(const ArmData& arm) {
   return row;
 }
 
-std::string plotScript() {
-  std::error_code ec;
-  fs::path exe = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec && fs::exists(exe.parent_path() / "kvf-plot-sweep.py")) {
-    return (exe.parent_path() / "kvf-plot-sweep.py").string();
-  }
-  return strCat(KVF_SOURCE_DIR, "/experiments/sim/plot_sweep.py");
-}
-
 }  // namespace
 
 absl::Status writeSweepReport(const std::string& dir, const std::vector<SimArm>& arms,
@@ -98,7 +89,8 @@ absl::Status writeSweepReport(const std::string& dir, const std::vector<SimArm>&
   csv.close();
   if (!csv) return absl::InternalError(strCat("cannot write ", dir, "/data/sweep.csv"));
   if (plots) {
-    std::string cmd = strCat("/usr/bin/python3 '", plotScript(), "' '", dir, "'");
+    std::string cmd =
+        strCat("/usr/bin/python3 '", installedScript("kvf-plot-sweep.py"), "' '", dir, "'");
     if (std::system(cmd.c_str()) != 0) {
       log::warn("sweep plots not written (needs /usr/bin/python3 with matplotlib)", "dir", dir);
     }

@@ -37,6 +37,36 @@ TEST(EngineConfigTest, ErrorsNameEveryFieldAndLine) {
   EXPECT_NE(msg.find("test.yaml:2"), std::string::npos) << msg;
 }
 
+TEST(EngineConfigTest, MembershipInEtcd) {
+  std::string base = "profile: ../profiles/llama-3.1-8b-h100.yaml\n";
+  auto none = parseEngineConfig(base, "t.yaml", "engine/configs");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->membership.enabled);
+
+  auto c = parseEngineConfig(base +
+                                 "membership:\n  advertise_host: 10.0.0.5\n"
+                                 "  etcd: {endpoints: [\"http://127.0.0.1:2379\"], lease_ttl_s: 5,"
+                                 " prefix: /fleet/a/}\n",
+                             "t.yaml", "engine/configs");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->membership.enabled);
+  EXPECT_EQ(c->membership.advertise_host, "10.0.0.5");
+  EXPECT_EQ(c->membership.etcd.lease_ttl_s, 5);
+  EXPECT_EQ(c->membership.etcd.prefix, "/fleet/a/");
+
+  auto bad = parseEngineConfig(base +
+                                   "membership:\n  etcd: {endpoints: [], lease_ttl_s: 1,"
+                                   " probe_interval_s: 1}\n",
+                               "t.yaml", "engine/configs");
+  ASSERT_FALSE(bad.ok());
+  std::string message(bad.status().message());
+  EXPECT_NE(message.find("membership.etcd.endpoints"), std::string::npos) << message;
+  EXPECT_NE(message.find("membership.etcd.lease_ttl_s"), std::string::npos) << message;
+  // A watcher's key, not a registrant's.
+  EXPECT_NE(message.find("membership.etcd.probe_interval_s"), std::string::npos) << message;
+  EXPECT_FALSE(parseEngineConfig(base + "membership: {}\n", "t.yaml", "engine/configs").ok());
+}
+
 TEST(EngineConfigTest, MissingProfileIsReported) {
   auto c = parseEngineConfig("profile: nope.yaml\n", "t.yaml", "engine/configs");
   ASSERT_FALSE(c.ok());

@@ -71,6 +71,40 @@ arms:
   EXPECT_NE(m.find("arms[1].name: duplicate arm 'rr'"), std::string::npos) << m;
 }
 
+// ${KVF_TRACES_DIR} in a path: expanded when set, and otherwise an error naming the field, its
+// line and the variable (never a silent fallback to some default folder).
+TEST(ExperimentConfig, TracesDirVariableInPaths) {
+  fs::path dir = freshTempDir("kvf_exp_vars");
+  fs::create_directories(dir / "sets" / "agentic-coding");
+  std::ofstream(dir / "exp.yaml") << R"(name: v
+trace: {path: "${KVF_TRACES_DIR}/agentic-coding", format: agentic}
+cluster: {engine_config: engine.yaml}
+arms: [{name: rr, policy: {kind: round_robin}}]
+)";
+  std::string file = (dir / "exp.yaml").string();
+  auto c = loadExperimentConfig(file, {{"KVF_TRACES_DIR", (dir / "sets").string()}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->trace.path, (dir / "sets" / "agentic-coding").string());
+
+  auto unset = loadExperimentConfig(file);
+  ASSERT_FALSE(unset.ok());
+  std::string m(unset.status().message());
+  EXPECT_NE(m.find(file + ":2:"), std::string::npos) << m;
+  EXPECT_NE(m.find("trace.path: ${KVF_TRACES_DIR} is not set: set KVF_TRACES_DIR"),
+            std::string::npos)
+      << m;
+
+  auto missing = loadExperimentConfig(file, {{"KVF_TRACES_DIR", (dir / "nowhere").string()}});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(std::string(missing.status().message()).find("which does not exist"), std::string::npos)
+      << missing.status();
+
+  EXPECT_FALSE(expandPathVariables("${HOME}/x", {{"HOME", "/root"}}).ok());  // only ours
+  EXPECT_FALSE(expandPathVariables("${KVF_TRACES_DIR", {}).ok());
+  EXPECT_EQ(*expandPathVariables("a/${KVF_TRACES_DIR}/b", {{"KVF_TRACES_DIR", "t"}}), "a/t/b");
+  EXPECT_EQ(*expandPathVariables("plain/path", {}), "plain/path");
+}
+
 TEST(Harness, TraceSliceKeepsTheWindowAndLimit) {
   fs::path dir = freshTempDir("kvf_exp_slice");
   {

@@ -1,6 +1,6 @@
 // kvf-experiment run end to end: real kvf-engine and kvf-router processes on loopback, two
-// arms on a 12-request slice of the Mooncake conversation trace (cut at run time), time
-// compressed 20x. Checks every request succeeded through the router, each repetition started
+// arms on a 12-request slice of the Mooncake conversation trace in data/traces/ (cut at run time),
+// time compressed 20x. Checks every request succeeded through the router, each repetition started
 // cold and finished, the report compares the arms, and a second run resumes without redoing
 // finished arms.
 #include <gtest/gtest.h>
@@ -32,9 +32,8 @@ std::string readFile(const fs::path& p) {
 TEST(ExperimentSmoke, TwoArmsOnRealEnginesAndRouter) {
   std::string bin = env("KVF_BIN_DIR"), src = env("KVF_SOURCE_DIR");
   ASSERT_FALSE(bin.empty());
-  fs::path trace =
-      fs::path(src) / ".." / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl";
-  if (!fs::exists(trace)) GTEST_SKIP() << "bundled traces not found at " << trace;
+  fs::path trace = fs::path(src) / "data" / "traces" / "mooncake" / "conversation_trace.jsonl";
+  ASSERT_TRUE(fs::exists(trace)) << "the repository's trace is missing: " << trace;
   fs::path dir = kvf::testing::freshTempDir("kvf_exp_smoke");
   std::ofstream(dir / "exp.yaml") << "name: smoke\n"
                                   << "output_dir: " << (dir / "out").string() << "\n"
@@ -73,6 +72,15 @@ TEST(ExperimentSmoke, TwoArmsOnRealEnginesAndRouter) {
   EXPECT_NE(report.find("| rr | 12 | 0 |"), std::string::npos) << report;
   EXPECT_NE(report.find("| lm | 12 | 0 |"), std::string::npos) << report;
   EXPECT_NE(report.find("Change against the baseline (rr)"), std::string::npos) << report;
+  // The report says what ran, at which time scale, and why the arms differ; the run prints that
+  // part, table included, when it ends.
+  EXPECT_NE(report.find("**Setup.** 12 requests"), std::string::npos) << report;
+  EXPECT_NE(report.find("Live: 2 engines"), std::string::npos) << report;
+  EXPECT_NE(report.find("**Time scale 20**"), std::string::npos) << report;
+  EXPECT_NE(report.find("**Why.** "), std::string::npos) << report;
+  std::string printed = readFile(dir / "run.log");
+  EXPECT_NE(printed.find("| arm | requests | errors |"), std::string::npos) << printed;
+  EXPECT_NE(printed.find("**Why.** "), std::string::npos) << printed;
 
   // A second run finds every repetition done and only rewrites the report.
   auto stamp = fs::last_write_time(dir / "out" / "arms" / "rr" / "rep0" / "results.jsonl");

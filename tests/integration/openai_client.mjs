@@ -1,7 +1,8 @@
 // Drives kvf-router with the official `openai` npm client: completions and chat completions,
 // streaming and not, one session. Prints one JSON line per call and exits non-zero on the
 // first failed expectation. Usage: node openai_client.mjs BASE_URL MODEL
-// The package is looked up in $KVF_OPENAI_NODE_MODULES (a node_modules folder), else as usual.
+// The package is looked up in $KVF_OPENAI_NODE_MODULES (a node_modules folder), else as usual:
+// the repository's node_modules, where scripts/setup installs the version package-lock.json pins.
 import { createRequire } from 'node:module';
 
 const modules = process.env.KVF_OPENAI_NODE_MODULES;

@@ -1,8 +1,9 @@
 // The official `openai` npm client against kvf-router in front of two real kvf-engine
 // processes: completions and chat, streaming and not, a two-turn session and a rejected
 // request (tests/integration/openai_client.mjs holds the calls and their checks).
-// The package is not a Debian package, so CI cannot install it: the test looks for it in
-// $KVF_OPENAI_NODE_MODULES (see docs/router.md) and is skipped, saying so, when it is absent.
+// scripts/setup installs the package with `npm ci` from the repository's package-lock.json into
+// <source>/node_modules, where the test finds it; $KVF_OPENAI_NODE_MODULES names another
+// node_modules folder instead. A missing package or node fails the test: CI must run it.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -28,12 +29,12 @@ class OpenAiClientTest : public ::testing::Test {
   void SetUp() override {
     source_ = envOr("KVF_SOURCE_DIR", fs::current_path().string());
     bin_ = envOr("KVF_BIN_DIR", source_ + "/build/bin");
-    modules_ = envOr("KVF_OPENAI_NODE_MODULES", "");
-    if (modules_.empty() || !fs::exists(fs::path(modules_) / "openai" / "package.json")) {
-      GTEST_SKIP() << "the openai npm package is not installed: set KVF_OPENAI_NODE_MODULES to a "
-                      "node_modules folder holding it (npm install --prefix DIR openai)";
-    }
-    if (!fs::exists("/usr/bin/node")) GTEST_SKIP() << "node is not installed";
+    modules_ = envOr("KVF_OPENAI_NODE_MODULES", source_ + "/node_modules");
+    ASSERT_TRUE(fs::exists(fs::path(modules_) / "openai" / "package.json"))
+        << "the openai npm package is not in " << modules_
+        << ": run scripts/setup (npm ci from package-lock.json), or set "
+           "KVF_OPENAI_NODE_MODULES to a node_modules folder holding it";
+    ASSERT_TRUE(fs::exists("/usr/bin/node")) << "node is not installed: run scripts/setup";
     dir_ = fs::temp_directory_path() / ("kvf_openai_" + std::to_string(getpid()));
     fs::create_directories(dir_);
   }

@@ -73,6 +73,43 @@ TEST(RouterConfigTest, RequiresInstances) {
 }
 
 }  // namespace
+TEST(RouterConfigTest, MembershipFromEtcd) {
+  auto config = parseRouterConfig(R"(
+membership:
+  source: etcd
+  etcd: {endpoints: ["http://10.0.0.1:2379", "http://10.0.0.2:2379"], probe_interval_s: 0.5}
+)",
+                                  "<test>");
+  ASSERT_TRUE(config.ok()) << config.status();  // no static instances needed
+  EXPECT_EQ(config->membership, MembershipSource::kEtcd);
+  EXPECT_EQ(config->etcd.endpoints.size(), 2u);
+  EXPECT_EQ(config->etcd.prefix, "/kvfabric/instances/");
+  EXPECT_EQ(config->etcd.probe_interval_s, 0.5);
+  EXPECT_TRUE(config->instances.empty());
+
+  auto defaults = parseRouterConfig("instances: []\n", "<test>");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->membership, MembershipSource::kStatic);
+
+  auto bad = parseRouterConfig(R"(
+membership:
+  source: consul
+  etcd: {endpoints: ["https://e:2379"], prefix: "", lease_ttl_s: 5}
+)",
+                               "<test>");
+  ASSERT_FALSE(bad.ok());
+  std::string message(bad.status().message());
+  EXPECT_NE(message.find("membership.source"), std::string::npos) << message;
+  EXPECT_NE(message.find("membership.etcd.endpoints"), std::string::npos) << message;
+  EXPECT_NE(message.find("membership.etcd.prefix"), std::string::npos) << message;
+  // lease_ttl_s belongs to registrants, not to the router.
+  EXPECT_NE(message.find("membership.etcd.lease_ttl_s"), std::string::npos) << message;
+
+  auto missing = parseRouterConfig("membership: {source: etcd}\n", "<test>");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(std::string(missing.status().message()).find("membership.etcd"), std::string::npos);
+}
+
 TEST(RouterConfigTest, WorkerUrlAndMigrationPolicies) {
   auto config = parseRouterConfig(R"(
 instances:

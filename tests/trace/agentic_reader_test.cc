@@ -136,9 +136,11 @@ TEST(AgenticReader, StreamsConversationsLazily) {
   EXPECT_THAT(std::string(broken.status().message()), HasSubstr("trace_0002.json"));
 }
 
-TEST(AgenticReader, ReadsBundledDirectory) {
-  if (!testing::haveTraces()) GTEST_SKIP() << "no bundled traces";
-  auto r = readAll(testing::tracesDir() + "/agentic-coding");
+TEST(AgenticReader, ReadsTheAgenticCodingSet) {
+  if (std::string why = testing::skipReasonWithout("agentic-coding"); !why.empty()) {
+    GTEST_SKIP() << why;
+  }
+  auto r = readAll(testing::optionalTracesDir() + "/agentic-coding");
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->size(), 7643u);  // 7522 top-level + 121 sub-agent requests
   for (size_t i = 1; i < r->size(); ++i) ASSERT_LE((*r)[i - 1].arrival, (*r)[i].arrival);

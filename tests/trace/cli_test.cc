@@ -42,6 +42,8 @@ TEST(Cli, HelpListsCommandsAndFlags) {
   EXPECT_THAT(r.out, HasSubstr("--max_single_turn_ratio"));
   EXPECT_EQ(run("").rc, 2);
   EXPECT_EQ(run("frobnicate x").rc, 2);
+  EXPECT_EQ(run("convert x").rc, 2);  // no --output: nothing is read
+  EXPECT_EQ(run("stats /nonexistent.jsonl").rc, 1);
 }
 
 TEST(Cli, SynthThenStatsThenSample) {
@@ -73,7 +75,7 @@ TEST(Cli, BadInputNamesFileLineAndField) {
                         "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, "
                         "\"hash_ids\": [1]}\n{\"timestamp\": 0, \"input_length\": 10}\n");
   CliRun r = run("stats " + path);
-  EXPECT_EQ(r.rc, 2);
+  EXPECT_EQ(r.rc, 1);  // bad data fails the run; 2 is kept for a bad command line
   EXPECT_THAT(r.out, HasSubstr(path + ":2: field 'output_length': missing"));
   CliRun skip = run("stats --on_error=skip --json " + path);
   EXPECT_EQ(skip.rc, 0) << skip.out;

@@ -256,11 +256,10 @@ TEST(JsonlReader, MissingFileIsNotFound) {
 }
 
 TEST(MooncakeReader, ReadsBundledTraces) {
-  if (!testing::haveTraces()) GTEST_SKIP() << "no bundled traces at " << testing::tracesDir();
-  auto conv = mustRead(testing::tracesDir() + "/mooncake/conversation_trace.jsonl");
+  auto conv = mustRead(testing::repoTracesDir() + "/mooncake/conversation_trace.jsonl");
   ASSERT_EQ(conv.size(), 12031u);
   EXPECT_EQ(conv.back().arrival, 3536999 * kNanosPerMilli);
-  auto synth = mustRead(testing::tracesDir() + "/mooncake/synthetic_trace.jsonl");
+  auto synth = mustRead(testing::repoTracesDir() + "/mooncake/synthetic_trace.jsonl");
   EXPECT_EQ(synth.size(), 3993u);
 }
 

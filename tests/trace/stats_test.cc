@@ -171,8 +171,7 @@ TEST(Stats, RejectsTooManyInstances) {
 
 // The published figures: Mooncake FAST'25 Table 2 and NVIDIA Dynamo's 36.64%.
 TEST(Stats, MooncakeBundledTracesMatchPublishedFigures) {
-  if (!testing::haveTraces()) GTEST_SKIP() << "no bundled traces";
-  auto conv = openTrace(testing::tracesDir() + "/mooncake/conversation_trace.jsonl");
+  auto conv = openTrace(testing::repoTracesDir() + "/mooncake/conversation_trace.jsonl");
   ASSERT_TRUE(conv.ok());
   auto s = computeStats(**conv, {});
   ASSERT_TRUE(s.ok()) << s.status();
@@ -182,7 +181,7 @@ TEST(Stats, MooncakeBundledTracesMatchPublishedFigures) {
   EXPECT_EQ(std::llround(s->hit_all.block * 10000), 3664);  // 36.64%
   EXPECT_EQ(s->out_of_order, 0);
 
-  auto syn = openTrace(testing::tracesDir() + "/mooncake/synthetic_trace.jsonl");
+  auto syn = openTrace(testing::repoTracesDir() + "/mooncake/synthetic_trace.jsonl");
   ASSERT_TRUE(syn.ok());
   auto t = computeStats(**syn, {});
   ASSERT_TRUE(t.ok());

@@ -1,5 +1,5 @@
-// Helpers for trace/ tests: a per-test temporary directory and file writer, the path of the
-// bundled public traces. Test-only; single-threaded.
+// Helpers for trace/ tests: a per-test temporary directory and file writer, where the traces
+// of the repository and the optional trace sets are. Test-only; single-threaded.
 #pragma once
 
 #include <cstdlib>
@@ -38,14 +38,30 @@ class TempDir {
   std::filesystem::path path_;
 };
 
-// /work/shared/traces (or $KVF_TRACES_DIR): the bundled public traces.
-inline std::string tracesDir() {
-  const char* dir = std::getenv("KVF_TRACES_DIR");
-  return dir != nullptr ? dir : "/work/shared/traces";
+// data/traces/ of the repository (KVF_SOURCE_DIR, set by ctest; the working directory
+// otherwise): the Mooncake traces every checkout carries. Tests may rely on them.
+inline std::string repoTracesDir() {
+  const char* src = std::getenv("KVF_SOURCE_DIR");
+  return std::string(src != nullptr ? src : ".") + "/data/traces";
 }
 
-inline bool haveTraces() {
-  return std::filesystem::exists(tracesDir() + "/mooncake/conversation_trace.jsonl");
+// The folder of the optional, larger trace sets ($KVF_TRACES_DIR; data/traces/README.md), or
+// "" when the variable is unset. A test that needs a set calls skipReasonWithout(set) first.
+inline std::string optionalTracesDir() {
+  const char* dir = std::getenv("KVF_TRACES_DIR");
+  return dir != nullptr ? dir : "";
+}
+
+// Why a test needing optional set `set` (e.g. "agentic-coding") cannot run here, or "".
+inline std::string skipReasonWithout(const std::string& set) {
+  if (optionalTracesDir().empty()) {
+    return "needs the optional trace set '" + set + "': set KVF_TRACES_DIR (data/traces/README.md)";
+  }
+  if (!std::filesystem::exists(optionalTracesDir() + "/" + set)) {
+    return "needs the optional trace set '" + set + "', not found at " + optionalTracesDir() + "/" +
+           set;
+  }
+  return "";
 }
 
 }  // namespace kvf::trace::testing
