@@ -35,7 +35,7 @@ absl::Status EngineCore::validate(const RequestSpec& spec) const {
     if (spec.prompt.empty()) return absl::InvalidArgumentError("prompt: must not be empty");
     const int64_t vocab = vocabSize();
     for (size_t i = 0; i < spec.prompt.size(); ++i) {
-      if (spec.prompt[i] < 0 || spec.prompt[i] >= vocab) {
+      if (spec.prompt[i] >= vocab) {
         return absl::InvalidArgumentError(strCat("prompt[", i, "]: token id ", spec.prompt[i],
                                                  " is out of vocabulary (0..", vocab - 1, ")"));
       }

@@ -35,7 +35,9 @@
 // Remote decode (prefill offload, P side): RequestSpec::remote_decode_lease. When such a request
 // finishes, the leading cached run of its prompt's full blocks is pinned under a lease (id = the
 // request id, reported in the finishing RequestOutput with the hashes) until releaseLease(id) or
-// expiry (step() expires due leases; so does expireLeases(now); nextLeaseExpiry() says when).
+// expiry (step() expires due leases; so does expireLeases(now); nextLeaseExpiry() says when), or
+// until detachLease(id) hands it, pins and all, to its new keeper (the live engine's worker
+// agent, right after the step that finished the request).
 //
 // KV push, holder side: pinLeadingRun() / unpin() keep blocks from eviction during a push
 // without involving the scheduler.
@@ -86,6 +88,10 @@ class EngineCore {
   }
   // Remote-decode leases.
   bool releaseLease(const std::string& lease_id) { return scheduler_->releaseLease(lease_id); }
+  // Hands a lease over with its pins (the live engine's worker agent then keeps it).
+  std::optional<worker::Lease> detachLease(const std::string& lease_id) {
+    return scheduler_->detachLease(lease_id);
+  }
   int expireLeases(Nanos now) { return scheduler_->expireLeases(now); }
   std::optional<Nanos> nextLeaseExpiry() const { return scheduler_->nextLeaseExpiry(); }
 

@@ -1,5 +1,6 @@
-// EngineServer construction and the HTTP handlers; the step loop and metrics are in
-// engine_server.cc.
+// The HTTP side of the live engine: the OpenAI-compatible handlers and the requests waiting for
+// their tokens (HTTP thread). Remote-KV glue (kv_transfer_params, fetch starts, the transfer
+// result) is in engine_remote_kv.cc; the core thread in engine_core_side.cc.
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -23,6 +24,7 @@ namespace kvf::engine {
 
 namespace bj = boost::json;
 using detail::kAwait;
+using detail::Pending;
 using detail::steadyNanos;
 
 namespace {
@@ -48,152 +50,95 @@ void lowerCallingThreadPriority(int64_t nice) {
 
 }  // namespace
 
-EngineServer::EngineServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+EngineHttpSide::EngineHttpSide(asio::io_context& ioc, EngineShared& shared, EngineCoreSide& core)
+    : ioc_(ioc), shared_(shared), core_(core) {}
 
-EngineServer::~EngineServer() {
-  if (!impl_) return;
-  impl_->shutdownCore();
-  if (impl_->publisher) impl_->publisher->stop();
-}
-
-void EngineServer::Impl::shutdownCore() {
-  if (!core_thread.joinable()) return;
-  asio::post(core_ioc, [this] {
-    stopping = true;
-    step_timer.cancel();
-    wake_timer.cancel();
-    lease_timer.cancel();
-  });
-  core_work.reset();
-  core_ioc.stop();
-  core_thread.join();
-}
-
-absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::create(asio::io_context& ioc,
-                                                                   EngineConfig config) {
-  auto impl = std::make_unique<Impl>(ioc, std::move(config));
-  const EngineConfig& c = impl->config;
-  if (c.kv_events.enabled) {
-    worker::PublisherOptions po;
-    po.endpoint = c.kv_events.endpoint;
-    po.replay_endpoint = c.kv_events.replay_endpoint;
-    po.topic = c.kv_events.topic;
-    po.buffer_batches = static_cast<size_t>(c.kv_events.buffer_batches);
-    KVF_ASSIGN_OR_RETURN(impl->publisher, worker::KvEventPublisher::create(po));
-  }
-  KVF_ASSIGN_OR_RETURN(impl->core, EngineCore::create(c, &impl->step_events));
-  impl->limits.served_model_name = c.served_model_name;
-  impl->limits.vocab_size = impl->core->vocabSize();
-  impl->limits.max_model_len = impl->core->maxModelLen();
+absl::Status EngineHttpSide::bind() {
+  const EngineConfig& c = shared_.config;
+  limits_.served_model_name = c.served_model_name;
+  limits_.vocab_size = core_.vocabSize();
+  limits_.max_model_len = core_.maxModelLen();
   http::ServerOptions so;
   so.host = c.host;
   so.port = static_cast<uint16_t>(c.port);
   so.max_body_bytes = static_cast<size_t>(c.max_body_bytes);
   so.max_connections = static_cast<size_t>(c.max_connections);
   so.max_connections_per_client = static_cast<size_t>(c.max_connections_per_client);
-  KVF_ASSIGN_OR_RETURN(impl->http, http::HttpServer::create(ioc, so));
-  impl->registerMetrics();
-  if (c.worker.port > 0) KVF_RETURN_IF_ERROR(impl->createPush());
-  impl->registerRoutes();
-  return std::unique_ptr<EngineServer>(new EngineServer(std::move(impl)));
+  KVF_ASSIGN_OR_RETURN(server_, http::HttpServer::create(ioc_, so));
+  registerRoutes();
+  return absl::OkStatus();
 }
 
-void EngineServer::start() {
-  impl_->wall_origin = steadyNanos();
-  impl_->http->start();
-  asio::co_spawn(impl_->core_ioc, impl_->stepLoop(), asio::detached);
-  if (impl_->worker_http) {
-    impl_->worker_http->start();
-    asio::co_spawn(impl_->core_ioc, impl_->leaseLoop(), asio::detached);
-  }
-  impl_->core_thread = std::thread([impl = impl_.get()] { impl->core_ioc.run(); });
-  asio::post(impl_->ioc,
-             [nice = impl_->config.io_thread_nice] { lowerCallingThreadPriority(nice); });
+void EngineHttpSide::connect(worker::WorkerAgent* agent, worker::KvEventPublisher* publisher) {
+  agent_ = agent;
+  publisher_ = publisher;
 }
 
-void EngineServer::stop() {
-  Impl& s = *impl_;
-  s.shutdownCore();
-  s.http->stop();
-  if (s.worker_http) s.worker_http->stop();
-  for (auto& [id, p] : s.pending) {
+void EngineHttpSide::start() {
+  server_->start();
+  asio::post(ioc_, [nice = shared_.config.io_thread_nice] { lowerCallingThreadPriority(nice); });
+}
+
+void EngineHttpSide::stop() {
+  server_->stop();
+  for (auto& [id, p] : pending_) {
     p->done = true;
     p->finish_reason = "abort";
     p->signal.cancel();
   }
-  s.pending.clear();
-  if (s.publisher) s.publisher->stop();
+  pending_.clear();
 }
 
-uint16_t EngineServer::port() const { return impl_->http->port(); }
-uint16_t EngineServer::workerPort() const {
-  return impl_->worker_http ? impl_->worker_http->port() : 0;
-}
-std::string EngineServer::workerUrl() const { return impl_->workerUrl(); }
-std::string EngineServer::kvEventsEndpoint() const {
-  return impl_->publisher ? impl_->publisher->endpoint() : std::string();
-}
-std::string EngineServer::kvReplayEndpoint() const {
-  return impl_->publisher ? impl_->publisher->replayEndpoint() : std::string();
-}
-const EngineConfig& EngineServer::config() const { return impl_->config; }
-
-void EngineServer::Impl::registerRoutes() {
+void EngineHttpSide::registerRoutes() {
   using http::Request;
   using http::ResponseWriter;
-  http->route("POST", "/v1/completions",
-              [this](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
-                co_await handleApi(ApiKind::kCompletion, r, w);
-              });
-  http->route("POST", "/v1/chat/completions",
-              [this](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
-                co_await handleApi(ApiKind::kChat, r, w);
-              });
-  http->route("POST", "/tokenize",
-              [this](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
-                co_await handleTokenize(r, w);
-              });
-  http->route("GET", "/v1/models",
-              [this](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
-                co_await handleModels(r, w);
-              });
-  http->route("POST", "/reset_prefix_cache",
-              [this](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
-                auto reset = [this]() -> asio::awaitable<bool> {
-                  bool ok = core->pool().resetPrefixCache();
-                  std::vector<worker::KvEvent> events = step_events.take();
-                  if (publisher) publisher->publish(std::move(events), detail::unixSeconds());
-                  publishStats();
-                  co_return ok;
-                };
-                bool ok = co_await asio::co_spawn(core_ioc, reset, asio::use_awaitable);
-                if (!ok) {
-                  co_await w.sendError(409, "cannot reset the prefix cache while requests run");
-                  co_return;
-                }
-                std::string empty;
-                co_await w.send(200, "text/plain", std::move(empty));
-              });
-  http->route("GET", "/health", [](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
+  server_->route("POST", "/v1/completions",
+                 [this](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
+                   co_await handleApi(ApiKind::kCompletions, r, w);
+                 });
+  server_->route("POST", "/v1/chat/completions",
+                 [this](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
+                   co_await handleApi(ApiKind::kChat, r, w);
+                 });
+  server_->route("POST", "/tokenize",
+                 [this](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
+                   co_await handleTokenize(r, w);
+                 });
+  server_->route("GET", "/v1/models",
+                 [this](const Request& r, ResponseWriter& w) -> asio::awaitable<void> {
+                   co_await handleModels(r, w);
+                 });
+  server_->route("POST", "/reset_prefix_cache",
+                 [this](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
+                   bool ok = co_await core_.resetPrefixCache();
+                   if (!ok) {
+                     co_await w.sendError(409, "cannot reset the prefix cache while requests run");
+                     co_return;
+                   }
+                   std::string empty;
+                   co_await w.send(200, "text/plain", std::move(empty));
+                 });
+  server_->route("GET", "/health", [](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
     std::string empty;  // named: GCC 12 mishandles temporaries inside co_await
     co_await w.send(200, "text/plain", std::move(empty));
   });
-  http->route("GET", "/metrics",
-              [this](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
-                std::string text = registry.exposition();
-                co_await w.send(200, metrics::kExpositionContentType, std::move(text));
-              });
+  server_->route("GET", "/metrics",
+                 [this](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
+                   std::string text = shared_.registry.exposition();
+                   co_await w.send(200, metrics::kExpositionContentType, std::move(text));
+                 });
 }
 
-asio::awaitable<void> EngineServer::Impl::handleApi(ApiKind kind, const http::Request& req,
-                                                    http::ResponseWriter& w) {
-  auto parsed = parseApiRequest(kind, req.body, limits);
+asio::awaitable<void> EngineHttpSide::handleApi(ApiKind kind, const http::Request& req,
+                                                http::ResponseWriter& w) {
+  auto parsed = parseApiRequest(kind, req.body, limits_);
   if (!parsed.ok()) {
     co_await w.sendStatus(parsed.status());
     co_return;
   }
-  std::string id = strCat(kind == ApiKind::kCompletion ? "cmpl-" : "chatcmpl-", config.instance_id,
-                          "-", next_request++);
+  const EngineConfig& config = shared_.config;
+  std::string id = strCat(kind == ApiKind::kCompletions ? "cmpl-" : "chatcmpl-", config.instance_id,
+                          "-", next_request_++);
   RequestSpec spec;
   spec.id = id;
   spec.prompt = std::move(parsed->prompt);
@@ -210,36 +155,21 @@ asio::awaitable<void> EngineServer::Impl::handleApi(ApiKind kind, const http::Re
   summary.model = config.served_model_name;
   summary.created = static_cast<int64_t>(std::time(nullptr));
   summary.prompt_tokens = static_cast<int64_t>(spec.prompt.size());
-  absl::Status valid = core->validate(spec);
+  absl::Status valid = core_.validate(spec);
   if (!valid.ok()) {
     co_await w.sendStatus(valid);
     co_return;
   }
-  auto p = std::make_shared<Pending>(ioc.get_executor());
-  pending[id] = p;
+  auto p = std::make_shared<Pending>(ioc_.get_executor());
+  pending_[id] = p;
   if (spec.remote_kv) {
-    FetchOptions fo;
+    detail::FetchOptions fo;
     fo.source = parsed->kv_transfer->source;
     fo.lease_id = parsed->kv_transfer->lease_id;
     fo.deadline_ms = parsed->kv_transfer->deadline_ms;
-    fetch_options[id] = std::move(fo);
+    fetch_options_[id] = std::move(fo);
   }
-  Nanos arrival = engineNow(steadyNanos());
-  asio::post(core_ioc, [this, spec = std::move(spec), arrival, p]() mutable {
-    absl::Status added = core->add(std::move(spec), arrival);
-    if (!added.ok()) {
-      // validate() accepted it, so this is a bug; answer instead of hanging the client.
-      log::error("engine core rejected a validated request", "error", std::string(added.message()));
-      asio::post(ioc, [p] {
-        p->done = true;
-        p->finish_reason = "abort";
-        p->signal.cancel();
-      });
-      return;
-    }
-    publishStats();
-    if (idle) wake_timer.cancel();
-  });
+  core_.add(std::move(spec), shared_.engineNow(steadyNanos()), p);
   if (parsed->stream) {
     co_await streamResponse(kind, *parsed, summary, p, id, w);
     co_return;
@@ -249,18 +179,18 @@ asio::awaitable<void> EngineServer::Impl::handleApi(ApiKind kind, const http::Re
   summary.cached_tokens = p->cached_tokens;
   summary.finish_reason = p->finish_reason;
   summary.kv_transfer_result = p->kv_transfer_result;
-  fetch_options.erase(id);
+  fetch_options_.erase(id);
   std::optional<bj::value> params = echoedTransferParams(parsed->kv_transfer_params);
   if (p->lease_id) params = leaseParams(*p);
   std::string body = completionBody(kind, summary, params);
   co_await w.sendJson(200, std::move(body));
 }
 
-asio::awaitable<void> EngineServer::Impl::streamResponse(ApiKind kind, ParsedRequest& parsed,
-                                                         CompletionSummary& summary,
-                                                         std::shared_ptr<Pending> p,
-                                                         const std::string& id,
-                                                         http::ResponseWriter& w) {
+asio::awaitable<void> EngineHttpSide::streamResponse(ApiKind kind, ParsedRequest& parsed,
+                                                     CompletionSummary& summary,
+                                                     std::shared_ptr<Pending> p,
+                                                     const std::string& id,
+                                                     http::ResponseWriter& w) {
   http::Headers headers = {{"Cache-Control", "no-cache"}};
   parsed.kv_transfer_params = echoedTransferParams(parsed.kv_transfer_params);
   absl::Status st = co_await w.beginStream(200, "text/event-stream", headers);
@@ -294,25 +224,22 @@ asio::awaitable<void> EngineServer::Impl::streamResponse(ApiKind kind, ParsedReq
   if (st.ok()) st = co_await w.endStream();
   if (!st.ok() && !p->done) {
     // The client went away: free its blocks instead of generating for nobody.
-    asio::post(core_ioc, [this, id] {
-      core->abort(id);
-      publishStats();
-    });
-    pending.erase(id);
-    aborted->inc();
+    core_.abort(id);
+    pending_.erase(id);
+    shared_.m.aborted->inc();
   }
 }
 
-asio::awaitable<void> EngineServer::Impl::handleTokenize(const http::Request& req,
-                                                         http::ResponseWriter& w) {
-  auto tokens = parseTokenizeRequest(req.body, limits);
+asio::awaitable<void> EngineHttpSide::handleTokenize(const http::Request& req,
+                                                     http::ResponseWriter& w) {
+  auto tokens = parseTokenizeRequest(req.body, limits_);
   if (!tokens.ok()) {
     co_await w.sendStatus(tokens.status());
     co_return;
   }
   bj::object o;
   o["count"] = tokens->size();
-  o["max_model_len"] = limits.max_model_len;
+  o["max_model_len"] = limits_.max_model_len;
   bj::array arr;
   arr.reserve(tokens->size());
   for (TokenId t : *tokens) arr.push_back(t);
@@ -321,20 +248,54 @@ asio::awaitable<void> EngineServer::Impl::handleTokenize(const http::Request& re
   co_await w.sendJson(200, std::move(body));
 }
 
-asio::awaitable<void> EngineServer::Impl::handleModels(const http::Request&,
-                                                       http::ResponseWriter& w) {
+asio::awaitable<void> EngineHttpSide::handleModels(const http::Request&, http::ResponseWriter& w) {
   bj::object model;
-  model["id"] = config.served_model_name;
+  model["id"] = shared_.config.served_model_name;
   model["object"] = "model";
   model["created"] = static_cast<int64_t>(std::time(nullptr));
   model["owned_by"] = "kvfabric";
-  model["root"] = config.profile.model.name;
-  model["max_model_len"] = limits.max_model_len;
+  model["root"] = shared_.config.profile.model.name;
+  model["max_model_len"] = limits_.max_model_len;
   bj::object o;
   o["object"] = "list";
   o["data"] = bj::array{std::move(model)};
   std::string body = bj::serialize(o);
   co_await w.sendJson(200, std::move(body));
+}
+
+void EngineHttpSide::deliver(const std::vector<RequestOutput>& outputs, Nanos end) {
+  for (const RequestOutput& out : outputs) {
+    auto it = pending_.find(out.id);
+    if (it == pending_.end()) continue;
+    Pending& p = *it->second;
+    p.tokens.insert(p.tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
+    p.cached_tokens = out.cached_tokens;
+    p.prompt_tokens = out.prompt_tokens;
+    if (out.lease_id) {
+      p.lease_id = out.lease_id;
+      p.lease_block_hashes = out.lease_block_hashes;
+    }
+    if (out.finish) {
+      p.done = true;
+      p.finish_reason = finishReasonName(*out.finish);
+      recordFinished(out, end);
+    }
+    p.signal.cancel();
+    if (out.finish) pending_.erase(it);
+  }
+}
+
+void EngineHttpSide::recordFinished(const RequestOutput& out, Nanos end) {
+  EngineShared::Metrics& m = shared_.m;
+  m.success->inc();
+  if (out.first_token_time >= 0) {
+    m.ttft->observe(nanosToSeconds(out.first_token_time - out.arrival_time));
+    if (out.output_tokens > 1) {
+      m.tpot->observe(nanosToSeconds(end - out.first_token_time) /
+                      static_cast<double>(out.output_tokens - 1));
+    }
+  }
+  m.e2e->observe(nanosToSeconds(end - out.arrival_time));
 }
 
 }  // namespace kvf::engine

@@ -1,35 +1,108 @@
-#include "engine/engine_server_impl.h"
+// EngineServer: builds the two sides, the KV-event publisher and the worker agent, and registers
+// the engine's metrics.
+#include "engine/engine_server.h"
 
-#include <algorithm>
-#include <chrono>
-#include <deque>
+#include <cstdlib>
 
-#include <boost/asio/as_tuple.hpp>
-#include <boost/asio/co_spawn.hpp>
-#include <boost/asio/detached.hpp>
-#include <boost/asio/post.hpp>
-#include <boost/asio/steady_timer.hpp>
-#include <boost/asio/use_awaitable.hpp>
-#include <boost/json.hpp>
-
-#include "common/http_server.h"
 #include "common/log.h"
-#include "common/metrics.h"
 #include "common/status.h"
 #include "common/strings.h"
-#include "engine/openai_api.h"
-#include "engine/tokenizer.h"
-#include "worker/kv_event_publisher.h"
+#include "engine/engine_server_impl.h"
+#include "transport/transport.h"
 
 namespace kvf::engine {
 
-using detail::kAwait;
 using detail::steadyNanos;
-using detail::toTimePoint;
-using detail::unixSeconds;
-using Steady = std::chrono::steady_clock;
+
+absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::create(asio::io_context& ioc,
+                                                                   EngineConfig config) {
+  auto impl = std::make_unique<Impl>(ioc, std::move(config));
+  const EngineConfig& c = impl->shared.config;
+  if (c.kv_events.enabled) {
+    worker::PublisherOptions po;
+    po.endpoint = c.kv_events.endpoint;
+    po.replay_endpoint = c.kv_events.replay_endpoint;
+    po.topic = c.kv_events.topic;
+    po.buffer_batches = static_cast<size_t>(c.kv_events.buffer_batches);
+    KVF_ASSIGN_OR_RETURN(impl->publisher, worker::KvEventPublisher::create(po));
+  }
+  KVF_RETURN_IF_ERROR(impl->core_side.createCore());
+  KVF_RETURN_IF_ERROR(impl->http_side.bind());
+  impl->registerMetrics();
+  if (c.worker.port > 0) {
+    const WorkerConfig& wc = c.worker;
+    if (c.cache.payload_bytes_per_block == 0) {
+      return absl::InvalidArgumentError("worker: KV push needs cache.payload_bytes_per_block > 0");
+    }
+    transport::TransportOptions to;
+    to.name = c.instance_id;
+    to.transports = wc.transports;
+    to.net_devices = wc.net_devices;
+    to.max_blocks_per_put = static_cast<uint32_t>(wc.max_push_blocks);
+    KVF_ASSIGN_OR_RETURN(auto transport, transport::TransportContext::create(to));
+    worker::AgentOptions ao;
+    ao.instance_id = c.instance_id;
+    ao.host = wc.host;
+    ao.port = static_cast<uint16_t>(wc.port);
+    ao.token = wc.token;
+    if (ao.token.empty()) {
+      if (const char* env = std::getenv("KVF_WORKER_TOKEN"); env != nullptr) ao.token = env;
+    }
+    ao.max_push_blocks = static_cast<size_t>(wc.max_push_blocks);
+    ao.connect_timeout = std::chrono::milliseconds(wc.push_deadline_cap_ms);
+    ao.metric_labels = {{"model_name", c.served_model_name}};
+    ao.fault = wc.fault;
+    ao.fault_stall_ms = wc.fault_stall_ms;
+    KVF_ASSIGN_OR_RETURN(impl->agent,
+                         worker::WorkerAgent::create(ioc, impl->core_side, std::move(transport),
+                                                     std::move(ao), &impl->shared.registry));
+    impl->registerPushMetrics();
+  }
+  impl->core_side.connect(&impl->http_side, impl->publisher.get(), impl->agent.get());
+  impl->http_side.connect(impl->agent.get(), impl->publisher.get());
+  return std::unique_ptr<EngineServer>(new EngineServer(std::move(impl)));
+}
+
+EngineServer::EngineServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+EngineServer::~EngineServer() {
+  if (!impl_) return;
+  impl_->core_side.shutdown();
+  if (impl_->publisher) impl_->publisher->stop();
+}
+
+void EngineServer::start() {
+  impl_->shared.wall_origin = steadyNanos();
+  impl_->http_side.start();
+  if (impl_->agent) impl_->agent->start();
+  impl_->core_side.start();
+}
+
+void EngineServer::stop() {
+  impl_->core_side.shutdown();
+  impl_->http_side.stop();
+  if (impl_->agent) impl_->agent->stop();
+  if (impl_->publisher) impl_->publisher->stop();
+}
+
+uint16_t EngineServer::port() const { return impl_->http_side.port(); }
+uint16_t EngineServer::workerPort() const { return impl_->agent ? impl_->agent->port() : 0; }
+std::string EngineServer::workerUrl() const {
+  return impl_->agent ? impl_->agent->url() : std::string();
+}
+std::string EngineServer::kvEventsEndpoint() const {
+  return impl_->publisher ? impl_->publisher->endpoint() : std::string();
+}
+std::string EngineServer::kvReplayEndpoint() const {
+  return impl_->publisher ? impl_->publisher->replayEndpoint() : std::string();
+}
+const EngineConfig& EngineServer::config() const { return impl_->shared.config; }
 
 void EngineServer::Impl::registerMetrics() {
+  const EngineConfig& config = shared.config;
+  metrics::Registry& registry = shared.registry;
+  EngineShared::StatsSnapshot& snapshot = shared.snapshot;
+  EngineShared::Metrics& m = shared.m;
   metrics::Labels labels = {{"model_name", config.served_model_name}};
   auto gauge = [&](const char* name, const char* help, std::function<double()> read) {
     registry.callback(name, help, metrics::MetricType::kGauge, labels, std::move(read));
@@ -38,152 +111,80 @@ void EngineServer::Impl::registerMetrics() {
     registry.callback(name, help, metrics::MetricType::kCounter, labels, std::move(read));
   };
   gauge("vllm:num_requests_running", "Requests in the running batch",
-        [this] { return snapshot.running.load(); });
+        [&snapshot] { return snapshot.running.load(); });
   gauge("vllm:num_requests_waiting", "Requests waiting to be scheduled",
-        [this] { return snapshot.waiting.load(); });
+        [&snapshot] { return snapshot.waiting.load(); });
   gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (0..1)",
-        [this] { return snapshot.usage.load(); });
+        [&snapshot] { return snapshot.usage.load(); });
   counter("vllm:prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache",
-          [this] { return snapshot.queries.load(); });
+          [&snapshot] { return snapshot.queries.load(); });
   counter("vllm:prefix_cache_hits_total", "Prompt tokens found in the prefix cache",
-          [this] { return snapshot.hits.load(); });
+          [&snapshot] { return snapshot.hits.load(); });
   counter("vllm:prompt_tokens_total", "Prompt tokens of admitted requests",
-          [this] { return snapshot.prompt.load(); });
+          [&snapshot] { return snapshot.prompt.load(); });
   counter("vllm:generation_tokens_total", "Generated tokens",
-          [this] { return snapshot.generation.load(); });
+          [&snapshot] { return snapshot.generation.load(); });
   counter("vllm:num_preemptions_total", "Preemptions (recompute)",
-          [this] { return snapshot.preemptions.load(); });
-  ttft = &registry.histogram("vllm:time_to_first_token_seconds", "Time to first token (modelled)",
-                             metrics::latencyBuckets(), labels);
-  tpot = &registry.histogram("vllm:time_per_output_token_seconds",
-                             "Mean time per output token after the first (modelled)",
-                             metrics::latencyBuckets(), labels);
-  e2e = &registry.histogram("vllm:e2e_request_latency_seconds", "Request latency (modelled)",
-                            metrics::latencyBuckets(), labels);
-  success = &registry.counter("vllm:request_success_total", "Finished requests", labels);
-  aborted = &registry.counter("kvfabric_engine_requests_aborted_total",
-                              "Requests aborted because the client went away", labels);
-  steps = &registry.counter("kvfabric_engine_steps_total", "Engine steps run", labels);
-  step_seconds = &registry.histogram("kvfabric_engine_step_duration_seconds",
-                                     "Modelled step duration", metrics::latencyBuckets(), labels);
-  lateness = &registry.histogram("kvfabric_engine_step_lateness_seconds",
-                                 "Wall-clock lateness of step deadlines",
-                                 metrics::exponentialBuckets(1e-5, 2, 18), labels);
+          [&snapshot] { return snapshot.preemptions.load(); });
+  m.ttft = &registry.histogram("vllm:time_to_first_token_seconds", "Time to first token (modelled)",
+                               metrics::latencyBuckets(), labels);
+  m.tpot = &registry.histogram("vllm:time_per_output_token_seconds",
+                               "Mean time per output token after the first (modelled)",
+                               metrics::latencyBuckets(), labels);
+  m.e2e = &registry.histogram("vllm:e2e_request_latency_seconds", "Request latency (modelled)",
+                              metrics::latencyBuckets(), labels);
+  m.success = &registry.counter("vllm:request_success_total", "Finished requests", labels);
+  m.aborted = &registry.counter("kvfabric_engine_requests_aborted_total",
+                                "Requests aborted because the client went away", labels);
+  m.steps = &registry.counter("kvfabric_engine_steps_total", "Engine steps run", labels);
+  m.step_seconds = &registry.histogram("kvfabric_engine_step_duration_seconds",
+                                       "Modelled step duration", metrics::latencyBuckets(), labels);
+  m.lateness = &registry.histogram("kvfabric_engine_step_lateness_seconds",
+                                   "Wall-clock lateness of step deadlines",
+                                   metrics::exponentialBuckets(1e-5, 2, 18), labels);
   gauge("kvfabric_engine_step_lateness_p99_seconds", "p99 lateness over the last 65536 steps",
-        [this] { return snapshot.lateness_p99.load(); });
+        [&snapshot] { return snapshot.lateness_p99.load(); });
+  worker::KvEventPublisher* pub = publisher.get();
   counter("kvfabric_engine_kv_events_published_total", "KV event batches published",
-          [this] { return publisher ? static_cast<double>(publisher->publishedBatches()) : 0.0; });
+          [pub] { return pub ? static_cast<double>(pub->publishedBatches()) : 0.0; });
   counter("kvfabric_engine_kv_events_dropped_total", "KV event batches dropped",
-          [this] { return publisher ? static_cast<double>(publisher->droppedBatches()) : 0.0; });
+          [pub] { return pub ? static_cast<double>(pub->droppedBatches()) : 0.0; });
 }
 
-double EngineServer::Impl::latenessQuantile(double q) const {
-  if (recent_lateness.empty()) return 0;
-  std::vector<double> v(recent_lateness.begin(), recent_lateness.end());
-  auto k = static_cast<size_t>(q * static_cast<double>(v.size() - 1));
-  std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(k), v.end());
-  return v[k];
-}
-
-asio::awaitable<void> EngineServer::Impl::stepLoop() {
-  Nanos next_wall = steadyNanos();
-  while (!stopping) {
-    if (!core->hasWork()) {
-      idle = true;
-      wake_timer.expires_at(Steady::time_point::max());
-      co_await wake_timer.async_wait(kAwait);
-      idle = false;
-      next_wall = steadyNanos();  // an idle engine starts its next step at the arrival
-      continue;
-    }
-    StepResult result = core->step(engineNow(next_wall));
-    if (!result.remote_kv_fetches.empty()) {
-      publishStats();
-      asio::post(ioc, [this, fetches = std::move(result.remote_kv_fetches)]() mutable {
-        for (auto& f : fetches) startFetch(std::move(f));
-      });
-    }
-    if (result.empty()) {
-      next_wall = steadyNanos();
-      continue;
-    }
-    Nanos end_wall = wallFor(result.start + result.duration);
-    step_timer.expires_at(toTimePoint(end_wall));
-    co_await step_timer.async_wait(kAwait);
-    if (stopping) break;
-    Nanos now = steadyNanos();
-    double late = nanosToSeconds(std::max<Nanos>(0, now - end_wall));
-    lateness->observe(late);
-    recent_lateness.push_back(late);
-    if (recent_lateness.size() > 65536) recent_lateness.pop_front();
-    steps->inc();
-    step_seconds->observe(nanosToSeconds(result.duration));
-    std::vector<worker::KvEvent> events = step_events.take();
-    if (publisher && !events.empty()) publisher->publish(std::move(events), unixSeconds());
-    if (static_cast<uint64_t>(steps->value()) % 128 == 0) {
-      snapshot.lateness_p99.store(latenessQuantile(0.99));
-    }
-    publishStats();
-    asio::post(ioc, [this, outputs = std::move(result.outputs),
-                     end = result.start + result.duration]() { deliver(outputs, end); });
-    next_wall = end_wall;  // absolute deadlines: lateness does not accumulate
-    if (now - last_progress_log > 10 * kNanosPerSecond) {
-      last_progress_log = now;
-      auto s = core->stats();
-      log::info("engine progress", "running", s.num_running, "waiting", s.num_waiting, "kv_usage",
-                core->pool().usage(), "steps", steps->value(), "lateness_p99_ms",
-                latenessQuantile(0.99) * 1e3);
-    }
-  }
-}
-
-void EngineServer::Impl::publishStats() {
-  SchedulerStats st = core->stats();
-  snapshot.running.store(st.num_running);
-  snapshot.waiting.store(st.num_waiting);
-  snapshot.usage.store(core->pool().usage());
-  snapshot.queries.store(static_cast<double>(st.prefix_cache_queries));
-  snapshot.hits.store(static_cast<double>(st.prefix_cache_hits));
-  snapshot.prompt.store(static_cast<double>(st.prompt_tokens));
-  snapshot.generation.store(static_cast<double>(st.generation_tokens));
-  snapshot.preemptions.store(static_cast<double>(st.num_preemptions));
-  snapshot.waiting_remote.store(st.num_waiting_for_remote_kv);
-  snapshot.leases.store(st.num_leases);
-  snapshot.quarantined.store(static_cast<double>(st.remote_kv_blocks_quarantined));
-}
-
-void EngineServer::Impl::deliver(const std::vector<RequestOutput>& outputs, Nanos end) {
-  for (const RequestOutput& out : outputs) {
-    auto it = pending.find(out.id);
-    if (it == pending.end()) continue;
-    Pending& p = *it->second;
-    p.tokens.insert(p.tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
-    p.cached_tokens = out.cached_tokens;
-    p.prompt_tokens = out.prompt_tokens;
-    if (out.lease_id) {
-      p.lease_id = out.lease_id;
-      p.lease_block_hashes = out.lease_block_hashes;
-    }
-    if (out.finish) {
-      p.done = true;
-      p.finish_reason = finishReasonName(*out.finish);
-      recordFinished(out, end);
-    }
-    p.signal.cancel();
-    if (out.finish) pending.erase(it);
-  }
-}
-
-void EngineServer::Impl::recordFinished(const RequestOutput& out, Nanos end) {
-  success->inc();
-  if (out.first_token_time >= 0) {
-    ttft->observe(nanosToSeconds(out.first_token_time - out.arrival_time));
-    if (out.output_tokens > 1) {
-      tpot->observe(nanosToSeconds(end - out.first_token_time) /
-                    static_cast<double>(out.output_tokens - 1));
-    }
-  }
-  e2e->observe(nanosToSeconds(end - out.arrival_time));
+void EngineServer::Impl::registerPushMetrics() {
+  metrics::Registry& registry = shared.registry;
+  EngineShared::StatsSnapshot& snapshot = shared.snapshot;
+  EngineShared::Metrics& m = shared.m;
+  metrics::Labels labels = {{"model_name", shared.config.served_model_name}};
+  auto with = [&](const char* key, const char* value) {
+    metrics::Labels l = labels;
+    l.emplace_back(key, value);
+    return l;
+  };
+  const char* fetches = "kvfabric_engine_kv_push_fetches_total";
+  const char* fetch_help = "Remote-KV fetches by outcome (ok, partial, fallback)";
+  m.fetch_ok = &registry.counter(fetches, fetch_help, with("outcome", "ok"));
+  m.fetch_partial = &registry.counter(fetches, fetch_help, with("outcome", "partial"));
+  m.fetch_fallback = &registry.counter(fetches, fetch_help, with("outcome", "fallback"));
+  m.tokens_in = &registry.counter("kvfabric_engine_kv_push_received_tokens_total",
+                                  "Tokens of KV received from peers and used", labels);
+  m.bytes_in = &registry.counter("kvfabric_engine_kv_push_received_bytes_total",
+                                 "Payload bytes received from peers and used", labels);
+  m.fetch_seconds = &registry.histogram(
+      "kvfabric_engine_kv_push_fetch_seconds",
+      "Wall time from fetch start to complete/fail (includes the modelled link time)",
+      metrics::exponentialBuckets(1e-4, 2, 16), labels);
+  registry.callback("kvfabric_engine_kv_push_waiting", "Requests waiting for remote KV",
+                    metrics::MetricType::kGauge, labels,
+                    [&snapshot] { return snapshot.waiting_remote.load(); });
+  worker::WorkerAgent* a = agent.get();
+  registry.callback("kvfabric_engine_kv_push_leases", "Remote-decode leases holding blocks",
+                    metrics::MetricType::kGauge, labels,
+                    [a] { return static_cast<double>(a->leaseCount()); });
+  registry.callback("kvfabric_engine_kv_push_quarantined_blocks",
+                    "Landing blocks held until no late write can reach them",
+                    metrics::MetricType::kGauge, labels,
+                    [&snapshot] { return snapshot.quarantined.load(); });
 }
 
 }  // namespace kvf::engine

@@ -1,11 +1,17 @@
-// Internal to engine_server*.cc: the state of a live engine (HTTP server, core, publisher,
-// pending requests, metrics) shared by the step loop and the HTTP handlers. io thread only.
+// Internal to engine_*.cc: the live engine as three objects. EngineShared holds what both
+// threads read (configuration, clocks, metrics, the stats snapshot). EngineCoreSide is owned by
+// the core thread: the EngineCore, its step loop and timers, and the worker::EngineAdapter that
+// the worker agent reaches the core through. EngineHttpSide is owned by the HTTP thread: the
+// HTTP server, requests waiting for tokens and the requests' remote-KV options. The two sides
+// talk only by posting to each other's io_context, so which thread owns a piece of state is the
+// type that holds it.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -17,36 +23,29 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "absl/container/flat_hash_map.h"
-#include "common/http_client.h"
 #include "common/http_server.h"
 #include "common/metrics.h"
+#include "common/steady_time.h"
 #include "engine/engine_server.h"
 #include "engine/openai_api.h"
-#include "transport/transport.h"
+#include "worker/agent.h"
+#include "worker/engine_adapter.h"
 #include "worker/kv_event_publisher.h"
-#include "worker/push_protocol.h"
 
 namespace kvf::engine {
 namespace detail {
 
-using Steady = std::chrono::steady_clock;
-inline constexpr auto kAwait = asio::as_tuple(asio::use_awaitable);
-
-inline Nanos steadyNanos() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(Steady::now().time_since_epoch())
-      .count();
-}
-
-inline Steady::time_point toTimePoint(Nanos wall) {
-  return Steady::time_point(
-      std::chrono::duration_cast<Steady::duration>(std::chrono::nanoseconds(wall)));
-}
+using kvf::kAwait;
+using kvf::Steady;
+using kvf::steadyNanos;
+using kvf::toTimePoint;
+inline constexpr Nanos kMs = kNanosPerMilli;
 
 inline double unixSeconds() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
-// A request's tokens on their way from the step loop to its HTTP handler (io thread only).
+// A request's tokens on their way from the step loop to its HTTP handler (HTTP thread only).
 struct Pending {
   explicit Pending(asio::any_io_executor ex) : signal(ex) {
     signal.expires_at(Steady::time_point::max());
@@ -57,108 +56,49 @@ struct Pending {
   std::string finish_reason;
   int64_t cached_tokens = 0;
   int64_t prompt_tokens = 0;
-  std::optional<boost::json::value> kv_transfer_result;  // set by the fetch before any output
-  std::optional<std::string> lease_id;                   // remote decode: the lease taken
-  std::vector<uint64_t> lease_block_hashes;
+  std::optional<KvTransferResult> kv_transfer_result;  // set before the request's first output
+  std::optional<std::string> lease_id;                 // remote decode: the lease taken
+  std::vector<BlockHash> lease_block_hashes;
 };
 
-// Receiver-side options of one request with kv_transfer_params.source (HTTP thread).
+// A fetch the core started, as the core side keeps it until the agent's outcome.
+struct FetchRecord {
+  std::vector<BlockHash> hashes;
+  std::vector<BlockIndex> blocks;
+  Nanos started = 0;  // steady clock
+};
+
+// Receiver-side options of one request with kv_transfer_params.source.
 struct FetchOptions {
   std::string source;  // worker URL
   std::string lease_id;
   int64_t deadline_ms = 0;
 };
 
-// What the receiver knows about a source worker (HTTP thread; dropped after a failure).
-struct SourceWorker {
-  std::shared_ptr<http::HttpClient> client;
-  std::optional<worker::WorkerInfo> info;
-  std::string transport_address;  // decoded
-};
-
-// The outcome of moving blocks for one fetch (engine_push_fetch.cc).
-struct TransferOutcome {
-  size_t landed = 0;  // leading landing blocks filled and verified by the transport
-  uint64_t bytes = 0;
-  std::string reason;  // why not everything arrived (empty when all did)
-  bool writes_may_arrive = false;
-  std::shared_ptr<transport::Landing> landing;  // to watch until resolved
-};
-
 }  // namespace detail
 
-using detail::FetchOptions;
-using detail::Pending;
-using detail::SourceWorker;
-using detail::TransferOutcome;
-
-// Two threads: the HTTP thread (the io_context given to create()) owns the HTTP server and
-// `pending`; the core thread (core_ioc) owns the EngineCore, the step loop and step_events, so
-// parsing large request bodies never delays a step deadline. They talk only by posting.
-struct EngineServer::Impl {
-  Impl(asio::io_context& ioc_in, EngineConfig config_in)
-      : ioc(ioc_in),
-        config(std::move(config_in)),
-        core_ioc(1),
-        core_work(asio::make_work_guard(core_ioc)),
-        step_timer(core_ioc),
-        wake_timer(core_ioc) {}
-
-  asio::io_context& ioc;
+// Read by both threads; written before either runs, except the atomics and metrics.
+struct EngineShared {
+  explicit EngineShared(EngineConfig c) : config(std::move(c)) {}
   EngineConfig config;
-  std::unique_ptr<http::HttpServer> http;
-  std::unique_ptr<worker::KvEventPublisher> publisher;
-  ApiLimits limits;
-
-  // HTTP thread.
-  absl::flat_hash_map<std::string, std::shared_ptr<Pending>> pending;
-  uint64_t next_request = 0;
-
-  // Core thread.
-  asio::io_context core_ioc;
-  asio::executor_work_guard<asio::io_context::executor_type> core_work;
-  std::thread core_thread;
-  worker::VectorEventSink step_events;  // filled during a step, published when it ends
-  std::unique_ptr<EngineCore> core;
-  asio::steady_timer step_timer;
-  asio::steady_timer wake_timer;
-  bool stopping = false;
-  bool idle = true;
-  Nanos last_progress_log = 0;
-  std::deque<double> recent_lateness;  // seconds, bounded, for the p99 gauge
+  Nanos wall_origin = 0;  // set before either thread runs
+  metrics::Registry registry;
 
   // Written by the core thread after every change, read by /metrics on the HTTP thread.
   struct StatsSnapshot {
     std::atomic<double> running{0}, waiting{0}, usage{0}, queries{0}, hits{0}, prompt{0},
-        generation{0}, preemptions{0}, lateness_p99{0}, waiting_remote{0}, leases{0},
-        quarantined{0};
+        generation{0}, preemptions{0}, lateness_p99{0}, waiting_remote{0}, quarantined{0};
   } snapshot;
 
-  Nanos wall_origin = 0;  // set before either thread runs
-  metrics::Registry registry;
-  metrics::Histogram* ttft = nullptr;
-  metrics::Histogram* tpot = nullptr;
-  metrics::Histogram* e2e = nullptr;
-  metrics::Histogram* lateness = nullptr;
-  metrics::Histogram* step_seconds = nullptr;
-  metrics::Counter* steps = nullptr;
-  metrics::Counter* success = nullptr;
-  metrics::Counter* aborted = nullptr;
-
-  // KV push (engine_push_source.cc / engine_push_fetch.cc); null without a worker port.
-  std::unique_ptr<transport::TransportContext> transport;  // destroyed before the pool (core)
-  std::shared_ptr<transport::MemoryRegion> pool_region;    // the KV pool payload, registered
-  std::unique_ptr<http::HttpServer> worker_http;           // HTTP thread
-  std::string worker_token;
-  worker::PushLimits push_limits;
-  absl::flat_hash_map<std::string, FetchOptions> fetch_options;             // HTTP thread
-  absl::flat_hash_map<std::string, std::shared_ptr<SourceWorker>> sources;  // HTTP thread
-  asio::steady_timer lease_timer{core_ioc};
-  struct PushMetrics {
-    metrics::Counter *fetch_ok, *fetch_partial, *fetch_fallback, *tokens_in, *bytes_in;
-    metrics::Counter *served_ok, *served_failed, *served_empty, *bytes_out;
-    metrics::Histogram *fetch_seconds, *serve_seconds;
-  } pm{};
+  struct Metrics {
+    metrics::Histogram *ttft = nullptr, *tpot = nullptr, *e2e = nullptr;  // HTTP thread
+    metrics::Histogram *lateness = nullptr, *step_seconds = nullptr;      // core thread
+    metrics::Counter *steps = nullptr, *success = nullptr, *aborted = nullptr;
+    // Remote KV as this engine used it (the agent counts what landed).
+    metrics::Counter *fetch_ok = nullptr, *fetch_partial = nullptr, *fetch_fallback = nullptr;
+    metrics::Counter *tokens_in = nullptr, *bytes_in = nullptr;
+    metrics::Histogram* fetch_seconds = nullptr;
+  } m;
 
   Nanos engineNow(Nanos wall) const {
     return static_cast<Nanos>(static_cast<double>(wall - wall_origin) * config.time_scale);
@@ -166,44 +106,136 @@ struct EngineServer::Impl {
   Nanos wallFor(Nanos engine_time) const {
     return wall_origin + static_cast<Nanos>(static_cast<double>(engine_time) / config.time_scale);
   }
+  Nanos wallDuration(Nanos engine_duration) const {
+    return static_cast<Nanos>(static_cast<double>(engine_duration) / config.time_scale);
+  }
+};
 
-  void registerMetrics();
-  void registerRoutes();
-  asio::awaitable<void> stepLoop();  // core thread
-  void publishStats();               // core thread
-  void shutdownCore();               // any thread but the core thread; idempotent
-  void deliver(const std::vector<RequestOutput>& outputs, Nanos end);  // HTTP thread
-  void recordFinished(const RequestOutput& out, Nanos end);
+class EngineHttpSide;
+
+// The core thread: steps the EngineCore on absolute deadlines and is the worker agent's engine
+// thread. Its methods run on the core thread unless they say otherwise.
+class EngineCoreSide final : public worker::EngineAdapter {
+ public:
+  explicit EngineCoreSide(EngineShared& shared);
+  // Creates the EngineCore (its events go to this side's step buffer); before start().
+  absl::Status createCore();
+
+  // Wiring, before start(): the HTTP side, the publisher and the agent (both may be null).
+  void connect(EngineHttpSide* http, worker::KvEventPublisher* publisher,
+               worker::WorkerAgent* agent);
+  void start();     // any thread, once: the core thread and its step loop
+  void shutdown();  // any thread but the core thread; idempotent
+
+  asio::io_context& ioc() { return ioc_; }
+  // Immutable parts of the core, safe from any thread.
+  absl::Status validate(const RequestSpec& spec) const { return core_->validate(spec); }
+  const TimingModel& timing() const { return core_->timing(); }
+  int64_t vocabSize() const { return core_->vocabSize(); }
+  int64_t maxModelLen() const { return core_->maxModelLen(); }
+
+  void add(RequestSpec spec, Nanos arrival, std::shared_ptr<detail::Pending> pending);
+  void abort(const std::string& id);
+  asio::awaitable<bool> resetPrefixCache();  // awaited from the HTTP thread
+
+  // worker::EngineAdapter (engine thread = the core thread).
+  worker::BlockGeometry geometry() const override;
+  worker::PayloadRegion payloadRegion() const override;
+  Nanos now() const override;
+  void post(absl::AnyInvocable<void() &&> fn) override;
+  std::vector<BlockIndex> pinLeadingRun(std::span<const BlockHash> hashes) override;
+  void unpin(std::span<const BlockHash> hashes) override;
+  void completeRemoteKv(const worker::RemoteKvOutcome& outcome) override;
+  void failRemoteKv(const worker::RemoteKvOutcome& outcome) override;
+  void releaseLanding(const std::string& id) override;
+
+ private:
+  asio::awaitable<void> stepLoop();
+  void afterChange();  // publishStats and wake an idle loop
+  void publishStats();
+  void publishEvents();
   double latenessQuantile(double q) const;
+  // Hands the finished remote-decode requests' leases to the agent.
+  void handOverLeases(const StepResult& result);
+  void settleFetch(const worker::RemoteKvOutcome& outcome, Nanos kv_ready_at);
+  void reportFetch(const std::string& id, size_t used, std::string reason);
 
+  EngineShared& shared_;
+  std::unique_ptr<EngineCore> core_;
+  EngineHttpSide* http_ = nullptr;
+  worker::KvEventPublisher* publisher_ = nullptr;
+  worker::WorkerAgent* agent_ = nullptr;
+  asio::io_context ioc_{1};
+  asio::executor_work_guard<asio::io_context::executor_type> work_;
+  std::thread thread_;
+  worker::VectorEventSink step_events_;  // filled during a step, published when it ends
+  asio::steady_timer step_timer_;
+  asio::steady_timer wake_timer_;
+  bool stopping_ = false;
+  bool idle_ = true;
+  Nanos last_progress_log_ = 0;
+  std::deque<double> recent_lateness_;  // seconds, bounded, for the p99 gauge
+  // Fetches in flight: what each asked for, to check the landed blocks' content.
+  absl::flat_hash_map<std::string, detail::FetchRecord> fetches_;
+};
+
+// The HTTP thread: the OpenAI-compatible server and the requests it waits on.
+class EngineHttpSide {
+ public:
+  EngineHttpSide(asio::io_context& ioc, EngineShared& shared, EngineCoreSide& core);
+  // Binds the HTTP port (after the core exists: the limits come from it).
+  absl::Status bind();
+  void connect(worker::WorkerAgent* agent, worker::KvEventPublisher* publisher);
+  void start();
+  void stop();
+  uint16_t port() const { return server_->port(); }
+  asio::any_io_executor executor() { return ioc_.get_executor(); }
+
+  // Posted by the core thread.
+  void deliver(const std::vector<RequestOutput>& outputs, Nanos end);
+  void startFetch(RemoteKvFetch fetch);
+  void setTransferResult(const std::string& id, KvTransferResult result);
+
+ private:
+  void registerRoutes();
   asio::awaitable<void> handleApi(ApiKind kind, const http::Request& req, http::ResponseWriter& w);
   asio::awaitable<void> streamResponse(ApiKind kind, ParsedRequest& parsed,
-                                       CompletionSummary& summary, std::shared_ptr<Pending> p,
-                                       const std::string& id, http::ResponseWriter& w);
+                                       CompletionSummary& summary,
+                                       std::shared_ptr<detail::Pending> p, const std::string& id,
+                                       http::ResponseWriter& w);
   asio::awaitable<void> handleTokenize(const http::Request& req, http::ResponseWriter& w);
   asio::awaitable<void> handleModels(const http::Request& req, http::ResponseWriter& w);
-
-  // KV push, holder side and setup (engine_push_source.cc).
-  absl::Status createPush();  // before start(): transport, pool registration, worker server
-  void registerPushMetrics();
-  std::string workerUrl() const;
-  bool authorized(const http::Request& req) const;
-  asio::awaitable<void> handleKvInfo(const http::Request& req, http::ResponseWriter& w);
-  asio::awaitable<void> handleKvPush(const http::Request& req, http::ResponseWriter& w);
-  asio::awaitable<absl::StatusOr<worker::PushResponse>> servePush(worker::PushRequest req);
-  asio::awaitable<void> leaseLoop();  // core thread
   // kv_transfer_params of an API request -> the spec (receiver or remote decode).
   absl::Status applyKvTransfer(const KvTransferParams& params, RequestSpec& spec) const;
-  boost::json::value leaseParams(const Pending& p) const;
-  // KV push, receiver side (engine_push_fetch.cc); HTTP thread.
-  void startFetch(RemoteKvFetch fetch);
-  asio::awaitable<void> runFetch(RemoteKvFetch fetch);
-  asio::awaitable<TransferOutcome> transferBlocks(const RemoteKvFetch& fetch,
-                                                  const FetchOptions& opt, Nanos deadline_wall);
-  asio::awaitable<absl::StatusOr<std::shared_ptr<SourceWorker>>> sourceWorker(
-      const std::string& url, Nanos deadline_wall);
-  asio::awaitable<void> releaseWhenResolved(std::string id,
-                                            std::shared_ptr<transport::Landing> landing);
+  boost::json::value leaseParams(const detail::Pending& p) const;
+  void recordFinished(const RequestOutput& out, Nanos end);
+
+  asio::io_context& ioc_;
+  EngineShared& shared_;
+  EngineCoreSide& core_;
+  std::unique_ptr<http::HttpServer> server_;
+  worker::WorkerAgent* agent_ = nullptr;
+  worker::KvEventPublisher* publisher_ = nullptr;
+  ApiLimits limits_;
+  absl::flat_hash_map<std::string, std::shared_ptr<detail::Pending>> pending_;
+  absl::flat_hash_map<std::string, detail::FetchOptions> fetch_options_;
+  uint64_t next_request_ = 0;
+};
+
+// Members are destroyed in reverse: the agent (and its transport, which registered the core's
+// payload memory) before the core side that owns that memory.
+struct EngineServer::Impl {
+  Impl(asio::io_context& ioc, EngineConfig config)
+      : shared(std::move(config)), core_side(shared), http_side(ioc, shared, core_side) {}
+
+  EngineShared shared;
+  std::unique_ptr<worker::KvEventPublisher> publisher;
+  EngineCoreSide core_side;
+  EngineHttpSide http_side;
+  std::unique_ptr<worker::WorkerAgent> agent;
+
+  void registerMetrics();
+  void registerPushMetrics();
 };
 
 }  // namespace kvf::engine

@@ -190,7 +190,7 @@ std::optional<BlockHash> KvPool::hashOf(BlockIndex block) const {
 
 absl::Status KvPool::pin(BlockHash hash) {
   auto b = table_.find(hash);
-  if (!b) return absl::NotFoundError(strCat("block ", hash, " is not cached"));
+  if (!b) return absl::NotFoundError(strCat("block ", hash.value(), " is not cached"));
   KVF_RETURN_IF_ERROR(table_.pin(hash));
   ref(*b);
   return absl::OkStatus();
@@ -198,7 +198,7 @@ absl::Status KvPool::pin(BlockHash hash) {
 
 absl::Status KvPool::unpin(BlockHash hash) {
   auto b = table_.find(hash);
-  if (!b) return absl::FailedPreconditionError(strCat("block ", hash, " is not pinned"));
+  if (!b) return absl::FailedPreconditionError(strCat("block ", hash.value(), " is not pinned"));
   KVF_RETURN_IF_ERROR(table_.unpin(hash));
   BlockIndex idx = *b;
   release(std::span<const BlockIndex>(&idx, 1));

@@ -122,7 +122,7 @@ class KvPool {
   // release and cacheBlock touch one random line per block. A block is in the free queue
   // exactly when its count is 0.
   struct Block {
-    BlockHash hash = 0;
+    BlockHash hash;
     uint32_t queue_gen = 0;  // the generation of its live free-queue entry
     uint32_t state = 0;      // reference count | kHasHash | kWatched
   };

@@ -148,7 +148,7 @@ absl::Status parseSampling(const bj::object& obj, ApiKind kind, int64_t prompt_l
                            const ApiLimits& limits, ParsedRequest* out) {
   SamplingParams& s = out->sampling;
   // Completions default to 16 tokens (OpenAI, vLLM); chat to the rest of the context.
-  s.max_tokens = kind == ApiKind::kCompletion ? 16 : limits.max_model_len - prompt_len;
+  s.max_tokens = kind == ApiKind::kCompletions ? 16 : limits.max_model_len - prompt_len;
   // The error names the field the value came from (max_tokens wins when both are given).
   std::string_view field = "max_tokens";
   if (kind == ApiKind::kChat) {
@@ -180,54 +180,6 @@ absl::Status parseSampling(const bj::object& obj, ApiKind kind, int64_t prompt_l
   return absl::OkStatus();
 }
 
-absl::StatusOr<KvTransferParams> parseKvTransfer(const bj::object& kv, const ApiLimits& limits) {
-  KvTransferParams p;
-  auto str = [&](std::string_view key, size_t max, std::string* out) -> absl::Status {
-    const bj::value* v = kv.if_contains(key);
-    if (v == nullptr || v->is_null()) return absl::OkStatus();
-    std::string field = strCat("kv_transfer_params.", key);
-    if (!v->is_string()) return invalid(field, "must be a string");
-    if (v->as_string().size() > max) return invalid(field, strCat("longer than ", max, " bytes"));
-    *out = std::string(v->as_string());
-    return absl::OkStatus();
-  };
-  KVF_RETURN_IF_ERROR(str("source", 512, &p.source));
-  KVF_RETURN_IF_ERROR(str("lease_id", 256, &p.lease_id));
-  if (const bj::value* h = kv.if_contains("block_hashes"); h != nullptr && !h->is_null()) {
-    if (!h->is_array()) return invalid("kv_transfer_params.block_hashes", "must be an array");
-    const bj::array& arr = h->as_array();
-    if (static_cast<int64_t>(arr.size()) > limits.max_model_len) {
-      return invalid("kv_transfer_params.block_hashes", "more hashes than max_model_len tokens");
-    }
-    std::vector<uint64_t> hashes;
-    hashes.reserve(arr.size());
-    for (size_t i = 0; i < arr.size(); ++i) {
-      if (arr[i].is_uint64()) {
-        hashes.push_back(arr[i].as_uint64());
-      } else if (arr[i].is_int64() && arr[i].as_int64() >= 0) {
-        hashes.push_back(static_cast<uint64_t>(arr[i].as_int64()));
-      } else {
-        return invalid(strCat("kv_transfer_params.block_hashes[", i, "]"),
-                       "must be a non-negative integer");
-      }
-    }
-    p.block_hashes = std::move(hashes);
-  }
-  KVF_RETURN_IF_ERROR(optionalBool(kv, "do_remote_decode", &p.do_remote_decode));
-  KVF_RETURN_IF_ERROR(optionalInt(kv, "deadline_ms", &p.deadline_ms));
-  if (p.deadline_ms < 0 || p.deadline_ms > 60'000) {
-    return invalid("kv_transfer_params.deadline_ms", "must be in [0, 60000]");
-  }
-  KVF_RETURN_IF_ERROR(optionalInt(kv, "lease_ms", &p.lease_ms));
-  if (p.lease_ms < 0 || p.lease_ms > 86'400'000) {
-    return invalid("kv_transfer_params.lease_ms", "must be in [0, 86400000]");
-  }
-  if (p.do_remote_decode && !p.source.empty()) {
-    return invalid("kv_transfer_params", "do_remote_decode and source are exclusive");
-  }
-  return p;
-}
-
 absl::Status parseStreaming(const bj::object& obj, const ApiLimits& limits, ParsedRequest* out) {
   KVF_RETURN_IF_ERROR(optionalBool(obj, "stream", &out->stream));
   const bj::value* so = obj.if_contains("stream_options");
@@ -237,10 +189,11 @@ absl::Status parseStreaming(const bj::object& obj, const ApiLimits& limits, Pars
   }
   const bj::value* kv = obj.if_contains("kv_transfer_params");
   if (kv != nullptr && !kv->is_null()) {
-    if (!kv->is_object()) return invalid("kv_transfer_params", "must be an object");
     out->kv_transfer_params = *kv;
-    KVF_ASSIGN_OR_RETURN(KvTransferParams p, parseKvTransfer(kv->as_object(), limits));
-    if (!p.source.empty() || p.do_remote_decode) out->kv_transfer = std::move(p);
+    protocol::KvTransferLimits kl;
+    kl.max_block_hashes = static_cast<size_t>(limits.max_model_len);
+    KVF_ASSIGN_OR_RETURN(KvTransferParams p, protocol::parseKvTransferParams(*kv, kl));
+    if (p.namesTransfer()) out->kv_transfer = std::move(p);
   }
   return absl::OkStatus();
 }
@@ -256,7 +209,7 @@ absl::StatusOr<ParsedRequest> parseApiRequest(ApiKind kind, std::string_view bod
   ParsedRequest out;
   out.kind = kind;
   KVF_RETURN_IF_ERROR(checkModel(*obj, limits));
-  if (kind == ApiKind::kCompletion) {
+  if (kind == ApiKind::kCompletions) {
     KVF_ASSIGN_OR_RETURN(out.prompt, parsePrompt(*obj, limits));
   } else {
     KVF_ASSIGN_OR_RETURN(out.prompt, parseMessages(*obj, limits));
@@ -306,7 +259,7 @@ namespace {
 bj::object envelope(ApiKind kind, const CompletionSummary& s, bool chunk) {
   bj::object o;
   o["id"] = s.id;
-  if (kind == ApiKind::kCompletion) {
+  if (kind == ApiKind::kCompletions) {
     o["object"] = "text_completion";
   } else {
     o["object"] = chunk ? "chat.completion.chunk" : "chat.completion";
@@ -323,7 +276,7 @@ std::string completionBody(ApiKind kind, const CompletionSummary& s,
   bj::object o = envelope(kind, s, false);
   bj::object choice;
   choice["index"] = 0;
-  if (kind == ApiKind::kCompletion) {
+  if (kind == ApiKind::kCompletions) {
     choice["text"] = renderText(s.output);
   } else {
     bj::object message;
@@ -336,7 +289,9 @@ std::string completionBody(ApiKind kind, const CompletionSummary& s,
   o["choices"] = bj::array{std::move(choice)};
   o["usage"] = usageJson(s);
   if (kv_transfer_params) o["kv_transfer_params"] = *kv_transfer_params;
-  if (s.kv_transfer_result) o["kv_transfer_result"] = *s.kv_transfer_result;
+  if (s.kv_transfer_result) {
+    o[protocol::kKvTransferResultKey] = protocol::kvTransferResultJson(*s.kv_transfer_result);
+  }
   return bj::serialize(o);
 }
 
@@ -346,7 +301,7 @@ std::string streamChunk(ApiKind kind, const CompletionSummary& s, std::string_vi
   bj::object o = envelope(kind, s, true);
   bj::object choice;
   choice["index"] = 0;
-  if (kind == ApiKind::kCompletion) {
+  if (kind == ApiKind::kCompletions) {
     choice["text"] = text;
   } else {
     bj::object delta;
@@ -365,7 +320,7 @@ std::string streamChunk(ApiKind kind, const CompletionSummary& s, std::string_vi
     o["kv_transfer_params"] = *kv_transfer_params;
   }
   if (finish_reason != nullptr && s.kv_transfer_result) {
-    o["kv_transfer_result"] = *s.kv_transfer_result;
+    o[protocol::kKvTransferResultKey] = protocol::kvTransferResultJson(*s.kv_transfer_result);
   }
   return bj::serialize(o);
 }

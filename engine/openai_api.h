@@ -14,10 +14,13 @@
 
 #include "absl/status/statusor.h"
 #include "engine/request.h"
+#include "protocol/openai.h"
 
 namespace kvf::engine {
 
-enum class ApiKind { kCompletion, kChat };
+using protocol::ApiKind;
+using protocol::KvTransferParams;
+using protocol::KvTransferResult;
 
 struct ApiLimits {
   std::string served_model_name;
@@ -25,19 +28,8 @@ struct ApiLimits {
   int64_t max_model_len = 0;
 };
 
-// The fields of kv_transfer_params the engine acts on (docs/protocols.md, "KV push"); other
-// keys are ignored. Receiver: `source` set. Prefill side of an offload: do_remote_decode.
-struct KvTransferParams {
-  std::string source;                                 // the holder's worker URL, http://host:port
-  std::optional<std::vector<uint64_t>> block_hashes;  // absent: the prompt's own
-  std::string lease_id;
-  int64_t deadline_ms = 0;  // 0: the default (modelled transfer + margin, capped)
-  bool do_remote_decode = false;
-  int64_t lease_ms = 0;  // 0: the configured default
-};
-
 struct ParsedRequest {
-  ApiKind kind = ApiKind::kCompletion;
+  ApiKind kind = ApiKind::kCompletions;
   std::vector<TokenId> prompt;
   SamplingParams sampling;
   bool stream = false;
@@ -62,7 +54,7 @@ struct CompletionSummary {
   int64_t cached_tokens = 0;
   std::vector<TokenId> output;
   std::string finish_reason;
-  std::optional<boost::json::value> kv_transfer_result;  // receiver side of a KV push
+  std::optional<KvTransferResult> kv_transfer_result;  // receiver side of a KV push
 };
 
 std::string renderText(const std::vector<TokenId>& tokens);

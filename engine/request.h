@@ -46,7 +46,7 @@ struct PromptBlocks {
   // function (a simulator's router hashes every prompt for its index). The core takes them as
   // its own instead of hashing every block again. Empty: the core hashes. Only their number is
   // checked: hashes that do not follow from the keys only mislabel the caller's own blocks.
-  std::vector<uint64_t> block_hashes;
+  std::vector<worker::BlockHash> block_hashes;
 };
 
 // What a front end submits.

@@ -120,10 +120,11 @@ void Scheduler::ensureHashes(Request& r) {
     while (static_cast<int64_t>(r.block_hashes.size() + 1) * bs <= r.numTokens()) {
       size_t i = r.block_hashes.size();
       if (kh.hash != nullptr) {
-        r.block_hashes.push_back(kh.hash(i == 0 ? kh.root : r.block_hashes[i - 1], blockKey(r, i)));
+        uint64_t parent = i == 0 ? kh.root : r.block_hashes[i - 1].value();
+        r.block_hashes.emplace_back(kh.hash(parent, blockKey(r, i)));
         continue;
       }
-      BlockHash parent = i == 0 ? 0 : r.block_hashes[i - 1];
+      BlockHash parent = i == 0 ? BlockHash() : r.block_hashes[i - 1];
       r.block_hashes.push_back(hashBlockKey(config_.hash_seed, parent, blockKey(r, i)));
     }
     return;
@@ -132,7 +133,7 @@ void Scheduler::ensureHashes(Request& r) {
   while (static_cast<int64_t>(r.block_hashes.size() + 1) * bs <= r.numTokens()) {
     size_t i = r.block_hashes.size();
     for (int64_t j = 0; j < bs; ++j) block[j] = r.tokenAt(static_cast<int64_t>(i) * bs + j);
-    BlockHash parent = i == 0 ? 0 : r.block_hashes[i - 1];
+    BlockHash parent = i == 0 ? BlockHash() : r.block_hashes[i - 1];
     r.block_hashes.push_back(hashBlock(config_.hash_seed, parent, block));
   }
 }

@@ -20,13 +20,15 @@
 #include "engine/request.h"
 #include "engine/timing_model.h"
 #include "worker/kv_events.h"
+#include "worker/lease_table.h"
 
 namespace kvf::engine {
 
 // How token-free blocks (PromptBlocks) are hashed: by default hashBlockKey(hash_seed, parent,
 // key) chained from 0; a simulator may supply its router index's function and root instead, so
 // the engine's hashes are the index's own (policy::CacheIndex::setEngineHashesAreOurs) and the
-// index keeps no engine->ours map. Only the hash values change, not what is cached.
+// index keeps no engine->ours map. Only the hash values change, not what is cached. The function
+// works on raw 64-bit values; its results become the engine's BlockHash.
 struct KeyedBlockHasher {
   uint64_t (*hash)(uint64_t parent, uint64_t key) = nullptr;
   uint64_t root = 0;
@@ -38,7 +40,7 @@ struct SchedulerConfig {
   bool enable_chunked_prefill = true;
   int64_t long_prefill_token_threshold = 0;  // per-request chunk cap; 0 = none
   int64_t vocab_size = 151936;
-  TokenId eos_token_id = -1;               // -1: the profile's (set by finalizeEngineConfig)
+  int64_t eos_token_id = -1;               // -1: the profile's (set by finalizeEngineConfig)
   uint64_t hash_seed = 0x6b7666656e67ULL;  // engine-specific block-hash seed
   KeyedBlockHasher keyed_hasher;           // not from YAML: set by a simulator
   // Not from YAML: false leaves RequestOutput::id empty, for a driver that finds its requests by
@@ -148,6 +150,8 @@ class Scheduler {
   bool releaseRemoteKvLanding(const std::string& id);
   // Remote decode leases.
   bool releaseLease(const std::string& lease_id);
+  // Hands lease `lease_id` over with its pins (the caller unpins them later); nullopt if none.
+  std::optional<worker::Lease> detachLease(const std::string& lease_id);
   int expireLeases(Nanos now);
   std::optional<Nanos> nextLeaseExpiry() const;
   const SchedulerStats& stats() const { return stats_; }
@@ -204,11 +208,7 @@ class Scheduler {
   absl::flat_hash_map<std::string, Request*> remote_waiting_;
   // Landing blocks of fetches that gave up while a peer may still write into them.
   absl::flat_hash_map<std::string, std::vector<BlockIndex>> quarantine_;
-  struct Lease {
-    std::vector<BlockHash> hashes;
-    Nanos expires_at = 0;
-  };
-  absl::flat_hash_map<std::string, Lease> leases_;
+  worker::LeaseTable leases_;
   uint64_t next_arrival_seq_ = 0;
   // Per-step scratch (capacity kept across steps).
   std::vector<Scheduled> scheduled_;

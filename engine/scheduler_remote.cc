@@ -7,6 +7,17 @@
 #include "engine/scheduler.h"
 
 namespace kvf::engine {
+namespace {
+
+void unpinAll(KvPool& pool, std::span<const BlockHash> hashes) {
+  for (BlockHash h : hashes) {
+    absl::Status s = pool.unpin(h);
+    assert(s.ok());
+    (void)s;
+  }
+}
+
+}  // namespace
 
 std::vector<BlockHash> Scheduler::remoteRun(const Request& r, size_t local,
                                             size_t max_blocks) const {
@@ -125,42 +136,31 @@ void Scheduler::takeLease(Request& r, Nanos now) {
     if (!pool_->pin(r.block_hashes[i]).ok()) break;  // the leading cached run only
     r.lease_hashes.push_back(r.block_hashes[i]);
   }
-  Lease lease;
+  worker::Lease lease;
   lease.hashes = r.lease_hashes;
   lease.expires_at = now + *r.remote_decode_lease;
-  releaseLease(r.id);  // a reused id replaces its old lease
-  leases_.emplace(r.id, std::move(lease));
+  unpinAll(*pool_, leases_.take(r.id, std::move(lease)));  // a reused id replaces its old lease
 }
 
 bool Scheduler::releaseLease(const std::string& lease_id) {
-  auto it = leases_.find(lease_id);
-  if (it == leases_.end()) return false;
-  for (BlockHash h : it->second.hashes) {
-    absl::Status s = pool_->unpin(h);
-    assert(s.ok());
-    (void)s;
-  }
-  leases_.erase(it);
+  std::optional<std::vector<BlockHash>> hashes = leases_.release(lease_id);
+  if (!hashes) return false;
+  unpinAll(*pool_, *hashes);
   return true;
+}
+
+std::optional<worker::Lease> Scheduler::detachLease(const std::string& lease_id) {
+  return leases_.detach(lease_id);
 }
 
 int Scheduler::expireLeases(Nanos now) {
   if (leases_.empty()) return 0;  // every step asks
-  std::vector<std::string> expired;
-  for (const auto& [id, lease] : leases_) {
-    if (lease.expires_at <= now) expired.push_back(id);
-  }
-  for (const auto& id : expired) releaseLease(id);
+  std::vector<worker::Lease> expired = leases_.expire(now);
+  for (const worker::Lease& lease : expired) unpinAll(*pool_, lease.hashes);
   stats_.leases_expired += expired.size();
   return static_cast<int>(expired.size());
 }
 
-std::optional<Nanos> Scheduler::nextLeaseExpiry() const {
-  std::optional<Nanos> next;
-  for (const auto& [id, lease] : leases_) {
-    if (!next || lease.expires_at < *next) next = lease.expires_at;
-  }
-  return next;
-}
+std::optional<Nanos> Scheduler::nextLeaseExpiry() const { return leases_.nextExpiry(); }
 
 }  // namespace kvf::engine

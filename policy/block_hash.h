@@ -11,10 +11,12 @@
 #include <string_view>
 #include <vector>
 
+#include "protocol/wire_types.h"
+
 namespace kvf::policy {
 
 using BlockHash = uint64_t;
-using TokenId = uint32_t;
+using TokenId = protocol::TokenId;
 // Instances holding a block (bit i: instance i), as the cache index reports them.
 using InstanceMask = uint64_t;
 

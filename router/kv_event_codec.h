@@ -1,8 +1,7 @@
-// Decoding of vLLM's KV-event batches (msgpack): the array-like encoding
-// [ts, [event...], dp_rank?] with events ["BlockStored", hashes, parent, token_ids, block_size,
-// lora_id, medium], ["BlockRemoved", hashes, medium], ["AllBlocksCleared"], and the newer map
-// encoding ({"type": "BlockStored", "block_hashes": ...}); hashes as integers or bytes.
-// Input is untrusted: every count is bounded. Pure functions; safe from any thread.
+// The router's view of a KV-event batch: protocol::decodeEventBatch (protocol/kv_events.h, the
+// one decoder of vLLM's formats) turned into what the cache index takes - BlockStored as
+// policy::StoredBlocks, BlockRemoved as raw engine hashes - with the tier each event names.
+// Input is untrusted: every count is bounded by the decoder. Pure; safe from any thread.
 #pragma once
 
 #include <cstdint>
@@ -12,8 +11,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "common/kv_event_seq.h"
 #include "policy/cache_index.h"
+#include "protocol/kv_events.h"
 
 namespace kvf::router {
 
@@ -32,18 +31,14 @@ struct KvEventBatch {
   std::optional<int64_t> data_parallel_rank;
 };
 
-struct KvEventLimits {
-  size_t max_events = 1 << 16;
-  size_t max_hashes = 1 << 20;  // per event
-  size_t max_tokens = 1 << 24;  // per event
-};
+using protocol::KvEventLimits;
 
 absl::StatusOr<KvEventBatch> decodeKvEventBatch(std::string_view payload,
                                                 const KvEventLimits& limits = {});
 
-// Sequence numbers travel as 8-byte big-endian frames (common/kv_event_seq.h).
-using kv_events::decodeSeq;
-using kv_events::encodeSeq;
-using kv_events::kReplayEndSeq;
+// Sequence numbers travel as 8-byte big-endian frames (protocol/kv_events.h).
+using protocol::decodeSeq;
+using protocol::encodeSeq;
+using protocol::kReplayEndSeq;
 
 }  // namespace kvf::router

@@ -5,6 +5,7 @@
 #include <boost/json.hpp>
 
 #include "common/json.h"
+#include "common/status.h"
 #include "common/strings.h"
 
 namespace kvf::router {
@@ -12,20 +13,7 @@ namespace {
 
 namespace bj = boost::json;
 
-constexpr std::string_view kParamsKey = "kv_transfer_params";
-
-bj::object paramsObject(const KvTransferParams& p) {
-  bj::object o;
-  o["source"] = p.source;
-  if (!p.block_hashes.empty()) {
-    bj::array hashes;
-    hashes.reserve(p.block_hashes.size());
-    for (uint64_t h : p.block_hashes) hashes.push_back(h);
-    o["block_hashes"] = std::move(hashes);
-  }
-  if (!p.lease_id.empty()) o["lease_id"] = p.lease_id;
-  return o;
-}
+constexpr std::string_view kParamsKey = protocol::kKvTransferParamsKey;
 
 // The body's text after its opening brace, for splicing a member in without re-serializing a
 // large prompt; nullopt when the body does not start with '{' after whitespace.
@@ -44,7 +32,8 @@ absl::StatusOr<std::string> withKvTransferParams(std::string_view body,
     if (params == nullptr) return std::string(body);
     auto at = afterOpeningBrace(body);
     if (!at) return absl::InvalidArgumentError("request body must be a JSON object");
-    std::string member = strCat("\"", kParamsKey, "\":", bj::serialize(paramsObject(*params)));
+    std::string member =
+        strCat("\"", kParamsKey, "\":", bj::serialize(protocol::kvTransferParamsJson(*params)));
     std::string_view rest = body.substr(*at);
     size_t next = rest.find_first_not_of(" \t\r\n");
     bool empty = next != std::string_view::npos && rest[next] == '}';
@@ -53,7 +42,7 @@ absl::StatusOr<std::string> withKvTransferParams(std::string_view body,
   auto obj = json::parseObject(body);
   if (!obj.ok()) return obj.status();
   obj->erase(kParamsKey);
-  if (params != nullptr) (*obj)[kParamsKey] = paramsObject(*params);
+  if (params != nullptr) (*obj)[kParamsKey] = protocol::kvTransferParamsJson(*params);
   return bj::serialize(*obj);
 }
 
@@ -68,10 +57,10 @@ absl::StatusOr<std::string> remotePrefillBody(std::string_view body, int64_t lea
   (*obj)["max_tokens"] = 1;
   if (obj->contains("n")) (*obj)["n"] = 1;
   if (obj->contains("best_of")) (*obj)["best_of"] = 1;
-  bj::object params;
-  params["do_remote_decode"] = true;
-  params["lease_ms"] = lease_ms;
-  (*obj)[kParamsKey] = std::move(params);
+  KvTransferParams params;
+  params.do_remote_decode = true;
+  params.lease_ms = lease_ms;
+  (*obj)[kParamsKey] = protocol::kvTransferParamsJson(params);
   return bj::serialize(*obj);
 }
 
@@ -83,35 +72,15 @@ absl::StatusOr<KvTransferParams> parseRemotePrefillResponse(std::string_view bod
   if (p == nullptr || !p->is_object()) {
     return absl::InvalidArgumentError("prefill response has no kv_transfer_params object");
   }
-  const bj::object& params = p->as_object();
-  KvTransferParams out;
+  protocol::KvTransferLimits limits;
+  limits.max_block_hashes = kMaxTransferBlockHashes;
+  limits.max_lease_id_bytes = kMaxLeaseIdBytes;
+  KVF_ASSIGN_OR_RETURN(KvTransferParams out, protocol::parseKvTransferParams(*p, limits));
   out.source = std::string(worker_url);
-  if (const auto* h = params.if_contains("block_hashes")) {
-    if (!h->is_array()) return absl::InvalidArgumentError("block_hashes must be an array");
-    const bj::array& list = h->as_array();
-    if (list.size() > kMaxTransferBlockHashes) {
-      return absl::InvalidArgumentError(strCat("block_hashes has ", list.size(),
-                                               " entries (at most ", kMaxTransferBlockHashes, ")"));
-    }
-    out.block_hashes.reserve(list.size());
-    for (const auto& v : list) {
-      if (v.is_uint64()) {
-        out.block_hashes.push_back(v.as_uint64());
-      } else if (v.is_int64() && v.as_int64() >= 0) {
-        out.block_hashes.push_back(static_cast<uint64_t>(v.as_int64()));
-      } else {
-        return absl::InvalidArgumentError("block_hashes entries must be unsigned 64-bit integers");
-      }
-    }
-  }
-  if (const auto* l = params.if_contains("lease_id")) {
-    if (!l->is_string() || l->as_string().size() > kMaxLeaseIdBytes) {
-      return absl::InvalidArgumentError(
-          strCat("lease_id must be a string of at most ", kMaxLeaseIdBytes, " bytes"));
-    }
-    out.lease_id = std::string(l->as_string());
-  }
-  if (out.block_hashes.empty()) {
+  out.deadline_ms = 0;  // P's answer names what to fetch; D's deadline is D's business
+  out.do_remote_decode = false;
+  out.lease_ms = 0;
+  if (!out.block_hashes || out.block_hashes->empty()) {
     return absl::InvalidArgumentError("prefill response names no block_hashes");
   }
   return out;
@@ -136,19 +105,9 @@ ResponseReport readResponseReport(std::string_view json_text) {
       report.cached_tokens = *c;
     }
   }
-  const auto* t = obj->if_contains("kv_transfer_result");
-  if (t != nullptr && t->is_object()) {
-    const bj::object& r = t->as_object();
-    KvTransferResult result;
-    auto status = json::getString(r, "status");
-    if (status.ok()) result.status = std::string(status->substr(0, 32));
-    result.pushed_tokens = json::getIntOr(r, "pushed_tokens", 0).value_or(0);
-    result.pushed_bytes = json::getIntOr(r, "pushed_bytes", 0).value_or(0);
-    if (auto reason = json::getString(r, "reason"); reason.ok()) {
-      result.reason = std::string(reason->substr(0, 256));
-    }
-    if (!result.status.empty()) report.transfer = std::move(result);
-  }
+  const auto* t = obj->if_contains(protocol::kKvTransferResultKey);
+  if (t != nullptr && t->is_object())
+    report.transfer = protocol::parseKvTransferResult(t->as_object());
   return report;
 }
 

@@ -130,7 +130,8 @@ void Router::recordTransferOutcome(const RequestContext& ctx) {
   if (ctx.decision.mode == policy::Mode::kLocal || !ctx.peer || ctx.status != 200) return;
   // An offload whose prefill failed sent D no params: nothing was transferred.
   if (ctx.decision.mode == policy::Mode::kPrefillOffload && ctx.offload_prefill != "ok") return;
-  std::string status = ctx.transfer ? ctx.transfer->status : "unreported";
+  std::string status(ctx.transfer ? protocol::transferOutcomeName(ctx.transfer->outcome)
+                                  : "unreported");
   registry_
       .counter("kvfabric_router_kv_transfers_total",
                "KV transfers by mode and the decoding instance's kv_transfer_result status",

@@ -401,7 +401,7 @@ void Router::finishRequest(RequestContext& ctx) {
   record.offload_prefill = ctx.offload_prefill;
   if (ctx.first_byte > 0) record.ttft_s = nanosToSeconds(ctx.first_byte - ctx.start);
   if (ctx.transfer) {
-    record.transfer_status = ctx.transfer->status;
+    record.transfer_status = protocol::transferOutcomeName(ctx.transfer->outcome);
     record.pushed_tokens = ctx.transfer->pushed_tokens;
     record.pushed_bytes = ctx.transfer->pushed_bytes;
   }

@@ -12,12 +12,13 @@
 #include "absl/status/statusor.h"
 #include "common/http.h"
 #include "policy/block_hash.h"
+#include "protocol/openai.h"
 
 namespace kvf::router {
 
 class TokenPromptPrefetch;
 
-enum class ApiKind { kCompletions, kChat };
+using protocol::ApiKind;
 
 struct ParsedRequest {
   std::string model;

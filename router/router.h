@@ -21,6 +21,7 @@
 #include "policy/policy.h"
 #include "router/config.h"
 #include "router/decision_log.h"
+#include "router/kv_transfer.h"
 #include "router/request_parse.h"
 
 namespace kvf::http {
@@ -35,7 +36,6 @@ namespace kvf::router {
 
 class EtcdMembership;
 struct Instance;
-struct KvTransferParams;
 struct KvUpdate;
 struct RequestContext;
 

@@ -43,11 +43,8 @@ struct NoticeHeader {
   uint32_t reserved;
 };
 
-struct NoticeBlock {
-  uint64_t remote_addr;
-  uint64_t length;
-  uint64_t checksum;
-};
+// NoticeBlock (transport.h) is the wire record of each block.
+static_assert(sizeof(NoticeBlock) == 24);
 
 // RAII for a file descriptor.
 class UniqueFd {

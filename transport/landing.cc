@@ -130,43 +130,48 @@ void Core::onNotice(const void* header, size_t header_len, const void* data, siz
     return;
   }
   std::shared_ptr<LandingImpl> landing = it->second;
-  const auto& expected = landing->spec.blocks;
   std::vector<NoticeBlock> blocks(h.count);
   if (len > 0) std::memcpy(blocks.data(), data, len);
-  absl::Status status;
-  const bool prefix_ok =
-      landing->spec.allow_prefix && !blocks.empty() && blocks.size() <= expected.size();
-  if (blocks.size() != expected.size() && !prefix_ok) {
-    status = absl::DataLossError(
-        strCat("sender reported ", blocks.size(), " blocks, expected ", expected.size()));
-  }
-  for (size_t i = 0; status.ok() && i < blocks.size(); ++i) {
-    if (blocks[i].remote_addr != expected[i].remote_addr ||
-        blocks[i].length != expected[i].length) {
-      status = absl::DataLossError(strCat("block ", i, ": sender wrote [", blocks[i].remote_addr,
-                                          ", +", blocks[i].length, "), expected [",
-                                          expected[i].remote_addr, ", +", expected[i].length, ")"));
-    }
-  }
-  if (status.ok() && landing->spec.verify_checksums) {
-    if (!(h.flags & kNoticeHasChecksums)) {
-      status = absl::DataLossError("checksums required but the sender sent none");
-    }
-    const char* base = landing->region->bytes();
-    for (size_t i = 0; status.ok() && i < blocks.size(); ++i) {
-      uint64_t got =
-          blockChecksum(base + (blocks[i].remote_addr - landing->region->base()), blocks[i].length);
-      if (got != blocks[i].checksum) {
-        stats_.checksum_mismatches.fetch_add(1);
-        status = absl::DataLossError(strCat("block ", i, " at ", blocks[i].remote_addr,
-                                            ": checksum mismatch (sender ", blocks[i].checksum,
-                                            ", landed ", got, ")"));
-      }
-    }
-  }
+  bool mismatch = false;
+  absl::Status status = verifyNotice(landing->spec, blocks, (h.flags & kNoticeHasChecksums) != 0,
+                                     landing->region->bytes(), landing->region->base(), &mismatch);
+  if (mismatch) stats_.checksum_mismatches.fetch_add(1);
   if (status.ok()) landing->landed_.store(static_cast<uint32_t>(blocks.size()));
   // The notice follows the flush on the same endpoint: every write of the batch has landed.
   finishLanding(*landing, status, true);
+}
+
+absl::Status verifyNotice(const LandingSpec& spec, const std::vector<NoticeBlock>& blocks,
+                          bool has_checksums, const void* region_data, uint64_t region_base,
+                          bool* checksum_mismatch) {
+  *checksum_mismatch = false;
+  const auto& expected = spec.blocks;
+  const bool prefix_ok = spec.allow_prefix && !blocks.empty() && blocks.size() <= expected.size();
+  if (blocks.size() != expected.size() && !prefix_ok) {
+    return absl::DataLossError(
+        strCat("sender reported ", blocks.size(), " blocks, expected ", expected.size()));
+  }
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    if (blocks[i].remote_addr != expected[i].remote_addr ||
+        blocks[i].length != expected[i].length) {
+      return absl::DataLossError(strCat("block ", i, ": sender wrote [", blocks[i].remote_addr,
+                                        ", +", blocks[i].length, "), expected [",
+                                        expected[i].remote_addr, ", +", expected[i].length, ")"));
+    }
+  }
+  if (!spec.verify_checksums) return absl::OkStatus();
+  if (!has_checksums) return absl::DataLossError("checksums required but the sender sent none");
+  const auto* base = static_cast<const char*>(region_data);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    uint64_t got = blockChecksum(base + (blocks[i].remote_addr - region_base), blocks[i].length);
+    if (got != blocks[i].checksum) {
+      *checksum_mismatch = true;
+      return absl::DataLossError(strCat("block ", i, " at ", blocks[i].remote_addr,
+                                        ": checksum mismatch (sender ", blocks[i].checksum,
+                                        ", landed ", got, ")"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvf::transport

@@ -217,4 +217,22 @@ class TransportContext {
 // xxh3-64 of a block, as used by ChecksumMode::kCompute and Landing verification.
 uint64_t blockChecksum(const void* data, uint64_t length);
 
+// One block of a sender's completion notice: where it wrote, how much, and the xxh3 of what it
+// sent (0 without checksums).
+struct NoticeBlock {
+  uint64_t remote_addr;
+  uint64_t length;
+  uint64_t checksum;
+};
+
+// The receiver's check of a completion notice against its landing: the blocks must be
+// spec.blocks (with spec.allow_prefix, a non-empty leading part of them), and with
+// spec.verify_checksums the bytes that landed - read from `region_data`, which holds remote
+// address `region_base` - must have the sender's checksums. kDataLoss naming the block
+// otherwise; `*checksum_mismatch` says whether a checksum was the reason. Every backend's
+// Landing applies this rule.
+absl::Status verifyNotice(const LandingSpec& spec, const std::vector<NoticeBlock>& blocks,
+                          bool has_checksums, const void* region_data, uint64_t region_base,
+                          bool* checksum_mismatch);
+
 }  // namespace kvf::transport

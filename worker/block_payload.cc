@@ -16,7 +16,7 @@ uint64_t nextWord(uint64_t* state) {
 }  // namespace
 
 void fillBlockPayload(BlockHash hash, std::span<std::byte> out) {
-  uint64_t state = hash;
+  uint64_t state = hash.value();
   size_t i = 0;
   for (; i + 8 <= out.size(); i += 8) {
     uint64_t w = nextWord(&state);
@@ -29,7 +29,7 @@ void fillBlockPayload(BlockHash hash, std::span<std::byte> out) {
 }
 
 bool verifyBlockPayload(BlockHash hash, std::span<const std::byte> bytes) {
-  uint64_t state = hash;
+  uint64_t state = hash.value();
   size_t i = 0;
   for (; i + 8 <= bytes.size(); i += 8) {
     uint64_t w = nextWord(&state);

@@ -22,23 +22,23 @@ class BlockTable {
   // (the caller keeps its own block uncached).
   // (insert, erase and find are inline: an engine calls them once per block in its loops.)
   bool insert(BlockHash hash, BlockIndex block) {
-    return entries_.tryEmplace(hash, Entry{block, 0}).second;
+    return entries_.tryEmplace(hash.value(), Entry{block, 0}).second;
   }
   // Forgets `hash`; its pin count must be zero (a pinned block is never evicted).
   void erase(BlockHash hash) {
-    Entry* e = entries_.find(hash);
+    Entry* e = entries_.find(hash.value());
     if (e == nullptr) return;
     assert(e->pins == 0 && "evicting a pinned block");
     entries_.eraseValue(e);
   }
   std::optional<BlockIndex> find(BlockHash hash) const {
-    const Entry* e = entries_.find(hash);
+    const Entry* e = entries_.find(hash.value());
     if (e == nullptr) return std::nullopt;
     return e->block;
   }
   // Brings the slot of `hash` towards the cache ahead of an insert / erase / find.
-  void prefetch(BlockHash hash) const { entries_.prefetch(hash); }
-  bool contains(BlockHash hash) const { return entries_.find(hash) != nullptr; }
+  void prefetch(BlockHash hash) const { entries_.prefetch(hash.value()); }
+  bool contains(BlockHash hash) const { return entries_.find(hash.value()) != nullptr; }
   size_t size() const { return entries_.size(); }
   void clear() { entries_.clear(); }
 

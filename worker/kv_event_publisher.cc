@@ -158,9 +158,12 @@ void KvEventPublisher::sendBatch(Pending pending) {
   if (ts <= 0) {
     ts = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   }
-  std::string payload = encodeEventBatch(ts, pending.events);
+  protocol::KvEventBatch batch;
+  batch.ts = ts;
+  batch.events = std::move(pending.events);
+  std::string payload = protocol::encodeEventBatch(batch);
   uint64_t seq = next_seq_++;
-  std::string seq_bytes = encodeSeq(seq);
+  std::string seq_bytes = protocol::encodeSeq(seq);
   if (!sendParts(pub_, {options_.topic, seq_bytes, payload})) {
     dropped_.fetch_add(1, std::memory_order_relaxed);
     drop_log.warn("kv event send failed", "seq", seq, "error", zmq_strerror(zmq_errno()));
@@ -197,7 +200,7 @@ void KvEventPublisher::serveReplay() {
     }
     if (!any) return;
     std::optional<uint64_t> start;
-    if (frames.size() == 3 && frames[1].empty()) start = decodeSeq(frames[2]);
+    if (frames.size() == 3 && frames[1].empty()) start = protocol::decodeSeq(frames[2]);
     if (!start) {
       bad_replay_log.warn("malformed kv event replay request", "frames", frames.size());
       continue;
@@ -206,10 +209,10 @@ void KvEventPublisher::serveReplay() {
     const std::string& id = frames[0];
     for (const auto& [seq, payload] : replay_buffer_) {
       if (seq < *start) continue;
-      std::string seq_bytes = encodeSeq(seq);
+      std::string seq_bytes = protocol::encodeSeq(seq);
       if (!sendParts(router_, {id, "", seq_bytes, payload})) break;
     }
-    std::string end = encodeSeq(kReplayEndSeq);
+    std::string end = protocol::encodeSeq(protocol::kReplayEndSeq);
     sendParts(router_, {id, "", end, ""});
   }
 }

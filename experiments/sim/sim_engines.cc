@@ -38,6 +38,12 @@ void Sim::publish(SimEngine& e) {
   e.published_usage = e.core->pool().usage();
 }
 
+// The engines hash token-free blocks with the index's function (makeCore): the router's
+// hashes of a prompt are its engine hashes.
+static std::vector<worker::BlockHash> engineHashes(const std::vector<policy::BlockHash>& hashes) {
+  return std::vector<worker::BlockHash>(hashes.begin(), hashes.end());
+}
+
 void Sim::fillPrompt(Flight& f, engine::RequestSpec& spec, bool keep) {
   if (setup_.sim.token_free) {
     engine::PromptBlocks blocks;
@@ -50,11 +56,11 @@ void Sim::fillPrompt(Flight& f, engine::RequestSpec& spec, bool keep) {
         f.hashes.size() == f.block_keys.size();
     if (keep) {
       blocks.block_keys = f.block_keys;
-      if (same_blocks) blocks.block_hashes = f.hashes;
+      if (same_blocks) blocks.block_hashes = engineHashes(f.hashes);
     } else {
       blocks.block_keys = std::move(f.block_keys);
       f.block_keys = {};
-      if (same_blocks) blocks.block_hashes = std::move(f.hashes);
+      if (same_blocks) blocks.block_hashes = engineHashes(f.hashes);
       f.hashes = {};
     }
     spec.prompt_blocks = std::move(blocks);

@@ -168,19 +168,21 @@ void Sim::applyKv(int instance, std::vector<SimKvEvent>& batch) {
   for (SimKvEvent& event : batch) {
     if (auto* stored = std::get_if<worker::BlockStored>(&event);
         stored && stored->token_ids.empty()) {  // token-free: the engine hashes as the index
-      index_.storeOwnHashes(instance, stored->block_hashes, stored->parent_block_hash.has_value(),
-                            stored->parent_block_hash.value_or(0),
+      index_.storeOwnHashes(instance, protocol::rawHashes(stored->block_hashes),
+                            stored->parent_block_hash.has_value(),
+                            stored->parent_block_hash.value_or(worker::BlockHash()).value(),
                             static_cast<size_t>(stored->block_size));
     } else if (stored) {
       policy::StoredBlocks blocks;
-      blocks.engine_hashes.assign(stored->block_hashes.begin(), stored->block_hashes.end());
+      std::span<const uint64_t> hashes = protocol::rawHashes(stored->block_hashes);
+      blocks.engine_hashes.assign(hashes.begin(), hashes.end());
       blocks.has_parent = stored->parent_block_hash.has_value();
-      blocks.engine_parent = stored->parent_block_hash.value_or(0);
+      blocks.engine_parent = stored->parent_block_hash.value_or(worker::BlockHash()).value();
       blocks.token_ids.assign(stored->token_ids.begin(), stored->token_ids.end());
       blocks.block_size = static_cast<size_t>(stored->block_size);
       index_.storeBlocks(instance, blocks);
     } else if (auto* removed = std::get_if<worker::BlockRemoved>(&event)) {
-      index_.removeBlocks(instance, removed->block_hashes);
+      index_.removeBlocks(instance, protocol::rawHashes(removed->block_hashes));
     } else {
       index_.clearInstance(instance);
     }

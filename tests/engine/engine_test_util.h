@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -10,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "engine/engine_config.h"
+#include "engine/kv_pool.h"
 #include "engine/request.h"
 
 namespace kvf::engine::testing {
@@ -25,6 +27,11 @@ inline EngineConfig makeConfig(int block_size, int64_t blocks, int64_t budget, i
   c.scheduler.max_num_seqs = max_seqs;
   EXPECT_TRUE(finalizeEngineConfig(&c).ok());
   return c;
+}
+
+// Engine block hashes from literal values.
+inline std::vector<BlockHash> hashList(std::initializer_list<uint64_t> values) {
+  return std::vector<BlockHash>(values.begin(), values.end());
 }
 
 inline std::vector<TokenId> promptOf(int n, int salt) {

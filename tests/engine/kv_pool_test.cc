@@ -7,10 +7,13 @@
 #include <variant>
 
 #include "engine/kv_pool.h"
+#include "tests/engine/engine_test_util.h"
 #include "worker/block_payload.h"
 
 namespace kvf::engine {
 namespace {
+
+using testing::hashList;
 
 std::unique_ptr<KvPool> makePool(int64_t blocks, worker::KvEventSink* sink) {
   KvPoolOptions o;
@@ -40,14 +43,14 @@ TEST(KvPoolTest, CachedBlocksSurviveReleaseAndAreEvictedLru) {
   auto pool = makePool(3, &sink);
   auto a = pool->allocate(3);
   ASSERT_TRUE(a.has_value());
-  ASSERT_TRUE(pool->cacheBlock((*a)[0], 100));
-  ASSERT_TRUE(pool->cacheBlock((*a)[1], 101));
+  ASSERT_TRUE(pool->cacheBlock((*a)[0], BlockHash(100)));
+  ASSERT_TRUE(pool->cacheBlock((*a)[1], BlockHash(101)));
   // Block 2 stays uncached; a duplicate hash is refused.
-  EXPECT_FALSE(pool->cacheBlock((*a)[2], 100));
-  EXPECT_TRUE(worker::verifyBlockPayload(100, pool->payload((*a)[0])));
-  EXPECT_FALSE(worker::verifyBlockPayload(101, pool->payload((*a)[0])));
+  EXPECT_FALSE(pool->cacheBlock((*a)[2], BlockHash(100)));
+  EXPECT_TRUE(worker::verifyBlockPayload(BlockHash(100), pool->payload((*a)[0])));
+  EXPECT_FALSE(worker::verifyBlockPayload(BlockHash(101), pool->payload((*a)[0])));
   pool->release(*a);  // order: 100 then 101 at the LRU tail, the uncached one at the head
-  std::vector<BlockHash> hashes = {100, 101};
+  std::vector<BlockHash> hashes = hashList({100, 101});
   EXPECT_EQ(pool->findCachedPrefix(hashes).size(), 2u);
 
   auto b = pool->allocate(2);  // takes the uncached block, then evicts 100 (least recent)
@@ -55,9 +58,9 @@ TEST(KvPoolTest, CachedBlocksSurviveReleaseAndAreEvictedLru) {
   ASSERT_EQ(sink.events().size(), 1u);
   auto* removed = std::get_if<worker::BlockRemoved>(&sink.events()[0]);
   ASSERT_NE(removed, nullptr);
-  EXPECT_EQ(removed->block_hashes, std::vector<BlockHash>{100});
+  EXPECT_EQ(removed->block_hashes, hashList({100}));
   EXPECT_TRUE(pool->findCachedPrefix(hashes).empty());  // the chain now misses at block 0
-  std::vector<BlockHash> second = {101};
+  std::vector<BlockHash> second = hashList({101});
   EXPECT_EQ(pool->findCachedPrefix(second).size(), 1u);
 }
 
@@ -77,7 +80,7 @@ TEST(KvPoolTest, FreeQueueOrderMatchesALinkedListModel) {
   for (BlockIndex b = 0; b < kBlocks; ++b) model.push_back(b);
   std::vector<std::vector<BlockIndex>> held;  // per "request", in token order
   std::mt19937_64 rng(7);
-  BlockHash next_hash = 1;
+  uint64_t next_hash = 1;
   size_t evictions = 0, middle_takes = 0;
   // A request's blocks back, tail first: cached ones to the queue's tail, uncached to its head.
   auto release = [&](std::vector<BlockIndex> blocks) {
@@ -131,7 +134,7 @@ TEST(KvPoolTest, FreeQueueOrderMatchesALinkedListModel) {
         held.erase(held.begin() + static_cast<std::ptrdiff_t>(k));
         for (BlockIndex b : blocks) {
           if (rng() % 2 == 0 && !hash_of.contains(b)) {
-            BlockHash h = next_hash++;
+            BlockHash h(next_hash++);
             ASSERT_TRUE(pool->cacheBlock(b, h));
             hash_of[b] = h;
             block_of[h] = b;
@@ -186,9 +189,9 @@ TEST(KvPoolTest, WatchedPrefixBreaksOnlyWhenOneOfItsBlocksLosesItsHash) {
   auto pool = makePool(6, nullptr);
   auto a = pool->allocate(6);
   ASSERT_TRUE(a.has_value());
-  for (int i = 0; i < 6; ++i) ASSERT_TRUE(pool->cacheBlock((*a)[i], 200 + i));
+  for (int i = 0; i < 6; ++i) ASSERT_TRUE(pool->cacheBlock((*a)[i], BlockHash(200 + i)));
   pool->release(*a);  // LRU order 200..205: 200 is evicted first
-  std::vector<BlockHash> tail = {204, 205};
+  std::vector<BlockHash> tail = hashList({204, 205});
   std::vector<BlockIndex> found = pool->findCachedPrefix(tail);
   ASSERT_EQ(found.size(), 2u);
   EXPECT_FALSE(pool->watchIntact(0));
@@ -212,7 +215,7 @@ TEST(KvPoolTest, WatchedPrefixBreaksOnlyWhenOneOfItsBlocksLosesItsHash) {
   EXPECT_FALSE(pool->watchIntact(id));
   EXPECT_EQ(pool->findCachedPrefix(tail).size(), 0u);
 
-  uint64_t second = pool->watchCachedPrefix(pool->findCachedPrefix(std::vector<BlockHash>{205}));
+  uint64_t second = pool->watchCachedPrefix(pool->findCachedPrefix(hashList({205})));
   EXPECT_NE(second, id);
   EXPECT_TRUE(pool->watchIntact(second));
   uint64_t third = pool->watchCachedPrefix({});
@@ -229,15 +232,15 @@ TEST(KvPoolTest, BlocksOfAnEarlierWatchDoNotCountForTheNextOne) {
   auto pool = makePool(4, nullptr);
   auto a = pool->allocate(4);
   ASSERT_TRUE(a.has_value());
-  for (int i = 0; i < 4; ++i) ASSERT_TRUE(pool->cacheBlock((*a)[i], 300 + i));
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(pool->cacheBlock((*a)[i], BlockHash(300 + i)));
   pool->release(*a);  // LRU order 300..303
-  std::vector<BlockIndex> old_watch = pool->findCachedPrefix(std::vector<BlockHash>{300, 301});
+  std::vector<BlockIndex> old_watch = pool->findCachedPrefix(hashList({300, 301}));
   ASSERT_EQ(old_watch.size(), 2u);
   uint64_t first = pool->watchCachedPrefix(old_watch);
   EXPECT_EQ(pool->watchedUnreferenced(), 2);
   pool->endWatch();
   EXPECT_FALSE(pool->watchIntact(first));
-  std::vector<BlockIndex> watch = pool->findCachedPrefix(std::vector<BlockHash>{303});
+  std::vector<BlockIndex> watch = pool->findCachedPrefix(hashList({303}));
   ASSERT_EQ(watch.size(), 1u);
   uint64_t second = pool->watchCachedPrefix(watch);
   EXPECT_EQ(pool->watchedUnreferenced(), 1);
@@ -250,14 +253,14 @@ TEST(KvPoolTest, BlocksOfAnEarlierWatchDoNotCountForTheNextOne) {
   auto b = pool->allocate(3);
   ASSERT_TRUE(b.has_value());
   EXPECT_TRUE(pool->watchIntact(second));
-  EXPECT_EQ(pool->findCachedPrefix(std::vector<BlockHash>{300}).size(), 0u);
+  EXPECT_EQ(pool->findCachedPrefix(hashList({300})).size(), 0u);
   EXPECT_EQ(pool->watchedUnreferenced(), pool->countUnreferenced(watch));
 }
 
 TEST(KvPoolTest, AcquireTakesCachedBlockOffTheFreeQueue) {
   auto pool = makePool(2, nullptr);
   auto a = pool->allocate(1);
-  ASSERT_TRUE(pool->cacheBlock((*a)[0], 7));
+  ASSERT_TRUE(pool->cacheBlock((*a)[0], BlockHash(7)));
   pool->release(*a);
   EXPECT_EQ(pool->numFreeBlocks(), 2);
   EXPECT_EQ(pool->countUnreferenced(*a), 1);
@@ -267,26 +270,26 @@ TEST(KvPoolTest, AcquireTakesCachedBlockOffTheFreeQueue) {
   auto b = pool->allocate(1);
   ASSERT_TRUE(b.has_value());
   EXPECT_NE((*b)[0], (*a)[0]);
-  EXPECT_TRUE(pool->table().contains(7));
+  EXPECT_TRUE(pool->table().contains(BlockHash(7)));
 }
 
 TEST(KvPoolTest, PinnedBlocksAreNotEvicted) {
   worker::VectorEventSink sink;
   auto pool = makePool(2, &sink);
   auto a = pool->allocate(2);
-  ASSERT_TRUE(pool->cacheBlock((*a)[0], 1));
-  ASSERT_TRUE(pool->cacheBlock((*a)[1], 2));
+  ASSERT_TRUE(pool->cacheBlock((*a)[0], BlockHash(1)));
+  ASSERT_TRUE(pool->cacheBlock((*a)[1], BlockHash(2)));
   pool->release(*a);
-  ASSERT_TRUE(pool->pin(1).ok());
-  EXPECT_EQ(pool->table().pins(1), 1u);
+  ASSERT_TRUE(pool->pin(BlockHash(1)).ok());
+  EXPECT_EQ(pool->table().pins(BlockHash(1)), 1u);
   EXPECT_FALSE(pool->allocate(2).has_value());
   auto b = pool->allocate(1);
   ASSERT_TRUE(b.has_value());
-  EXPECT_TRUE(pool->table().contains(1));
-  EXPECT_FALSE(pool->table().contains(2));
-  EXPECT_FALSE(pool->pin(2).ok());
-  ASSERT_TRUE(pool->unpin(1).ok());
-  EXPECT_FALSE(pool->unpin(1).ok());
+  EXPECT_TRUE(pool->table().contains(BlockHash(1)));
+  EXPECT_FALSE(pool->table().contains(BlockHash(2)));
+  EXPECT_FALSE(pool->pin(BlockHash(2)).ok());
+  ASSERT_TRUE(pool->unpin(BlockHash(1)).ok());
+  EXPECT_FALSE(pool->unpin(BlockHash(1)).ok());
   EXPECT_EQ(pool->numFreeBlocks(), 1);
 }
 
@@ -296,9 +299,9 @@ TEST(KvPoolTest, PrefixHintGivesThePlainLookup) {
   auto pool = makePool(4, nullptr);
   auto a = pool->allocate(3);
   ASSERT_TRUE(a.has_value());
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(pool->cacheBlock((*a)[i], 200 + i));
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(pool->cacheBlock((*a)[i], BlockHash(200 + i)));
   pool->release(*a);
-  std::vector<BlockHash> hashes = {200, 201, 202, 203};
+  std::vector<BlockHash> hashes = hashList({200, 201, 202, 203});
   std::vector<BlockIndex> hint = pool->findCachedPrefix(hashes);
   ASSERT_EQ(hint, *a);
   EXPECT_EQ(pool->findCachedPrefix(hashes, hint), hint);
@@ -306,8 +309,8 @@ TEST(KvPoolTest, PrefixHintGivesThePlainLookup) {
   // blocks: the stale hint must not be trusted.
   auto b = pool->allocate(4);
   ASSERT_TRUE(b.has_value());
-  ASSERT_TRUE(pool->cacheBlock((*b)[3], 200));
-  ASSERT_TRUE(pool->cacheBlock((*b)[2], 201));
+  ASSERT_TRUE(pool->cacheBlock((*b)[3], BlockHash(200)));
+  ASSERT_TRUE(pool->cacheBlock((*b)[2], BlockHash(201)));
   std::vector<BlockIndex> plain = pool->findCachedPrefix(hashes);
   EXPECT_EQ(plain, (std::vector<BlockIndex>{(*b)[3], (*b)[2]}));
   EXPECT_EQ(pool->findCachedPrefix(hashes, hint), plain);
@@ -316,7 +319,7 @@ TEST(KvPoolTest, PrefixHintGivesThePlainLookup) {
   std::vector<BlockIndex> bad = {(*b)[3], 99};
   EXPECT_EQ(pool->findCachedPrefix(hashes, bad), plain);
   // The last hash cached since the hint was taken extends the run.
-  ASSERT_TRUE(pool->cacheBlock((*b)[1], 202));
+  ASSERT_TRUE(pool->cacheBlock((*b)[1], BlockHash(202)));
   EXPECT_EQ(pool->findCachedPrefix(hashes, plain).size(), 3u);
 }
 

@@ -187,7 +187,7 @@ TEST(RemoteKvTest, FullyLocalOrMismatchedRunIsAnOrdinaryAdmission) {
   EXPECT_EQ(s.outputs.at(0).cached_tokens, 48);
   run(d, &now);
   // Hashes that are not this prompt's (another hashing) are never fetched.
-  ASSERT_TRUE(d.add(remoteSpec("b", promptOf(64, 4), {1, 2, 3}), now).ok());
+  ASSERT_TRUE(d.add(remoteSpec("b", promptOf(64, 4), testing::hashList({1, 2, 3})), now).ok());
   s = d.step(now);
   EXPECT_TRUE(s.remote_kv_fetches.empty());
   EXPECT_EQ(s.num_scheduled_tokens, 64);
@@ -294,7 +294,7 @@ TEST(RemoteKvTest, HolderPinsOnlyTheLeadingCachedRun) {
   run(c, &now);
   auto hashes = holderHashes(promptOf(64, 10));
   ASSERT_EQ(hashes.size(), 4u);
-  std::vector<BlockHash> want = {hashes[0], hashes[1], 42, hashes[2]};
+  std::vector<BlockHash> want = {hashes[0], hashes[1], BlockHash(42), hashes[2]};
   auto pinned = c.pinLeadingRun(want);
   ASSERT_EQ(pinned.size(), 2u);
   EXPECT_EQ(c.pool().refCount(pinned[0]), 1);
@@ -328,7 +328,7 @@ TEST(RemoteKvTest, PinnedRunSurvivesEvictionPressureUntilUnpinned) {
 TEST(RemoteKvTest, ValidationNamesTheField) {
   auto core = EngineCore::create(makeConfig(30), nullptr);
   ASSERT_TRUE(core.ok());
-  RequestSpec s = remoteSpec("a", promptOf(40, 1), std::vector<BlockHash>(3, 1));
+  RequestSpec s = remoteSpec("a", promptOf(40, 1), std::vector<BlockHash>(3, BlockHash(1)));
   auto st = (*core)->validate(s);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(std::string(st.message()).find("kv_transfer_params.block_hashes"), std::string::npos);

@@ -85,14 +85,17 @@ TEST(BlockHasherTest, StreamingHashIsTheOneShotHashWhateverTheStackHolds) {
   for (size_t n : {1u, 16u, 48u, 64u, 100u}) {
     std::vector<worker::TokenId> tokens(n);
     for (size_t i = 0; i < n; ++i) tokens[i] = static_cast<worker::TokenId>(i * 7919 + n);
-    const worker::BlockHash parent = 0xfeedface00000000ULL + n;
-    std::vector<unsigned char> bytes(sizeof(parent) + n * sizeof(worker::TokenId));
+    const uint64_t parent = 0xfeedface00000000ULL + n;
+    // Token ids are hashed as 64-bit integers (hashBlock widens them in chunks of 64).
+    std::vector<int64_t> wide(tokens.begin(), tokens.end());
+    std::vector<unsigned char> bytes(sizeof(parent) + n * sizeof(int64_t));
     std::memcpy(bytes.data(), &parent, sizeof(parent));
-    std::memcpy(bytes.data() + sizeof(parent), tokens.data(), n * sizeof(worker::TokenId));
-    const uint64_t expected = XXH3_64bits_withSeed(bytes.data(), bytes.size(), seed);
+    std::memcpy(bytes.data() + sizeof(parent), wide.data(), n * sizeof(int64_t));
+    const worker::BlockHash expected(XXH3_64bits_withSeed(bytes.data(), bytes.size(), seed));
     for (int round = 0; round < 4; ++round) {
       dirtyStack(seed);
-      EXPECT_EQ(hashBlock(seed, parent, tokens), expected) << n << " tokens, round " << round;
+      EXPECT_EQ(hashBlock(seed, worker::BlockHash(parent), tokens), expected)
+          << n << " tokens, round " << round;
     }
   }
 }

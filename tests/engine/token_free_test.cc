@@ -9,6 +9,7 @@
 namespace kvf::engine {
 namespace {
 
+using testing::hashList;
 using testing::makeConfig;
 
 class KeyedSink final : public KeyedKvEventSink {
@@ -95,10 +96,10 @@ TEST(TokenFree, SuppliedKeyedHasherNamesTheBlocks) {
   ASSERT_NO_FATAL_FAILURE(runSharedPrefixPair(**core, &now));
   ASSERT_GE(sink.stores.size(), 2u);
   uint64_t h1 = toyHash(7, 1), h2 = toyHash(h1, 2), h3 = toyHash(h2, 3);
-  EXPECT_EQ(sink.stores[0].first.block_hashes, (std::vector<uint64_t>{h1, h2, h3}));
-  EXPECT_EQ(sink.stores[1].first.block_hashes, (std::vector<uint64_t>{toyHash(h2, 9)}));
-  EXPECT_EQ(sink.stores[1].first.parent_block_hash, h2);
-  EXPECT_TRUE((*core)->pool().table().contains(h3));
+  EXPECT_EQ(sink.stores[0].first.block_hashes, (hashList({h1, h2, h3})));
+  EXPECT_EQ(sink.stores[1].first.block_hashes, (hashList({toyHash(h2, 9)})));
+  EXPECT_EQ(sink.stores[1].first.parent_block_hash, BlockHash(h2));
+  EXPECT_TRUE((*core)->pool().table().contains(BlockHash(h3)));
 }
 
 // A caller that already chained the prompt's hashes with the core's keyed hasher (a simulator's
@@ -115,7 +116,7 @@ TEST(TokenFree, GivenPromptHashesAreTakenAsTheCoresOwn) {
   Nanos now_a = 0, now_b = 0;
   ASSERT_TRUE((*hashed)->add(keyed("a", 50, {1, 2, 3}, 77, 40), now_a).ok());
   RequestSpec spec = keyed("a", 50, {1, 2, 3}, 77, 40);
-  spec.prompt_blocks->block_hashes = {h1, h2, h3};
+  spec.prompt_blocks->block_hashes = hashList({h1, h2, h3});
   ASSERT_TRUE((*given)->add(std::move(spec), now_b).ok());
   while ((*hashed)->hasWork()) now_a += (*hashed)->step(now_a).duration;
   while ((*given)->hasWork()) now_b += (*given)->step(now_b).duration;
@@ -126,13 +127,13 @@ TEST(TokenFree, GivenPromptHashesAreTakenAsTheCoresOwn) {
   }
   // 90 tokens: the 3 given prompt blocks and 2 generated ones, chained from h3.
   ASSERT_FALSE(given_sink.stores.empty());
-  EXPECT_EQ(given_sink.stores[0].first.block_hashes, (std::vector<uint64_t>{h1, h2, h3}));
-  EXPECT_TRUE((*given)->pool().table().contains(h3));
+  EXPECT_EQ(given_sink.stores[0].first.block_hashes, (hashList({h1, h2, h3})));
+  EXPECT_TRUE((*given)->pool().table().contains(BlockHash(h3)));
   EXPECT_EQ(now_a, now_b);
 
   // Their number must match the keys, and a core without a keyed hasher cannot agree with them.
   RequestSpec short_hashes = keyed("b", 50, {1, 2, 3}, 77, 1);
-  short_hashes.prompt_blocks->block_hashes = {h1, h2};
+  short_hashes.prompt_blocks->block_hashes = hashList({h1, h2});
   auto wrong = (*given)->validate(short_hashes);
   EXPECT_EQ(wrong.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(std::string(wrong.message()).find("prompt_blocks.block_hashes"), std::string::npos);
@@ -140,7 +141,7 @@ TEST(TokenFree, GivenPromptHashesAreTakenAsTheCoresOwn) {
   auto own = EngineCore::create(makeConfig(16, 64, 8192), &plain_sink);
   ASSERT_TRUE(own.ok());
   RequestSpec unhashable = keyed("b", 50, {1, 2, 3}, 77, 1);
-  unhashable.prompt_blocks->block_hashes = {h1, h2, h3};
+  unhashable.prompt_blocks->block_hashes = hashList({h1, h2, h3});
   EXPECT_EQ((*own)->validate(unhashable).code(), absl::StatusCode::kFailedPrecondition);
 }
 
@@ -156,7 +157,7 @@ TEST(TokenFree, SinkWithoutKeysGetsHashesOnly) {
     }
     void onBlockRemoved(worker::BlockRemoved) override {}
     void onAllBlocksCleared() override {}
-    std::vector<uint64_t> hashes;
+    std::vector<BlockHash> hashes;
   };
   EngineConfig config = makeConfig(16, 64, 8192);
   config.scheduler.keyed_hasher = {&toyHash, 7};
@@ -167,7 +168,7 @@ TEST(TokenFree, SinkWithoutKeysGetsHashesOnly) {
   ASSERT_TRUE((*core)->add(keyed("a", 50, {1, 2, 3}, 77, 1), now).ok());
   while ((*core)->hasWork()) now += (*core)->step(now).duration;
   uint64_t h1 = toyHash(7, 1), h2 = toyHash(h1, 2);
-  EXPECT_EQ(sink.hashes, (std::vector<uint64_t>{h1, h2, toyHash(h2, 3)}));
+  EXPECT_EQ(sink.hashes, (hashList({h1, h2, toyHash(h2, 3)})));
 }
 
 // A driver that finds its requests by tag turns the id copies off: outputs carry the tag only.
@@ -201,7 +202,7 @@ TEST(TokenFree, GeneratedBlocksAreCachedAndEqualForEqualPrompts) {
   // 20 prompt tokens + 30 generated: blocks 1 and 2 hold generated tokens.
   ASSERT_TRUE((*core)->add(keyed("a", 20, {4}, 55, 30), now).ok());
   while ((*core)->hasWork()) now += (*core)->step(now).duration;
-  std::vector<uint64_t> hashes_a;
+  std::vector<BlockHash> hashes_a;
   for (const auto& [ev, keys] : sink.stores) {
     hashes_a.insert(hashes_a.end(), ev.block_hashes.begin(), ev.block_hashes.end());
   }

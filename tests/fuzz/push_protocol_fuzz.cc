@@ -1,16 +1,16 @@
-// Fuzz target: the worker control API's wire format (worker/push_protocol.h) as a hostile peer
+// Fuzz target: the KV push control API's wire format (protocol/push.h) as a hostile peer
 // could send it: GET /kv/info answers, POST /kv/push requests and their answers. Input: byte 0
 // picks the message kind, the rest is the JSON body. Properties: every count within the limits,
 // and what parses serializes to a body that parses back to the same message.
 #include <cstdint>
 #include <string_view>
 
+#include "protocol/push.h"
 #include "tests/fuzz/fuzz_check.h"
-#include "worker/push_protocol.h"
 
 namespace {
 
-using namespace kvf::worker;
+using namespace kvf::protocol;
 
 void checkRequest(const PushRequest& a, const PushRequest& b) {
   KVF_FUZZ_CHECK(a.request_id == b.request_id && a.block_hashes == b.block_hashes &&

@@ -33,7 +33,8 @@ TEST(KvTransferTest, ClientParamsAreReplacedOrStripped) {
   EXPECT_EQ(stripped->find("evil"), std::string::npos);
   KvTransferParams p;
   p.source = "http://127.0.0.1:2";
-  p.block_hashes = {1, 18446744073709551615ull};
+  p.block_hashes = std::vector<protocol::EngineBlockHash>{
+      protocol::EngineBlockHash(1), protocol::EngineBlockHash(18446744073709551615ull)};
   p.lease_id = "lease-9";
   auto replaced = withKvTransferParams(body, &p);
   ASSERT_TRUE(replaced.ok());
@@ -72,7 +73,9 @@ TEST(KvTransferTest, PrefillResponseIsValidatedAndSourceIsOurs) {
       "http://127.0.0.1:7000");
   ASSERT_TRUE(ok.ok()) << ok.status();
   EXPECT_EQ(ok->source, "http://127.0.0.1:7000");
-  EXPECT_EQ(ok->block_hashes, (std::vector<uint64_t>{5, 18446744073709551615ull}));
+  EXPECT_EQ(ok->block_hashes,
+            (std::vector<protocol::EngineBlockHash>{
+                protocol::EngineBlockHash(5), protocol::EngineBlockHash(18446744073709551615ull)}));
   EXPECT_EQ(ok->lease_id, "l1");
   for (std::string bad :
        {R"({"choices":[]})", R"({"kv_transfer_params":{"block_hashes":[]}})",
@@ -94,7 +97,7 @@ TEST(KvTransferTest, ReadsCachedTokensAndTransferResult) {
   ASSERT_TRUE(r.cached_tokens.has_value());
   EXPECT_EQ(*r.cached_tokens, 8);
   ASSERT_TRUE(r.transfer.has_value());
-  EXPECT_EQ(r.transfer->status, "partial");
+  EXPECT_EQ(r.transfer->outcome, TransferOutcome::kPartial);
   EXPECT_EQ(r.transfer->pushed_tokens, 4);
   EXPECT_EQ(r.transfer->pushed_bytes, 400);
   EXPECT_EQ(r.transfer->reason, "evicted");

@@ -20,11 +20,11 @@ std::string decodeStr(const char** p) {
 
 TEST(KvEventsTest, EncodesVllmEventBatchLayout) {
   std::vector<KvEvent> events;
-  events.emplace_back(BlockStored{{11, 12}, std::nullopt, {1, 2, 3, 4}, 2});
-  events.emplace_back(BlockStored{{13}, 12, {5, 6}, 2});
-  events.emplace_back(BlockRemoved{{11}});
+  events.emplace_back(BlockStored{{BlockHash(11), BlockHash(12)}, std::nullopt, {1, 2, 3, 4}, 2});
+  events.emplace_back(BlockStored{{BlockHash(13)}, BlockHash(12), {5, 6}, 2});
+  events.emplace_back(BlockRemoved{{BlockHash(11)}});
   events.emplace_back(AllBlocksCleared{});
-  std::string buf = encodeEventBatch(1700000000.5, events);
+  std::string buf = protocol::encodeEventBatch({1700000000.5, events});
   const char* p = buf.data();
   ASSERT_EQ(mp_typeof(*p), MP_ARRAY);
   EXPECT_EQ(mp_decode_array(&p), 2u);
@@ -64,13 +64,6 @@ TEST(KvEventsTest, EncodesVllmEventBatchLayout) {
   EXPECT_EQ(p, buf.data() + buf.size());
 }
 
-TEST(KvEventsTest, SeqIsBigEndian) {
-  EXPECT_EQ(encodeSeq(0x0102), std::string("\0\0\0\0\0\0\x01\x02", 8));
-  EXPECT_EQ(decodeSeq(encodeSeq(123456789)), 123456789u);
-  EXPECT_FALSE(decodeSeq("abc").has_value());
-  EXPECT_EQ(encodeSeq(kReplayEndSeq), std::string(8, '\xff'));
-}
-
 std::vector<std::string> recvParts(void* socket) {
   std::vector<std::string> parts;
   int more = 1;
@@ -95,7 +88,7 @@ TEST(KvEventPublisherTest, ReplayReturnsBufferedBatchesThenEndMarker) {
   o.buffer_batches = 3;
   auto pub = KvEventPublisher::create(o);
   ASSERT_TRUE(pub.ok()) << pub.status();
-  for (uint64_t i = 1; i <= 4; ++i) (*pub)->publish({BlockRemoved{{i}}}, 1.0);
+  for (uint64_t i = 1; i <= 4; ++i) (*pub)->publish({BlockRemoved{{BlockHash(i)}}}, 1.0);
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
   while ((*pub)->publishedBatches() < 5 && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -108,7 +101,7 @@ TEST(KvEventPublisherTest, ReplayReturnsBufferedBatchesThenEndMarker) {
   zmq_setsockopt(dealer, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms));
   zmq_setsockopt(dealer, ZMQ_LINGER, &linger, sizeof(linger));
   ASSERT_EQ(zmq_connect(dealer, (*pub)->replayEndpoint().c_str()), 0);
-  std::string start = encodeSeq(0);
+  std::string start = protocol::encodeSeq(0);
   zmq_send(dealer, "", 0, ZMQ_SNDMORE);
   zmq_send(dealer, start.data(), start.size(), 0);
   std::vector<uint64_t> seqs;
@@ -116,9 +109,9 @@ TEST(KvEventPublisherTest, ReplayReturnsBufferedBatchesThenEndMarker) {
     auto parts = recvParts(dealer);
     ASSERT_EQ(parts.size(), 3u);
     EXPECT_TRUE(parts[0].empty());
-    auto seq = decodeSeq(parts[1]);
+    auto seq = protocol::decodeSeq(parts[1]);
     ASSERT_TRUE(seq.has_value());
-    if (*seq == kReplayEndSeq) {
+    if (*seq == protocol::kReplayEndSeq) {
       EXPECT_TRUE(parts[2].empty());
       break;
     }
@@ -148,11 +141,11 @@ TEST(KvEventPublisherTest, ReqClientGetsTheFirstReplayedBatchAndJunkIsIgnored) {
   zmq_setsockopt(req, ZMQ_RCVTIMEO, &timeout_ms, sizeof(timeout_ms));
   zmq_setsockopt(req, ZMQ_LINGER, &linger, sizeof(linger));
   ASSERT_EQ(zmq_connect(req, (*pub)->replayEndpoint().c_str()), 0);
-  std::string start = encodeSeq(0);
+  std::string start = protocol::encodeSeq(0);
   zmq_send(req, start.data(), start.size(), 0);
   auto parts = recvParts(req);
   ASSERT_EQ(parts.size(), 2u);
-  EXPECT_EQ(decodeSeq(parts[0]), std::optional<uint64_t>(0));
+  EXPECT_EQ(protocol::decodeSeq(parts[0]), std::optional<uint64_t>(0));
   // seq 0 is [AllBlocksCleared]
   const char* p = parts[1].data();
   EXPECT_EQ(mp_decode_array(&p), 2u);

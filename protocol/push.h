@@ -1,4 +1,4 @@
-// Wire format of the worker control API used for KV push (docs/protocols.md, "KV push"):
+// The worker control API used for KV push (docs/protocols.md, "KV push"):
 // GET /kv/info (a worker's transport address and block geometry) and POST /kv/push (a receiver
 // asks a holder to push blocks into its registered KV pool). Parsing bounds every count and
 // size, because peers are not trusted; errors name the field. Pure functions; any thread.
@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "worker/kv_events.h"
+#include "protocol/wire_types.h"
 
-namespace kvf::worker {
+namespace kvf::protocol {
 
 struct PushLimits {
   size_t max_blocks = 65536;        // block_hashes / block_addrs per push
@@ -34,7 +34,7 @@ struct WorkerInfo {
 // the put's completion notice names `landing_id`.
 struct PushRequest {
   std::string request_id;  // for logs
-  std::vector<BlockHash> block_hashes;
+  std::vector<EngineBlockHash> block_hashes;
   std::string receiver_address;  // base64 of the receiver's transport worker address
   std::string rkey;              // base64 of the packed remote key of the receiver's region
   std::vector<uint64_t> block_addrs;
@@ -48,9 +48,10 @@ struct PushRequest {
 // completed (flushed, notice sent) or nothing was pushed; otherwise the put failed and
 // `put_issued` says whether writes may still reach the receiver.
 struct PushResponse {
-  std::vector<BlockHash> pushed_hashes;   // the leading run pushed, in order
-  std::vector<uint64_t> checksums;        // xxh3-64 per pushed block as the holder sent it
-  std::vector<BlockHash> missing_hashes;  // the rest of block_hashes (not held, or after a gap)
+  std::vector<EngineBlockHash> pushed_hashes;  // the leading run pushed, in order
+  std::vector<uint64_t> checksums;             // xxh3-64 per pushed block as the holder sent it
+  std::vector<EngineBlockHash>
+      missing_hashes;  // the rest of block_hashes (not held, or after a gap)
   uint64_t pushed_bytes = 0;
   bool put_issued = false;
   std::string error;
@@ -64,4 +65,4 @@ absl::StatusOr<PushRequest> parsePushRequest(std::string_view body, const PushLi
 std::string serializePushResponse(const PushResponse& response);
 absl::StatusOr<PushResponse> parsePushResponse(std::string_view body, const PushLimits& limits);
 
-}  // namespace kvf::worker
+}  // namespace kvf::protocol

@@ -1,14 +1,14 @@
-#include "worker/push_protocol.h"
+#include "protocol/push.h"
 
 #include <gtest/gtest.h>
 
-namespace kvf::worker {
+namespace kvf::protocol {
 namespace {
 
 PushRequest sample() {
   PushRequest r;
   r.request_id = "cmpl-d-1";
-  r.block_hashes = {1, 0xffffffffffffffffULL, 3};
+  r.block_hashes = {EngineBlockHash(1), EngineBlockHash(0xffffffffffffffffULL), EngineBlockHash(3)};
   r.receiver_address = "QUJD";
   r.rkey = "REVG";
   r.block_addrs = {4096, 8192, 12288};
@@ -58,9 +58,9 @@ TEST(PushProtocolTest, RequestErrorsNameTheField) {
 
 TEST(PushProtocolTest, ResponseAndInfoRoundTrip) {
   PushResponse r;
-  r.pushed_hashes = {5, 6};
+  r.pushed_hashes = {EngineBlockHash(5), EngineBlockHash(6)};
   r.checksums = {7, 8};
-  r.missing_hashes = {9};
+  r.missing_hashes = {EngineBlockHash(9)};
   r.pushed_bytes = 512;
   r.put_issued = true;
   r.elapsed_us = 42;
@@ -86,4 +86,4 @@ TEST(PushProtocolTest, ResponseAndInfoRoundTrip) {
 }
 
 }  // namespace
-}  // namespace kvf::worker
+}  // namespace kvf::protocol

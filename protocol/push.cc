@@ -1,4 +1,6 @@
-#include "worker/push_protocol.h"
+#include "protocol/push.h"
+
+#include <span>
 
 #include <boost/json.hpp>
 
@@ -6,7 +8,7 @@
 #include "common/status.h"
 #include "common/strings.h"
 
-namespace kvf::worker {
+namespace kvf::protocol {
 namespace bj = boost::json;
 namespace {
 
@@ -62,11 +64,19 @@ absl::StatusOr<std::vector<uint64_t>> u64Array(const bj::object& o, std::string_
   return out;
 }
 
-bj::array toArray(const std::vector<uint64_t>& v) {
+bj::array toArray(std::span<const uint64_t> v) {
   bj::array a;
   a.reserve(v.size());
   for (uint64_t x : v) a.emplace_back(x);
   return a;
+}
+
+bj::array toArray(std::span<const EngineBlockHash> v) { return toArray(rawHashes(v)); }
+
+absl::StatusOr<std::vector<EngineBlockHash>> hashArray(const bj::object& o, std::string_view key,
+                                                       size_t max, bool required) {
+  KVF_ASSIGN_OR_RETURN(std::vector<uint64_t> raw, u64Array(o, key, max, required));
+  return std::vector<EngineBlockHash>(raw.begin(), raw.end());
 }
 
 }  // namespace
@@ -115,7 +125,7 @@ absl::StatusOr<PushRequest> parsePushRequest(std::string_view body, const PushLi
   KVF_ASSIGN_OR_RETURN(bj::object o, json::parseObject(body, 8));
   PushRequest r;
   KVF_ASSIGN_OR_RETURN(r.request_id, stringField(o, "request_id", limits.max_string_bytes, false));
-  KVF_ASSIGN_OR_RETURN(r.block_hashes, u64Array(o, "block_hashes", limits.max_blocks, true));
+  KVF_ASSIGN_OR_RETURN(r.block_hashes, hashArray(o, "block_hashes", limits.max_blocks, true));
   if (r.block_hashes.empty()) return invalid("block_hashes", "must not be empty");
   KVF_ASSIGN_OR_RETURN(r.receiver_address,
                        stringField(o, "receiver_address", limits.max_blob_bytes, true));
@@ -151,12 +161,12 @@ std::string serializePushResponse(const PushResponse& r) {
 absl::StatusOr<PushResponse> parsePushResponse(std::string_view body, const PushLimits& limits) {
   KVF_ASSIGN_OR_RETURN(bj::object o, json::parseObject(body, 8));
   PushResponse r;
-  KVF_ASSIGN_OR_RETURN(r.pushed_hashes, u64Array(o, "pushed_hashes", limits.max_blocks, true));
+  KVF_ASSIGN_OR_RETURN(r.pushed_hashes, hashArray(o, "pushed_hashes", limits.max_blocks, true));
   KVF_ASSIGN_OR_RETURN(r.checksums, u64Array(o, "checksums", limits.max_blocks, false));
   if (!r.checksums.empty() && r.checksums.size() != r.pushed_hashes.size()) {
     return invalid("checksums", "must have one entry per pushed hash");
   }
-  KVF_ASSIGN_OR_RETURN(r.missing_hashes, u64Array(o, "missing_hashes", limits.max_blocks, false));
+  KVF_ASSIGN_OR_RETURN(r.missing_hashes, hashArray(o, "missing_hashes", limits.max_blocks, false));
   KVF_ASSIGN_OR_RETURN(r.pushed_bytes, u64Field(o, "pushed_bytes", false));
   KVF_ASSIGN_OR_RETURN(r.put_issued, json::getBoolOr(o, "put_issued", true));
   KVF_ASSIGN_OR_RETURN(r.error, stringField(o, "error", limits.max_string_bytes * 4, false));
@@ -165,4 +175,4 @@ absl::StatusOr<PushResponse> parsePushResponse(std::string_view body, const Push
   return r;
 }
 
-}  // namespace kvf::worker
+}  // namespace kvf::protocol

@@ -1,0 +1,85 @@
+// The HTTP side's part in remote KV (HTTP thread): kv_transfer_params of an API request become
+// the core's RemoteKvSpec or remote-decode lease, a fetch the core started goes to the worker
+// agent with its deadline, and the agent's outcome comes back as the request's
+// kv_transfer_result. The push itself is the agent's (worker/agent.h).
+#include <boost/json.hpp>
+
+#include "common/status.h"
+#include "common/strings.h"
+#include "engine/engine_server_impl.h"
+
+namespace kvf::engine {
+
+using detail::kMs;
+
+absl::Status EngineHttpSide::applyKvTransfer(const KvTransferParams& k, RequestSpec& spec) const {
+  const WorkerConfig& wc = shared_.config.worker;
+  if (agent_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "kv_transfer_params: this engine has no worker control server (--worker_port)");
+  }
+  if (k.do_remote_decode) {
+    int64_t lease_ms = k.lease_ms > 0 ? k.lease_ms : wc.default_lease_ms;
+    if (lease_ms > wc.max_lease_ms) {
+      return absl::InvalidArgumentError(
+          strCat("kv_transfer_params.lease_ms: at most ", wc.max_lease_ms));
+    }
+    // The lease runs on the engine clock (time_scale x wall time).
+    spec.remote_decode_lease =
+        static_cast<Nanos>(static_cast<double>(lease_ms * kMs) * shared_.config.time_scale);
+    spec.sampling.max_tokens = 1;  // prefill and one token; decode happens elsewhere
+    spec.sampling.min_tokens = 0;
+    return absl::OkStatus();
+  }
+  if (absl::Status url = worker::validateWorkerUrl(k.source); !url.ok()) {
+    return absl::InvalidArgumentError(strCat("kv_transfer_params.", std::string(url.message())));
+  }
+  RemoteKvSpec remote;
+  remote.source = k.source;
+  if (k.block_hashes) remote.block_hashes = *k.block_hashes;
+  spec.remote_kv = std::move(remote);
+  return absl::OkStatus();
+}
+
+boost::json::value EngineHttpSide::leaseParams(const detail::Pending& p) const {
+  KvTransferParams params;
+  params.source = agent_ != nullptr ? agent_->url() : std::string();
+  params.block_hashes = p.lease_block_hashes;
+  params.lease_id = *p.lease_id;
+  return protocol::kvTransferParamsJson(params);
+}
+
+void EngineHttpSide::startFetch(RemoteKvFetch f) {
+  detail::FetchOptions opt;
+  if (auto it = fetch_options_.find(f.id); it != fetch_options_.end()) {
+    opt = std::move(it->second);
+    fetch_options_.erase(it);
+  } else {
+    opt.source = f.source;
+  }
+  const WorkerConfig& wc = shared_.config.worker;
+  const auto n = static_cast<int64_t>(f.hashes.size());
+  // By default the modelled transfer of the whole run plus a margin, capped.
+  Nanos deadline = opt.deadline_ms * kMs;
+  if (deadline <= 0) {
+    const Nanos modelled =
+        shared_.wallDuration(core_.timing().transferDuration(n * shared_.config.cache.block_size));
+    deadline = std::min(wc.push_deadline_cap_ms * kMs, modelled + wc.push_deadline_margin_ms * kMs);
+  }
+  worker::RemoteKvFetch fetch;
+  fetch.id = std::move(f.id);
+  fetch.source = std::move(opt.source);
+  fetch.lease_id = std::move(opt.lease_id);
+  fetch.hashes = std::move(f.hashes);
+  fetch.blocks = std::move(f.blocks);
+  fetch.deadline = std::chrono::milliseconds(std::max<Nanos>(1, deadline / kMs));
+  agent_->fetch(std::move(fetch));
+}
+
+void EngineHttpSide::setTransferResult(const std::string& id, KvTransferResult result) {
+  if (auto it = pending_.find(id); it != pending_.end()) {
+    it->second->kv_transfer_result = std::move(result);
+  }
+}
+
+}  // namespace kvf::engine

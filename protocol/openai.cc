@@ -1,0 +1,177 @@
+#include "protocol/openai.h"
+
+#include <cmath>
+
+#include <boost/json.hpp>
+
+#include "common/status.h"
+#include "common/strings.h"
+
+namespace kvf::protocol {
+namespace bj = boost::json;
+namespace {
+
+absl::Status invalid(std::string_view field, std::string_view what) {
+  return absl::InvalidArgumentError(strCat(kKvTransferParamsKey, ".", field, ": ", what));
+}
+
+absl::Status readString(const bj::object& o, std::string_view key, size_t max, std::string* out) {
+  const bj::value* v = o.if_contains(key);
+  if (v == nullptr || v->is_null()) return absl::OkStatus();
+  if (!v->is_string()) return invalid(key, "must be a string");
+  if (v->as_string().size() > max) return invalid(key, strCat("longer than ", max, " bytes"));
+  *out = std::string(v->as_string());
+  return absl::OkStatus();
+}
+
+// An integer member in [0, max]: 1e3 counts as an integer, as JSON encoders write it.
+absl::Status readCount(const bj::object& o, std::string_view key, int64_t max, int64_t* out) {
+  const bj::value* v = o.if_contains(key);
+  if (v == nullptr || v->is_null()) return absl::OkStatus();
+  int64_t x = 0;
+  if (v->is_int64()) {
+    x = v->as_int64();
+  } else if (v->is_uint64()) {
+    x = INT64_MAX;  // out of range below
+  } else if (v->is_double() && v->as_double() == std::floor(v->as_double())) {
+    double d = v->as_double();
+    x = std::fabs(d) < 9e18 ? static_cast<int64_t>(d) : (d > 0 ? INT64_MAX : INT64_MIN);
+  } else {
+    return invalid(key, "must be an integer");
+  }
+  if (x < 0 || x > max) return invalid(key, strCat("must be in [0, ", max, "]"));
+  *out = x;
+  return absl::OkStatus();
+}
+
+absl::Status readHashes(const bj::value& v, size_t max, std::vector<EngineBlockHash>* out) {
+  if (!v.is_array()) return invalid("block_hashes", "must be an array");
+  const bj::array& arr = v.as_array();
+  if (arr.size() > max) {
+    return invalid("block_hashes", strCat(arr.size(), " entries exceed the limit of ", max));
+  }
+  out->reserve(arr.size());
+  for (size_t i = 0; i < arr.size(); ++i) {
+    if (arr[i].is_uint64()) {
+      out->emplace_back(arr[i].as_uint64());
+    } else if (arr[i].is_int64() && arr[i].as_int64() >= 0) {
+      out->emplace_back(static_cast<uint64_t>(arr[i].as_int64()));
+    } else {
+      return invalid(strCat("block_hashes[", i, "]"), "must be a non-negative integer");
+    }
+  }
+  return absl::OkStatus();
+}
+
+int64_t intOrZero(const bj::object& o, std::string_view key) {
+  const bj::value* v = o.if_contains(key);
+  if (v == nullptr) return 0;
+  if (v->is_int64()) return v->as_int64();
+  if (v->is_uint64()) return static_cast<int64_t>(std::min<uint64_t>(v->as_uint64(), INT64_MAX));
+  return 0;
+}
+
+}  // namespace
+
+std::string_view apiPath(ApiKind kind) {
+  return kind == ApiKind::kChat ? "/v1/chat/completions" : "/v1/completions";
+}
+
+absl::StatusOr<KvTransferParams> parseKvTransferParams(const bj::value& params,
+                                                       const KvTransferLimits& limits) {
+  if (!params.is_object()) {
+    return absl::InvalidArgumentError(strCat(kKvTransferParamsKey, ": must be an object"));
+  }
+  const bj::object& o = params.as_object();
+  KvTransferParams p;
+  KVF_RETURN_IF_ERROR(readString(o, "source", limits.max_source_bytes, &p.source));
+  KVF_RETURN_IF_ERROR(readString(o, "lease_id", limits.max_lease_id_bytes, &p.lease_id));
+  if (const bj::value* h = o.if_contains("block_hashes"); h != nullptr && !h->is_null()) {
+    std::vector<EngineBlockHash> hashes;
+    KVF_RETURN_IF_ERROR(readHashes(*h, limits.max_block_hashes, &hashes));
+    p.block_hashes = std::move(hashes);
+  }
+  if (const bj::value* d = o.if_contains("do_remote_decode"); d != nullptr && !d->is_null()) {
+    if (!d->is_bool()) return invalid("do_remote_decode", "must be a boolean");
+    p.do_remote_decode = d->as_bool();
+  }
+  KVF_RETURN_IF_ERROR(readCount(o, "deadline_ms", limits.max_deadline_ms, &p.deadline_ms));
+  KVF_RETURN_IF_ERROR(readCount(o, "lease_ms", limits.max_lease_ms, &p.lease_ms));
+  if (p.do_remote_decode && !p.source.empty()) {
+    return absl::InvalidArgumentError(
+        strCat(kKvTransferParamsKey, ": do_remote_decode and source are exclusive"));
+  }
+  return p;
+}
+
+bj::object kvTransferParamsJson(const KvTransferParams& p) {
+  bj::object o;
+  if (!p.source.empty()) o["source"] = p.source;
+  if (p.block_hashes) {
+    bj::array hashes;
+    hashes.reserve(p.block_hashes->size());
+    for (EngineBlockHash h : *p.block_hashes) hashes.emplace_back(h.value());
+    o["block_hashes"] = std::move(hashes);
+  }
+  if (!p.lease_id.empty()) o["lease_id"] = p.lease_id;
+  if (p.deadline_ms > 0) o["deadline_ms"] = p.deadline_ms;
+  if (p.do_remote_decode) o["do_remote_decode"] = true;
+  if (p.lease_ms > 0) o["lease_ms"] = p.lease_ms;
+  return o;
+}
+
+std::string_view transferOutcomeName(TransferOutcome outcome) {
+  switch (outcome) {
+    case TransferOutcome::kOk:
+      return "ok";
+    case TransferOutcome::kPartial:
+      return "partial";
+    case TransferOutcome::kFallback:
+      return "fallback";
+    case TransferOutcome::kUnknown:
+      break;
+  }
+  return "unknown";
+}
+
+TransferOutcome parseTransferOutcome(std::string_view name) {
+  for (TransferOutcome o :
+       {TransferOutcome::kOk, TransferOutcome::kPartial, TransferOutcome::kFallback}) {
+    if (name == transferOutcomeName(o)) return o;
+  }
+  return TransferOutcome::kUnknown;
+}
+
+TransferOutcome transferOutcomeFor(size_t used, size_t requested) {
+  if (used == 0) return TransferOutcome::kFallback;
+  return used < requested ? TransferOutcome::kPartial : TransferOutcome::kOk;
+}
+
+bj::object kvTransferResultJson(const KvTransferResult& r) {
+  bj::object o;
+  o["status"] = transferOutcomeName(r.outcome);
+  o["pushed_tokens"] = r.pushed_tokens;
+  o["pushed_bytes"] = r.pushed_bytes;
+  o["requested_tokens"] = r.requested_tokens;
+  if (!r.reason.empty()) o["reason"] = r.reason;
+  return o;
+}
+
+std::optional<KvTransferResult> parseKvTransferResult(const bj::object& o) {
+  const bj::value* status = o.if_contains("status");
+  if (status == nullptr || !status->is_string() || status->as_string().empty()) {
+    return std::nullopt;
+  }
+  KvTransferResult r;
+  r.outcome = parseTransferOutcome(status->as_string());
+  r.pushed_tokens = intOrZero(o, "pushed_tokens");
+  r.pushed_bytes = intOrZero(o, "pushed_bytes");
+  r.requested_tokens = intOrZero(o, "requested_tokens");
+  if (const bj::value* reason = o.if_contains("reason"); reason && reason->is_string()) {
+    std::string_view text = reason->as_string();
+    r.reason = std::string(text.substr(0, kMaxTransferReasonBytes));
+  }
+  return r;
+}
+
+}  // namespace kvf::protocol

@@ -1,0 +1,451 @@
+// The worker agent's push and fetch over a FakeTransport: two agents in this process (real
+// control servers on 127.0.0.1, port 0), each in front of a FakeEngineAdapter. Every fallback
+// path is driven on purpose - holder gone, /kv/info failing or refused, push refused, put
+// failing, put timing out with its bytes arriving late, checksum mismatch, partial run, lost
+// completion notice, lease expiry - and each transport operation of a fetch is failed, delayed
+// and corrupted in turn (n = 1, 2, ... until the fetch takes fewer operations). Whatever
+// happens, the engine hears exactly one outcome and then one release within the deadline (or,
+// while a write may still arrive, not before it arrived), every pin is undone, and no byte lands
+// in a block the engine got back.
+#include "worker/agent.h"
+
+#include <gtest/gtest.h>
+
+#include <boost/asio/co_spawn.hpp>
+#include <boost/asio/use_future.hpp>
+
+#include "common/http_server.h"
+#include "common/process.h"
+#include "tests/fakes/fake_engine_adapter.h"
+#include "tests/fakes/fake_transport.h"
+#include "tests/testing/io_thread.h"
+#include "transport/base64.h"
+
+namespace kvf::worker {
+namespace {
+
+using fakes::FakeEngineAdapter;
+using fakes::FakeFabric;
+using Fault = FakeFabric::Fault;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+constexpr int64_t kBlockSize = 16;
+constexpr uint64_t kBlockBytes = 512;
+constexpr uint64_t kBlocks = 64;
+
+// Bounds a fetch's time only to catch one that hangs (this is no timing test): its deadline
+// plus a generous allowance for a loaded machine.
+constexpr Nanos kBound = 2'000'000'000;
+
+BlockHash H(uint64_t i) { return BlockHash(1000 + i); }
+
+std::vector<BlockHash> hashes(size_t n) {
+  std::vector<BlockHash> out;
+  for (size_t i = 0; i < n; ++i) out.push_back(H(i));
+  return out;
+}
+
+struct Node {
+  std::string name;
+  std::unique_ptr<FakeEngineAdapter> engine;
+  std::unique_ptr<WorkerAgent> agent;
+};
+
+// Two agents (holder C, receiver D) on one agent thread, over one fabric.
+class AgentTest : public ::testing::Test {
+ protected:
+  void TearDown() override { teardown(); }
+
+  void teardown() {
+    for (auto& n : nodes_) {
+      if (n->agent) runOnIo([&] { n->agent->stop(); });
+    }
+    io_->stop();
+    for (auto& n : nodes_) n->engine.reset();  // engine threads stop before the agents go
+    nodes_.clear();
+  }
+
+  template <class Fn>
+  void runOnIo(Fn fn) {
+    io_->run([&]() -> asio::awaitable<bool> {
+      fn();
+      co_return true;
+    });
+  }
+
+  Node& node(const std::string& name, const std::string& token = "s3cret",
+             std::chrono::milliseconds lease_check = milliseconds(20)) {
+    auto n = std::make_unique<Node>();
+    n->name = name;
+    n->engine = std::make_unique<FakeEngineAdapter>(kBlockSize, kBlockBytes, kBlocks);
+    AgentOptions o;
+    o.instance_id = name;
+    o.token = token;
+    o.lease_check_interval = lease_check;
+    auto agent = io_->run([&]() -> asio::awaitable<absl::StatusOr<std::unique_ptr<WorkerAgent>>> {
+      auto a = WorkerAgent::create(io_->context(), *n->engine, fabric_->context(name), o, nullptr);
+      if (a.ok()) (*a)->start();
+      co_return a;
+    });
+    EXPECT_TRUE(agent.ok()) << agent.status();
+    if (agent.ok()) n->agent = std::move(*agent);
+    nodes_.push_back(std::move(n));
+    return *nodes_.back();
+  }
+
+  // C holds the first `held` of `n` hashes, in scattered blocks.
+  static void holdOn(Node& c, size_t held) {
+    for (size_t i = 0; i < held; ++i)
+      c.engine->store(H(i), static_cast<BlockIndex>((i * 7) % kBlocks));
+  }
+
+  // D fetches hashes [0, n) from `source` into blocks 40.. and waits for the release.
+  FakeEngineAdapter::FetchRecord fetch(Node& d, const std::string& source, const std::string& id,
+                                       size_t n, milliseconds deadline,
+                                       milliseconds wait = milliseconds(5000),
+                                       const std::string& lease = "") {
+    RemoteKvFetch f;
+    f.id = id;
+    f.source = source;
+    f.lease_id = lease;
+    f.hashes = hashes(n);
+    for (size_t i = 0; i < n; ++i) f.blocks.push_back(static_cast<BlockIndex>(40 + i));
+    f.deadline = deadline;
+    d.engine->expectFetch(id, f.hashes, f.blocks);
+    started_ = Clock::now();
+    d.agent->fetch(std::move(f));
+    return d.engine->waitReleased(id, wait);
+  }
+  // C holds `n` blocks; transport operation `nth` of D's fetch of them gets `fault`.
+  FakeEngineAdapter::FetchRecord faultedFetch(Node& c, Node& d, size_t n, uint64_t nth, Fault fault,
+                                              milliseconds delay, milliseconds deadline,
+                                              milliseconds wait) {
+    holdOn(c, n);
+    fabric_->resetOperations();
+    fabric_->inject(nth, fault, delay);
+    return fetch(d, c.agent->url(), "f1", n, deadline, wait);
+  }
+  double secondsSinceFetch() const {
+    return std::chrono::duration<double>(Clock::now() - started_).count();
+  }
+
+  static void expectNoViolations(Node& n, const FakeEngineAdapter::FetchRecord& r) {
+    EXPECT_TRUE(r.violations.empty()) << r.violations.front();
+    EXPECT_TRUE(n.engine->record("<pins>").violations.empty());
+    EXPECT_TRUE(n.engine->record("<engine thread>").violations.empty());
+  }
+  static bool waitPinsZero(Node& c, milliseconds timeout) {
+    auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      if (c.engine->totalPins() == 0) return true;
+      std::this_thread::sleep_for(milliseconds(5));
+    }
+    return c.engine->totalPins() == 0;
+  }
+
+  std::unique_ptr<FakeFabric> fabric_ = std::make_unique<FakeFabric>();
+  std::unique_ptr<testing::IoThread> io_ = std::make_unique<testing::IoThread>();
+  std::vector<std::unique_ptr<Node>> nodes_;
+  Clock::time_point started_;
+};
+
+TEST_F(AgentTest, MovesTheRunByteForByteAndUnpins) {
+  Node& c = node("C");
+  Node& d = node("D");
+  holdOn(c, 8);
+  auto r = fetch(d, c.agent->url(), "f1", 8, milliseconds(2000));
+  ASSERT_TRUE(r.released);
+  ASSERT_TRUE(r.completed.has_value());
+  EXPECT_FALSE(r.failed);
+  EXPECT_EQ(r.completed->landed, 8u);
+  EXPECT_EQ(r.completed->bytes, 8 * kBlockBytes);
+  EXPECT_TRUE(r.completed->reason.empty()) << r.completed->reason;
+  EXPECT_TRUE(d.engine->markersIntact());  // the taken blocks hold their hashes' content
+  EXPECT_TRUE(waitPinsZero(c, milliseconds(1000)));
+  expectNoViolations(d, r);
+  EXPECT_EQ(fabric_->bytesWritten(), 8 * kBlockBytes);
+}
+
+TEST_F(AgentTest, PartialRunLandsTheLeadingBlocks) {
+  Node& c = node("C");
+  Node& d = node("D");
+  holdOn(c, 5);
+  auto r = fetch(d, c.agent->url(), "f1", 8, milliseconds(2000));
+  ASSERT_TRUE(r.completed.has_value());
+  EXPECT_EQ(r.completed->landed, 5u);
+  EXPECT_EQ(r.completed->reason, "source held 5 of 8 blocks");
+  EXPECT_TRUE(r.released);
+  EXPECT_TRUE(d.engine->markersIntact());
+  expectNoViolations(d, r);
+}
+
+TEST_F(AgentTest, HolderHoldingNothingFallsBackAtOnce) {
+  Node& c = node("C");
+  Node& d = node("D");
+  auto r = fetch(d, c.agent->url(), "f1", 8, milliseconds(2000));
+  ASSERT_TRUE(r.completed.has_value());
+  EXPECT_TRUE(r.failed);
+  EXPECT_EQ(r.completed->reason, "source holds none of the blocks");
+  EXPECT_FALSE(r.completed->writes_may_arrive);
+  EXPECT_LT(secondsSinceFetch(), 2.0);
+  expectNoViolations(d, r);
+}
+
+TEST_F(AgentTest, HolderGoneFallsBackWithinTheDeadline) {
+  Node& d = node("D");
+  auto port = pickFreePort();  // nobody listens there
+  ASSERT_TRUE(port.ok());
+  auto r = fetch(d, "http://127.0.0.1:" + std::to_string(*port), "f1", 4, milliseconds(300));
+  ASSERT_TRUE(r.completed.has_value());
+  EXPECT_TRUE(r.failed);
+  EXPECT_NE(r.completed->reason.find("source worker"), std::string::npos) << r.completed->reason;
+  EXPECT_FALSE(r.completed->writes_may_arrive);
+  EXPECT_LT(secondsSinceFetch(), 0.3 + 2.0);
+  EXPECT_TRUE(d.engine->markersIntact());
+  expectNoViolations(d, r);
+}
+
+TEST_F(AgentTest, InfoRefusedOrFailingFallsBack) {
+  Node& c = node("C", "other-token");  // D's token is refused: 401
+  Node& d = node("D");
+  holdOn(c, 4);
+  auto refused = fetch(d, c.agent->url(), "f1", 4, milliseconds(500));
+  ASSERT_TRUE(refused.completed.has_value());
+  EXPECT_NE(refused.completed->reason.find("GET /kv/info: HTTP 401"), std::string::npos)
+      << refused.completed->reason;
+  // A server that answers /kv/info with 500.
+  auto server = io_->run([&]() -> asio::awaitable<std::unique_ptr<http::HttpServer>> {
+    auto s = http::HttpServer::create(io_->context(), http::ServerOptions{});
+    (*s)->route("GET", "/kv/info",
+                [](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
+                  co_await w.sendError(500, "broken");
+                });
+    (*s)->start();
+    co_return std::move(*s);
+  });
+  auto failing =
+      fetch(d, "http://127.0.0.1:" + std::to_string(server->port()), "f2", 4, milliseconds(500));
+  ASSERT_TRUE(failing.completed.has_value());
+  EXPECT_NE(failing.completed->reason.find("GET /kv/info: HTTP 500"), std::string::npos)
+      << failing.completed->reason;
+  EXPECT_TRUE(d.engine->markersIntact());
+  expectNoViolations(d, failing);
+  runOnIo([&] { server->stop(); });
+}
+
+// A server that speaks for holder C on /kv/info (so the receiver expects C's writes) but answers
+// /kv/push with `status`.
+std::unique_ptr<http::HttpServer> impostor(asio::io_context& ioc, int status) {
+  auto s = http::HttpServer::create(ioc, http::ServerOptions{});
+  (*s)->route("GET", "/kv/info",
+              [](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
+                protocol::WorkerInfo info{"C", transport::base64Encode("fake:C"), "fake",
+                                          kBlockSize, kBlockBytes};
+                std::string body = protocol::serializeWorkerInfo(info);
+                co_await w.sendJson(200, std::move(body));
+              });
+  (*s)->route("POST", "/kv/push",
+              [status](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
+                co_await w.sendError(status, "not now");
+              });
+  (*s)->start();
+  return std::move(*s);
+}
+
+TEST_F(AgentTest, PushRefusedBeforeAnyPutFreesTheLandingAtOnce) {
+  node("C");
+  Node& d = node("D");
+  auto server = io_->run([&]() -> asio::awaitable<std::unique_ptr<http::HttpServer>> {
+    co_return impostor(io_->context(), 409);
+  });
+  auto r =
+      fetch(d, "http://127.0.0.1:" + std::to_string(server->port()), "f1", 4, milliseconds(1000));
+  ASSERT_TRUE(r.completed.has_value());
+  EXPECT_TRUE(r.failed);
+  EXPECT_NE(r.completed->reason.find("HTTP 409"), std::string::npos) << r.completed->reason;
+  EXPECT_FALSE(r.completed->writes_may_arrive);  // 4xx: the holder posted nothing
+  EXPECT_LT(secondsSinceFetch(), 1.0 + 2.0);     // at once, not at the deadline
+  expectNoViolations(d, r);
+  runOnIo([&] { server->stop(); });
+}
+
+TEST_F(AgentTest, PushFailingAfterItMayHavePostedQuarantinesUntilTheHolderIsGone) {
+  node("C");
+  Node& d = node("D");
+  auto server = io_->run([&]() -> asio::awaitable<std::unique_ptr<http::HttpServer>> {
+    co_return impostor(io_->context(), 503);
+  });
+  auto r = fetch(d, "http://127.0.0.1:" + std::to_string(server->port()), "f1", 4,
+                 milliseconds(200), milliseconds(800));
+  ASSERT_TRUE(r.completed.has_value());
+  EXPECT_TRUE(r.failed);
+  EXPECT_TRUE(r.completed->writes_may_arrive);  // 5xx: C may have posted a put
+  EXPECT_FALSE(r.released);                     // quarantined: C is alive
+  fabric_->kill("C");
+  r = d.engine->waitReleased("f1", milliseconds(2000));
+  EXPECT_TRUE(r.released);
+  expectNoViolations(d, r);
+  runOnIo([&] { server->stop(); });
+}
+
+TEST_F(AgentTest, ChecksumMismatchFallsBackAndFreesTheLanding) {
+  Node& c = node("C");
+  Node& d = node("D");
+  // Operations: expect@D, post@C, write@C (corrupted), notice@C.
+  auto r = faultedFetch(c, d, 4, 3, Fault::kCorrupt, {}, milliseconds(1000), milliseconds(5000));
+  ASSERT_EQ(fabric_->operationLog().at(2), "write@C");
+  ASSERT_TRUE(r.completed.has_value());
+  EXPECT_TRUE(r.failed);
+  EXPECT_NE(r.completed->reason.find("checksum mismatch"), std::string::npos)
+      << r.completed->reason;
+  EXPECT_FALSE(r.completed->writes_may_arrive);  // the notice came: nothing more will land
+  EXPECT_TRUE(d.engine->markersIntact());
+  EXPECT_TRUE(waitPinsZero(c, milliseconds(1000)));
+  expectNoViolations(d, r);
+}
+
+TEST_F(AgentTest, PutTimingOutQuarantinesUntilItsLateWritesLanded) {
+  Node& c = node("C");
+  Node& d = node("D");
+  // The bytes (write@C) arrive 2.5 s late, long after D's 200 ms deadline.
+  auto r = faultedFetch(c, d, 6, 3, Fault::kDelay, milliseconds(2500), milliseconds(200),
+                        milliseconds(1000));
+  ASSERT_TRUE(r.completed.has_value());
+  EXPECT_TRUE(r.failed);
+  EXPECT_TRUE(r.completed->writes_may_arrive);
+  EXPECT_FALSE(r.released) << "released while the late write was still on its way";
+  EXPECT_EQ(fabric_->bytesWritten(), 0u);
+  EXPECT_LT(r.completed->elapsed, kBound);  // the engine fell back long before the write
+  r = d.engine->waitReleased("f1", milliseconds(5000));
+  EXPECT_TRUE(r.released);
+  ASSERT_TRUE(fabric_->waitIdle(milliseconds(3000)));
+  EXPECT_EQ(fabric_->bytesWritten(), 6 * kBlockBytes);  // they did land, before the release
+  EXPECT_TRUE(d.engine->markersIntact());
+  EXPECT_TRUE(waitPinsZero(c, milliseconds(2000)));
+  expectNoViolations(d, r);
+}
+
+TEST_F(AgentTest, LostCompletionNoticeQuarantinesUntilTheHolderIsGone) {
+  Node& c = node("C");
+  Node& d = node("D");
+  // notice@C fails: the bytes landed, the notice did not.
+  auto r = faultedFetch(c, d, 4, 4, Fault::kFail, {}, milliseconds(200), milliseconds(600));
+  ASSERT_TRUE(r.completed.has_value());
+  EXPECT_TRUE(r.failed);
+  EXPECT_TRUE(r.completed->writes_may_arrive);
+  EXPECT_FALSE(r.released);
+  fabric_->kill("C");
+  r = d.engine->waitReleased("f1", milliseconds(2000));
+  EXPECT_TRUE(r.released);
+  EXPECT_TRUE(d.engine->markersIntact());
+  expectNoViolations(d, r);
+}
+
+// Beast-style: fail, delay past the deadline, or corrupt the n-th transport operation of one
+// fetch, for every n the fetch reaches.
+TEST_F(AgentTest, EveryTransportOperationFailingEndsInOneOutcomeAndOneRelease) {
+  for (Fault fault : {Fault::kFail, Fault::kDelay, Fault::kCorrupt}) {
+    for (uint64_t n = 1;; ++n) {
+      SCOPED_TRACE(::testing::Message() << "fault " << static_cast<int>(fault) << " at op " << n);
+      teardown();
+      fabric_ = std::make_unique<FakeFabric>();
+      io_ = std::make_unique<testing::IoThread>();  // a fresh agent thread for this run
+      Node& c = node("C");
+      Node& d = node("D");
+      auto r =
+          faultedFetch(c, d, 8, n, fault, milliseconds(400), milliseconds(150), milliseconds(1500));
+      ASSERT_TRUE(r.completed.has_value());
+      if (!r.released) {
+        // Quarantined: C may still write (its put failed or its notice was lost, and it lives).
+        EXPECT_TRUE(r.completed->writes_may_arrive);
+        fabric_->kill("C");
+        r = d.engine->waitReleased("f1", milliseconds(3000));
+      }
+      EXPECT_TRUE(r.released);
+      EXPECT_LT(r.completed->elapsed, kBound) << r.completed->reason;
+      ASSERT_TRUE(fabric_->waitIdle(milliseconds(3000)));
+      EXPECT_TRUE(d.engine->markersIntact());
+      EXPECT_TRUE(waitPinsZero(c, milliseconds(2000)));
+      expectNoViolations(d, r);
+      if (fabric_->operations() < n) {  // the fault was never reached: a clean fetch
+        EXPECT_FALSE(r.failed);
+        EXPECT_EQ(r.completed->landed, 8u);
+        EXPECT_GE(n, 4u);  // expect, post, write, notice
+        break;
+      }
+      // A delay or a corruption only matters to the bytes and the notice; a failure anywhere.
+      const std::string op = fabric_->operationLog().at(n - 1);
+      const bool applies = fault == Fault::kFail || op.starts_with("write") ||
+                           (fault == Fault::kDelay && op.starts_with("notice"));
+      EXPECT_EQ(r.failed, applies) << op << ": " << r.completed->reason;
+      if (!applies) {
+        EXPECT_EQ(r.completed->landed, 8u) << op;
+      }
+      ASSERT_LT(n, 20u);
+    }
+  }
+}
+
+TEST_F(AgentTest, LeasesPinUntilExpiryOrThePushThatNamesThem) {
+  Node& c = node("C");
+  Node& d = node("D");
+  holdOn(c, 6);
+  c.engine->setClock(0);
+  auto run = c.engine->onEngine([&] { return c.agent->holdLease("l1", hashes(8), 100); });
+  EXPECT_EQ(run.size(), 6u);  // the leading cached run
+  EXPECT_EQ(c.engine->totalPins(), 6u);
+  EXPECT_EQ(c.agent->leaseCount(), 1u);
+  std::this_thread::sleep_for(milliseconds(60));
+  EXPECT_EQ(c.engine->totalPins(), 6u);  // not due on the engine clock
+  c.engine->setClock(101);
+  EXPECT_TRUE(waitPinsZero(c, milliseconds(1000)));
+  EXPECT_EQ(c.agent->leaseCount(), 0u);
+  // A lease that a push names is released after that push.
+  c.engine->onEngine([&] { return c.agent->holdLease("l2", hashes(4), 1'000'000'000); });
+  EXPECT_EQ(c.engine->totalPins(), 4u);
+  auto r = fetch(d, c.agent->url(), "f1", 4, milliseconds(1000), milliseconds(3000), "l2");
+  ASSERT_TRUE(r.completed.has_value());
+  EXPECT_EQ(r.completed->landed, 4u);
+  EXPECT_TRUE(waitPinsZero(c, milliseconds(1000)));
+  EXPECT_EQ(c.agent->leaseCount(), 0u);
+}
+
+TEST_F(AgentTest, MalformedFetchesFallBackWithTheReason) {
+  Node& c = node("C");
+  Node& d = node("D");
+  RemoteKvFetch f;
+  f.id = "bad";
+  f.source = c.agent->url();
+  f.hashes = hashes(3);
+  f.blocks = {41, 42};
+  d.engine->expectFetch("bad", f.hashes, f.blocks);
+  d.agent->fetch(f);
+  auto r = d.engine->waitReleased("bad", milliseconds(2000));
+  ASSERT_TRUE(r.completed.has_value());
+  EXPECT_NE(r.completed->reason.find("3 hashes for 2 landing blocks"), std::string::npos);
+  f.id = "outside";
+  f.hashes = hashes(1);
+  f.blocks = {static_cast<BlockIndex>(kBlocks)};
+  d.engine->expectFetch("outside", f.hashes, {});
+  d.agent->fetch(f);
+  r = d.engine->waitReleased("outside", milliseconds(2000));
+  ASSERT_TRUE(r.completed.has_value());
+  EXPECT_NE(r.completed->reason.find("outside the pool"), std::string::npos);
+}
+
+TEST(AgentCreateTest, RegistrationFailureIsAnError) {
+  FakeFabric fabric;
+  FakeEngineAdapter engine(kBlockSize, kBlockBytes, kBlocks);
+  testing::IoThread io;
+  fabric.inject(1, Fault::kFail);
+  auto agent = io.run([&]() -> asio::awaitable<absl::StatusOr<std::unique_ptr<WorkerAgent>>> {
+    co_return WorkerAgent::create(io.context(), engine, fabric.context("C"), AgentOptions{},
+                                  nullptr);
+  });
+  EXPECT_FALSE(agent.ok());
+  EXPECT_NE(agent.status().message().find("register"), std::string::npos) << agent.status();
+}
+
+}  // namespace
+}  // namespace kvf::worker

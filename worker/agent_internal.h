@@ -1,0 +1,139 @@
+// Internal to worker/agent*.cc and push_*.cc: the state behind WorkerAgent. Agent-thread state
+// and engine-thread state are separate members, and the engine thread is reached only through
+// onEngineThread(). Not part of the API (include worker/agent.h).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/async_result.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
+
+#include "absl/container/flat_hash_map.h"
+#include "common/http_client.h"
+#include "common/http_server.h"
+#include "common/metrics.h"
+#include "common/steady_time.h"
+#include "worker/agent.h"
+
+namespace kvf::worker {
+namespace agent_internal {
+
+using kvf::kAwait;
+using kvf::Steady;
+using kvf::steadyNanos;
+using kvf::toTimePoint;
+inline constexpr Nanos kMs = kNanosPerMilli;
+
+// At least 1 ms from now until `deadline` (steady nanoseconds).
+inline std::chrono::milliseconds msUntil(Nanos deadline) {
+  return std::chrono::milliseconds(std::max<Nanos>(1, (deadline - steadyNanos()) / kMs));
+}
+
+// What the receiver knows about a holder's worker (agent thread; dropped after a failure).
+struct SourceWorker {
+  std::shared_ptr<http::HttpClient> client;
+  std::optional<protocol::WorkerInfo> info;
+  std::string transport_address;  // decoded
+};
+
+// How moving the blocks of one fetch went, before the engine is told (push_receiver.cc).
+struct TransferResult {
+  size_t landed = 0;  // leading landing blocks filled and verified by the transport
+  uint64_t bytes = 0;
+  std::string reason;  // why not everything arrived (empty when all did)
+  bool writes_may_arrive = false;
+  std::shared_ptr<transport::Landing> landing;  // to watch until resolved
+};
+
+}  // namespace agent_internal
+
+struct WorkerAgent::Impl {
+  Impl(asio::io_context& ioc_in, EngineAdapter& adapter_in,
+       std::unique_ptr<transport::TransportContext> transport_in, AgentOptions options_in)
+      : ioc(ioc_in),
+        adapter(adapter_in),
+        transport(std::move(transport_in)),
+        options(std::move(options_in)),
+        geometry(adapter.geometry()),
+        lease_timer(ioc_in) {}
+
+  // Immutable after create().
+  asio::io_context& ioc;
+  EngineAdapter& adapter;
+  std::unique_ptr<transport::TransportContext> transport;
+  std::shared_ptr<transport::MemoryRegion> pool_region;  // the adapter's payload, registered
+  AgentOptions options;
+  BlockGeometry geometry;
+  protocol::PushLimits limits;
+  std::unique_ptr<http::HttpServer> server;
+
+  // Agent thread.
+  absl::flat_hash_map<std::string, std::shared_ptr<agent_internal::SourceWorker>> sources;
+  asio::steady_timer lease_timer;
+  bool stopping = false;
+
+  // Engine thread.
+  LeaseTable leases;
+  std::atomic<size_t> lease_count{0};  // leases.size(), for any thread
+  std::atomic<int64_t> unresolved_landings{0};
+
+  struct Metrics {
+    metrics::Counter *served_ok = nullptr, *served_empty = nullptr, *served_failed = nullptr;
+    metrics::Counter* bytes_out = nullptr;
+    metrics::Histogram* serve_seconds = nullptr;
+    metrics::Counter *fetch_ok = nullptr, *fetch_partial = nullptr, *fetch_fallback = nullptr;
+    metrics::Counter* bytes_in = nullptr;
+    metrics::Histogram* fetch_seconds = nullptr;
+    metrics::Counter* leases_expired = nullptr;
+  } m;
+  metrics::Registry own_registry;  // when create() got none
+
+  void registerMetrics(metrics::Registry& registry);
+  void registerRoutes();
+  bool authorized(const http::Request& req) const;
+  void addAuth(http::ClientRequest& req) const;
+  asio::awaitable<void> handleKvInfo(const http::Request& req, http::ResponseWriter& w);
+  asio::awaitable<void> handleKvPush(const http::Request& req, http::ResponseWriter& w);
+
+  // Holder side (push_holder.cc).
+  asio::awaitable<absl::StatusOr<protocol::PushResponse>> servePush(protocol::PushRequest req);
+  // Receiver side (push_receiver.cc).
+  asio::awaitable<void> runFetch(RemoteKvFetch fetch);
+  asio::awaitable<agent_internal::TransferResult> transferBlocks(const RemoteKvFetch& fetch,
+                                                                 Nanos deadline);
+  asio::awaitable<absl::StatusOr<std::shared_ptr<agent_internal::SourceWorker>>> sourceWorker(
+      const std::string& url, Nanos deadline);
+  asio::awaitable<void> awaitResolved(std::string id, std::shared_ptr<transport::Landing> landing);
+
+  // Leases (engine thread, but for leaseLoop).
+  void releaseLease(const std::string& lease_id);
+  asio::awaitable<void> leaseLoop();
+
+  // Runs `fn` on the engine thread; the calling coroutine resumes on the agent thread with its
+  // result (`fn` must return a value).
+  template <class Fn>
+  asio::awaitable<std::invoke_result_t<Fn&>> onEngineThread(Fn fn) {
+    using R = std::invoke_result_t<Fn&>;
+    auto init = [this, &fn](auto handler) {
+      auto shared = std::make_shared<decltype(handler)>(std::move(handler));
+      adapter.post([this, fn = std::move(fn), shared]() mutable {
+        R result = fn();
+        asio::post(
+            ioc, [shared, result = std::move(result)]() mutable { (*shared)(std::move(result)); });
+      });
+    };
+    co_return co_await asio::async_initiate<const asio::use_awaitable_t<>, void(R)>(
+        init, asio::use_awaitable);
+  }
+};
+
+}  // namespace kvf::worker

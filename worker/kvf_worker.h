@@ -1,0 +1,136 @@
+/* C ABI of the kvfabric worker agent (worker/agent.h), for engines not written in C++.
+ *
+ * The engine owns its KV payload memory: one region of num_blocks fixed-size blocks, block i at
+ * region + i * block_bytes. The agent registers that region with UCX, serves pushes out of it to
+ * peers (GET /kv/info, POST /kv/push on its control server), fetches blocks from peers into
+ * landing blocks the engine reserved, keeps remote-decode leases, and publishes the engine's KV
+ * events in vLLM's format (ZMQ) when asked to.
+ *
+ * Threads. The agent runs its own thread. It never calls the engine from it: every callback
+ * runs inside kvf_worker_poll(), on the thread that calls it (the engine thread), so the engine
+ * needs no lock around its block table. Call kvf_worker_poll() regularly (every step, or in a
+ * loop with a timeout): a holder that does not poll delays the pushes peers wait for, and they
+ * fall back at their deadlines. kvf_worker_fetch() and the publish functions may be called from
+ * any thread; kvf_worker_hold_lease() only from the engine thread.
+ *
+ * Errors: functions return KVF_OK or an error code, and write a message naming the field into
+ * `err` (err_len bytes, always NUL-terminated; err may be NULL). */
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KVF_WORKER_ABI_VERSION 1
+
+typedef enum kvf_status {
+  KVF_OK = 0,
+  KVF_ERR_INVALID_ARGUMENT = 1,
+  KVF_ERR_NOT_FOUND = 2,
+  KVF_ERR_FAILED_PRECONDITION = 3,
+  KVF_ERR_UNAVAILABLE = 4,
+  KVF_ERR_RESOURCE_EXHAUSTED = 5,
+  KVF_ERR_INTERNAL = 6,
+} kvf_status;
+
+typedef struct kvf_worker kvf_worker;
+
+/* How one fetch ended (valid during the callback only). */
+typedef struct kvf_fetch_result {
+  const char* fetch_id;
+  size_t requested; /* blocks asked for */
+  size_t landed;    /* leading landing blocks that hold the KV (checksums verified) */
+  uint64_t bytes;
+  int writes_may_arrive; /* nonzero: keep every landing block until release_landing */
+  const char* reason;    /* why not all arrived; "" when they did */
+  int64_t elapsed_us;
+} kvf_fetch_result;
+
+typedef struct kvf_worker_callbacks {
+  void* user; /* passed to every callback */
+  /* Pins the leading run of hashes[0..n) that is cached (a pinned block is neither evicted nor
+   * reused) and writes its block indices to blocks_out (room for n); returns its length. */
+  size_t (*pin_leading_run)(void* user, const uint64_t* hashes, size_t n, uint32_t* blocks_out);
+  /* Undoes one pin per hash (each was pinned by pin_leading_run). */
+  void (*unpin)(void* user, const uint64_t* hashes, size_t n);
+  /* A fetch ended. landed > 0: the first `landed` landing blocks hold the KV of the first
+   * `landed` hashes; take them, and the rest may be reused. landed == 0: compute the KV
+   * yourself; with writes_may_arrive keep all landing blocks out of use until release_landing. */
+  void (*fetch_done)(void* user, const kvf_fetch_result* result);
+  /* No write can reach the landing blocks of this fetch any more. Called once per fetch, after
+   * fetch_done (possibly right after it). */
+  void (*release_landing)(void* user, const char* fetch_id);
+} kvf_worker_callbacks;
+
+typedef struct kvf_worker_config {
+  uint32_t struct_size;    /* sizeof(kvf_worker_config), for ABI evolution */
+  const char* instance_id; /* NULL: "worker" */
+  const char* host;        /* control server address; NULL: "127.0.0.1" */
+  uint16_t port;           /* 0 picks a free port */
+  const char* token;       /* bearer token for the /kv/ routes and towards peers; NULL/"": none */
+  const char* transports;  /* UCX transports: "shm", "tcp", "rdma", "all"; NULL: "shm" */
+  const char* net_devices; /* UCX network devices for tcp/rdma, e.g. "lo"; NULL: all */
+  int64_t block_size;      /* tokens per block */
+  uint64_t block_bytes;    /* payload bytes per block */
+  uint64_t num_blocks;
+  void* region; /* caller-owned, num_blocks * block_bytes, valid until kvf_worker_destroy */
+  uint64_t region_bytes;
+  uint64_t max_push_blocks; /* 0: 65536 */
+  /* KV events: ZMQ PUB bind address (e.g. "tcp://127.0.0.1:*"); NULL/"": no publisher. */
+  const char* kv_events_endpoint;
+  const char* kv_events_replay_endpoint; /* NULL/"": no replay socket */
+  const char* kv_events_topic;           /* NULL: "kv-events" */
+} kvf_worker_config;
+
+/* Creates and starts the agent. On success *out owns it (kvf_worker_destroy). */
+kvf_status kvf_worker_create(const kvf_worker_config* config, const kvf_worker_callbacks* callbacks,
+                             kvf_worker** out, char* err, size_t err_len);
+/* Stops serving and frees the agent; callbacks not yet run are dropped. The region may be
+ * freed once this returns. NULL is ignored. */
+void kvf_worker_destroy(kvf_worker* worker);
+
+/* The control server's port, and its URL (http://host:port) written into buf. */
+uint16_t kvf_worker_port(const kvf_worker* worker);
+kvf_status kvf_worker_url(const kvf_worker* worker, char* buf, size_t len);
+/* The bound KV-event endpoints ("" without a publisher / replay socket). */
+kvf_status kvf_worker_kv_events_endpoints(const kvf_worker* worker, char* pub, size_t pub_len,
+                                          char* replay, size_t replay_len);
+
+/* Runs the callbacks due, on this thread. timeout_ms > 0 waits that long for one when none is
+ * due. Returns how many ran. */
+int kvf_worker_poll(kvf_worker* worker, int timeout_ms);
+
+/* Fetches hashes[0..n) from the holder whose control server is source_url into the landing
+ * blocks blocks[0..n) (reserved by the engine), within deadline_ms. Its outcome comes through
+ * fetch_done and release_landing. lease_id (may be NULL) names a lease the holder releases once
+ * it pushed. Any thread. */
+kvf_status kvf_worker_fetch(kvf_worker* worker, const char* fetch_id, const char* source_url,
+                            const char* lease_id, const uint64_t* hashes, const uint32_t* blocks,
+                            size_t n, int64_t deadline_ms, char* err, size_t err_len);
+
+/* Engine thread: pins the leading cached run of hashes[0..n) (through pin_leading_run) and
+ * keeps it pinned under lease_id until a push names the lease or ttl_ms passes. *pinned (may
+ * be NULL) receives the run's length. */
+kvf_status kvf_worker_hold_lease(kvf_worker* worker, const char* lease_id, const uint64_t* hashes,
+                                 size_t n, int64_t ttl_ms, size_t* pinned, char* err,
+                                 size_t err_len);
+
+/* KV events (any thread; needs kv_events_endpoint). Stored: n consecutive full blocks of one
+ * chain, token_ids holding n * block_size tokens; parent is the block before the first one
+ * when has_parent. */
+kvf_status kvf_worker_publish_stored(kvf_worker* worker, const uint64_t* hashes, size_t n,
+                                     int has_parent, uint64_t parent, const uint32_t* token_ids,
+                                     size_t num_tokens, char* err, size_t err_len);
+kvf_status kvf_worker_publish_removed(kvf_worker* worker, const uint64_t* hashes, size_t n,
+                                      char* err, size_t err_len);
+kvf_status kvf_worker_publish_cleared(kvf_worker* worker, char* err, size_t err_len);
+
+/* "ok", "invalid_argument", ... */
+const char* kvf_status_name(kvf_status status);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,51 @@
+#include "worker/lease_table.h"
+
+#include <utility>
+
+namespace kvf::worker {
+
+std::vector<BlockHash> LeaseTable::take(const std::string& id, Lease lease) {
+  auto [it, inserted] = leases_.try_emplace(id);
+  std::vector<BlockHash> replaced;
+  if (!inserted) replaced = std::move(it->second.hashes);
+  it->second = std::move(lease);
+  return replaced;
+}
+
+std::optional<std::vector<BlockHash>> LeaseTable::release(const std::string& id) {
+  std::optional<Lease> lease = detach(id);
+  if (!lease) return std::nullopt;
+  return std::move(lease->hashes);
+}
+
+std::optional<Lease> LeaseTable::detach(const std::string& id) {
+  auto it = leases_.find(id);
+  if (it == leases_.end()) return std::nullopt;
+  Lease lease = std::move(it->second);
+  leases_.erase(it);
+  return lease;
+}
+
+std::vector<Lease> LeaseTable::expire(Nanos now) {
+  std::vector<Lease> due;
+  if (leases_.empty()) return due;
+  for (auto it = leases_.begin(); it != leases_.end();) {
+    if (it->second.expires_at <= now) {
+      due.push_back(std::move(it->second));
+      leases_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  return due;
+}
+
+std::optional<Nanos> LeaseTable::nextExpiry() const {
+  std::optional<Nanos> next;
+  for (const auto& [id, lease] : leases_) {
+    if (!next || lease.expires_at < *next) next = lease.expires_at;
+  }
+  return next;
+}
+
+}  // namespace kvf::worker

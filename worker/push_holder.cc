@@ -1,0 +1,116 @@
+// WorkerAgent, holder side of KV push: pins the leading run of the wanted blocks on the engine
+// thread, puts them from the agent thread into the receiver's landing memory (checksums
+// computed, completion notice naming the landing) without involving the engine's scheduler,
+// then unpins them (and releases the lease the request names) on the engine thread.
+#include <cstring>
+
+#include "common/log.h"
+#include "common/status.h"
+#include "common/strings.h"
+#include "transport/asio_completion.h"
+#include "transport/base64.h"
+#include "worker/agent_internal.h"
+
+namespace kvf::worker {
+
+using agent_internal::kAwait;
+using agent_internal::kMs;
+using agent_internal::steadyNanos;
+namespace kt = kvf::transport;
+
+namespace {
+
+// TEST ONLY fault: a scratch copy of the pinned blocks with one damaged byte per block.
+absl::StatusOr<std::shared_ptr<kt::MemoryRegion>> corruptCopy(kt::TransportContext& ctx,
+                                                              const std::byte* pool,
+                                                              std::vector<kt::BlockCopy>& blocks,
+                                                              std::vector<uint64_t>* good_sums) {
+  uint64_t bytes = 0;
+  for (const auto& b : blocks) bytes += b.length;
+  KVF_ASSIGN_OR_RETURN(auto scratch, ctx.allocateMemory(bytes));
+  auto* dst = static_cast<std::byte*>(scratch->data());
+  uint64_t offset = 0;
+  for (auto& b : blocks) {
+    std::memcpy(dst + offset, pool + b.local_offset, b.length);
+    good_sums->push_back(kt::blockChecksum(dst + offset, b.length));
+    dst[offset + b.length / 2] ^= std::byte{0x5a};
+    b.local_offset = offset;
+    offset += b.length;
+  }
+  return scratch;
+}
+
+}  // namespace
+
+asio::awaitable<absl::StatusOr<protocol::PushResponse>> WorkerAgent::Impl::servePush(
+    protocol::PushRequest req) {
+  const Nanos received = steadyNanos();
+  KVF_CO_ASSIGN_OR_RETURN(std::string peer,
+                          kt::base64Decode(req.receiver_address, limits.max_blob_bytes));
+  KVF_CO_ASSIGN_OR_RETURN(std::string rkey, kt::base64Decode(req.rkey, limits.max_blob_bytes));
+  if (options.fault == "stall") {
+    asio::steady_timer stall(ioc);
+    stall.expires_after(std::chrono::milliseconds(options.fault_stall_ms));
+    co_await stall.async_wait(kAwait);
+  }
+  // Named: GCC 12 mishandles temporaries inside co_await.
+  auto pin = [this, hashes = req.block_hashes] { return adapter.pinLeadingRun(hashes); };
+  std::vector<BlockIndex> pinned = co_await onEngineThread(std::move(pin));
+  protocol::PushResponse out;
+  const size_t k = std::min(pinned.size(), req.block_hashes.size());
+  const auto split = req.block_hashes.begin() + static_cast<std::ptrdiff_t>(k);
+  out.pushed_hashes.assign(req.block_hashes.begin(), split);
+  out.missing_hashes.assign(split, req.block_hashes.end());
+  absl::StatusOr<kt::PutResult> result = kt::PutResult{};
+  if (k > 0) {
+    const uint64_t bytes = geometry.block_bytes;
+    kt::PutRequest put;
+    put.source = pool_region;
+    put.peer_address = std::move(peer);
+    put.peer_rkey = std::move(rkey);
+    for (size_t i = 0; i < k; ++i) {
+      put.blocks.push_back({pinned[i] * bytes, req.block_addrs[i], bytes});
+    }
+    // Even when late, push with a usable deadline: the receiver may have given up, and only
+    // the completion notice (or our death) lets it reuse the landing blocks it quarantined.
+    Nanos left = req.deadline_ms * kMs - (steadyNanos() - received);
+    put.deadline = std::chrono::milliseconds(std::max<Nanos>(200, left / kMs));
+    put.checksums = kt::ChecksumMode::kCompute;
+    put.landing_id = req.landing_id;
+    if (options.fault == "corrupt" || options.fault == "corrupt_content") {
+      std::vector<uint64_t> good;
+      auto* pool = static_cast<const std::byte*>(pool_region->data());
+      auto scratch = corruptCopy(*transport, pool, put.blocks, &good);
+      if (scratch.ok()) {
+        put.source = *scratch;
+        if (options.fault == "corrupt") {
+          put.checksums = kt::ChecksumMode::kProvided;
+          put.provided_checksums = std::move(good);
+        }
+      } else {
+        result = scratch.status();
+      }
+    }
+    if (result.ok()) {
+      out.put_issued = true;
+      result = co_await kt::asyncPut(*transport, put, asio::use_awaitable);
+    }
+    if (put.source != pool_region) put.source->release([] {});
+  }
+  auto unpin = [this, pushed = out.pushed_hashes, lease = req.lease_id] {
+    if (!pushed.empty()) adapter.unpin(pushed);
+    if (!lease.empty()) releaseLease(lease);  // the lease served its purpose
+    return true;
+  };
+  co_await onEngineThread(std::move(unpin));
+  if (!result.ok()) {
+    out.error = std::string(result.status().message());
+    log::warn("kv push failed", "request", req.request_id, "blocks", k, "error", out.error);
+  } else if (k > 0) {
+    out.pushed_bytes = result->bytes;
+    out.checksums = result->checksums;
+  }
+  co_return out;
+}
+
+}  // namespace kvf::worker
