@@ -14,7 +14,7 @@
 #include "common/config.h"
 #include "engine/engine_config.h"
 #include "engine/timing_model.h"
-#include "router/config.h"
+#include "router/core/config.h"
 #include "tests/fuzz/fuzz_check.h"
 
 namespace {
