@@ -1,5 +1,5 @@
 // Active health checks (eject after consecutive failures, re-admit after passes), the engine
-// load scrape from /metrics, and application of KV-event updates to the cache index.
+// load scrape from /metrics (and the KV capacity it declares), and the periodic KV-event check.
 #include <chrono>
 
 #include <boost/asio/as_tuple.hpp>
@@ -57,6 +57,8 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
       if (!instance->check_healthy &&
           ++instance->check_passes >= config_.health.healthy_threshold) {
         instance->check_healthy = true;
+        // What it held before the ejection is unknown now; its events rebuild the index.
+        resetKvInstance(*instance, "readmitted");
         log::info("instance re-admitted", "instance", instance->config.id);
       }
     } else {
@@ -85,47 +87,12 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
         if (auto v = sampleValue(metrics->body, "vllm:kv_cache_usage_perc")) {
           instance->kv_usage = *v;
         }
+        learnKvCapacity(*instance, metrics->body);
       }
     }
+    checkKvEvents(*instance);
     timer.expires_after(interval);
     co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
-  }
-}
-
-void Router::applyKvUpdate(int slot, uint64_t generation, KvUpdate& update) {
-  std::shared_ptr<Instance> instance = slots_[slot];
-  if (!instance || instance->generation != generation || instance->removed) return;
-  if (update.kind == KvUpdate::Kind::kReset) {
-    index_.clearInstance(slot);
-    instance->kv_resets->inc();
-    log::warn("KV index reset for instance", "instance", instance->config.id, "reason",
-              update.reason);
-    return;
-  }
-  instance->kv_batches->inc();
-  double now_wall =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  if (update.batch.ts > 0)
-    metrics_->kv_event_lag_seconds->observe(std::max(0.0, now_wall - update.batch.ts));
-  for (KvEvent& event : update.batch.events) {
-    // Only the GPU prefix cache makes a request's prefill cheaper the way the policy assumes.
-    bool gpu = event.medium.empty() || event.medium == "GPU";
-    switch (event.kind) {
-      case KvEventKind::kBlockStored:
-        if (!gpu || !index_.storeBlocks(slot, event.stored)) metrics_->kv_events_ignored->inc();
-        break;
-      case KvEventKind::kBlockRemoved:
-        if (gpu) {
-          index_.removeBlocks(slot, event.removed);
-        } else {
-          metrics_->kv_events_ignored->inc();
-        }
-        break;
-      case KvEventKind::kAllBlocksCleared:
-        index_.clearInstance(slot);
-        instance->kv_resets->inc();
-        break;
-    }
   }
 }
 

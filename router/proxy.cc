@@ -1,5 +1,6 @@
 // Request path: parse, decide, forward with bounded retries, pass the response through, and
 // close the loop (load accounting, predicted vs actual cached tokens, decision log).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -52,7 +53,9 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
   if (!ctx.parsed.has_token_ids && config_.tokenize && !(co_await tokenize(ctx, request))) {
     metrics_->tokenize_fallbacks->inc();
   }
-  if (!ctx.parsed.has_token_ids) {
+  if (isLoraAdapter(ctx.parsed.model)) ctx.parsed.extra_keys.lora_name = ctx.parsed.model;
+  if (!ctx.parsed.has_token_ids || !ctx.parsed.extra_keys.empty()) {
+    // Text, or blocks the engine keys by adapter, salt or multimodal items: hashed whole here.
     ctx.hashes = requestHashes(ctx.parsed, config_.index.block_size);
     ctx.hashes_complete = true;
   }
@@ -125,6 +128,11 @@ asio::awaitable<bool> Router::tokenize(RequestContext& ctx, const http::Request&
   co_return true;
 }
 
+bool Router::isLoraAdapter(std::string_view model) const {
+  return std::find(config_.lora_adapters.begin(), config_.lora_adapters.end(), model) !=
+         config_.lora_adapters.end();
+}
+
 void Router::completeHashes(RequestContext& ctx) const {
   if (ctx.hashes_complete) return;
   policy::completeBlockHashes(ctx.parsed.token_ids, config_.index.block_size, &ctx.hashes);
@@ -194,6 +202,7 @@ bool Router::decide(RequestContext& ctx) {
   ctx.decision.predicted_cached_tokens = std::min(ctx.decision.predicted_cached_tokens, cacheable);
   ctx.uncached_tokens = ctx.parsed.prompt_tokens - ctx.decision.predicted_cached_tokens;
   chosen->running += 1;
+  chosen->routed_since_kv_event += 1;
   chosen->pending_prefill_tokens += ctx.uncached_tokens;
   chosen->ongoing_tokens += ctx.parsed.prompt_tokens + ctx.parsed.max_tokens;
   ctx.prefill_pending = true;
@@ -371,7 +380,10 @@ void Router::finishRequest(RequestContext& ctx) {
     instance->actual_cached_tokens->inc(static_cast<double>(actual));
     metrics_->prediction_error_tokens->observe(static_cast<double>(std::llabs(predicted - actual)));
     if (actual < predicted) metrics_->silent_misses->inc();
-    if (actual > predicted) metrics_->unpredicted_hits->inc();
+    if (actual > predicted) {
+      metrics_->unpredicted_hits->inc();
+      instance->unpredicted_hit_tokens->inc(static_cast<double>(actual - predicted));
+    }
   }
   Nanos now = clock_.now();
   metrics_->request_seconds->observe(nanosToSeconds(now - ctx.start));
