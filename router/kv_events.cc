@@ -104,6 +104,31 @@ void Router::startKvSubscribers(const std::shared_ptr<Instance>& instance) {
         },
         options));
   }
+  // The subscribers' sequencing counters, summed over the instance's ranks.
+  std::weak_ptr<Instance> weak_instance = instance;
+  auto stat = [&](std::string_view name, std::string_view help,
+                  std::atomic<uint64_t> KvSubscriberStats::*field) {
+    registry_.callback(name, help, metrics::MetricType::kCounter, {{"instance", config.id}},
+                       [weak_instance, field] {
+                         auto i = weak_instance.lock();
+                         double sum = 0;
+                         if (!i) return sum;
+                         for (const auto& s : i->subscribers) sum += (s->stats().*field).load();
+                         return sum;
+                       });
+  };
+  stat("kvfabric_router_instance_kv_gaps_total",
+       "Sequence gaps seen on the instance's KV event streams", &KvSubscriberStats::gaps);
+  stat("kvfabric_router_instance_kv_replayed_total",
+       "KV event batches recovered through the replay socket", &KvSubscriberStats::replayed);
+  stat("kvfabric_router_instance_kv_unrecovered_gaps_total",
+       "Gaps the replay could not fill (each resets the rank's index)",
+       &KvSubscriberStats::unrecovered_gaps);
+  stat("kvfabric_router_instance_kv_restarts_total",
+       "Engine restarts seen as a sequence going back", &KvSubscriberStats::restarts);
+  stat("kvfabric_router_instance_kv_late_joins_total",
+       "Streams first seen past seq 0 with the history before lost",
+       &KvSubscriberStats::late_joins);
 }
 
 void Router::setKvState(Instance& instance, size_t state) {
