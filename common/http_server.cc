@@ -21,6 +21,7 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/sse.h"
+#include "common/status.h"
 #include "common/strings.h"
 
 namespace kvf::http {
@@ -44,7 +45,13 @@ asio::awaitable<absl::Status> ResponseWriter::sendError(int status, std::string_
 }
 
 asio::awaitable<absl::Status> ResponseWriter::sendStatus(const absl::Status& status) {
-  co_return co_await sendError(httpStatusFor(status), std::string(status.message()));
+  int code = httpStatusFor(status);
+  std::optional<std::string> param = paramOf(status);
+  const std::string message(status.message());
+  if (!param && code >= 400 && code < 500) param = json::paramFromMessage(message);
+  co_return co_await sendJson(
+      code, json::errorBody(message, json::errorTypeForStatus(code), code,
+                            param ? std::optional<std::string_view>(*param) : std::nullopt));
 }
 
 asio::awaitable<absl::Status> ResponseWriter::writeEvent(std::string_view data) {

@@ -13,8 +13,10 @@ namespace kvf::engine {
 namespace bj = boost::json;
 namespace {
 
+// `param` (OpenAI's and vLLM's error.param) is the top-level field: "prompt" for "prompt[3]".
 absl::Status invalid(std::string_view field, std::string_view what) {
-  return absl::InvalidArgumentError(strCat(field, ": ", what));
+  return withParam(absl::InvalidArgumentError(strCat(field, ": ", what)),
+                   field.substr(0, field.find_first_of("[.")));
 }
 
 absl::StatusOr<std::vector<TokenId>> tokenIds(const bj::array& arr, std::string_view field,
