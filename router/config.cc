@@ -179,6 +179,12 @@ void parseRoot(config::ConfigMap& root, RouterConfig* out) {
     k->rejectUnknownKeys();
   }
   root.get("lora_adapters", &out->lora_adapters);
+  if (auto r = root.map("requests")) {
+    r->get("default_max_tokens", &out->default_max_tokens, 0, int64_t{1} << 32);
+    r->get("max_tokens_limit", &out->max_tokens_limit, 0, int64_t{1} << 32);
+    r->get("max_model_len", &out->max_model_len, 0, int64_t{1} << 32);
+    r->rejectUnknownKeys();
+  }
   root.get("decision_log", &out->decision_log);
   if (auto a = root.map("admin")) {
     a->get("token", &out->admin_token);

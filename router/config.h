@@ -86,6 +86,14 @@ struct RouterConfig {
   // hashed with the adapter's name, as the engine hashes its blocks. Any other model name is a
   // base model.
   std::vector<std::string> lora_adapters;
+  // Output tokens (the `requests:` block): a request without max_tokens gets
+  // default_max_tokens (0: vLLM's default, 16 for completions and the rest of the context for
+  // chat); a larger one is capped at max_tokens_limit (0: none). Either rewrites the body the
+  // engine sees; the load accounting uses the value the engine will use. max_model_len (0:
+  // learned from the engines' /v1/models) sizes chat's "rest of the context".
+  int64_t default_max_tokens = 0;
+  int64_t max_tokens_limit = 0;
+  int64_t max_model_len = 0;
   // io.busy_poll_us: after handling an event, the io thread polls without sleeping for this
   // long before it blocks (0: block at once). See docs/router.md ("io").
   Nanos busy_poll = 0;

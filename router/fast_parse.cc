@@ -116,6 +116,7 @@ class TokenCompletionScanner {
         uint64_t v = 0;
         if (!readPlainInteger(static_cast<uint64_t>(INT64_MAX), &v)) return false;
         out.max_tokens = static_cast<int64_t>(v);
+        out.max_tokens_given = true;
         return true;
       }
       default:

@@ -7,6 +7,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "common/http_client.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "router/kv_subscriber.h"
 #include "router/router.h"
@@ -36,6 +37,19 @@ std::optional<double> sampleValue(std::string_view text, std::string_view name) 
     pos = after;
   }
   return std::nullopt;
+}
+
+// The first model card's max_model_len in a /v1/models answer.
+std::optional<int64_t> maxModelLen(std::string_view body) {
+  auto object = json::parseObject(body);
+  if (!object.ok()) return std::nullopt;
+  const auto* data = object->if_contains("data");
+  if (data == nullptr || !data->is_array() || data->as_array().empty()) return std::nullopt;
+  const auto& card = data->as_array()[0];
+  if (!card.is_object()) return std::nullopt;
+  auto len = json::getInt(card.as_object(), "max_model_len");
+  if (!len.ok() || *len <= 0) return std::nullopt;
+  return *len;
 }
 
 }  // namespace
@@ -88,6 +102,18 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
           instance->kv_usage = *v;
         }
         learnKvCapacity(*instance, metrics->body);
+      }
+    }
+    if (ok && config_.max_model_len == 0 && learned_max_model_len_ == 0) {
+      // vLLM's model cards carry max_model_len: chat's default output is the rest of it.
+      http::ClientRequest models;
+      models.method = "GET";
+      models.target = "/v1/models";
+      models.read_timeout = timeout;
+      auto cards = co_await instance->client->request(std::move(models));
+      if (instance->removed || stopped_) break;
+      if (cards.ok() && cards->status == 200) {
+        if (auto len = maxModelLen(cards->body)) learned_max_model_len_ = *len;
       }
     }
     checkKvEvents(*instance);

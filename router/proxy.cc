@@ -26,7 +26,7 @@ log::RateLimitedLog upstream_log;
 
 }  // namespace
 
-asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request& request,
+asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request& incoming,
                                                http::ResponseWriter& writer) {
   ++*in_flight_;
   struct InFlight {
@@ -36,15 +36,31 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
   RequestContext ctx;
   ctx.start = clock_.now();
   ctx.kind = kind;
-  ctx.id = strCat("kvf-", next_request_++);
-  auto* read_ahead = dynamic_cast<PromptReadAhead*>(request.body_observer.get());
-  auto parsed = parseRequest(kind, request, read_ahead ? read_ahead->prefetch() : nullptr);
+  // Unique across router restarts: engines and logs key on it.
+  ctx.id = strCat("kvf-", request_prefix_, "-", next_request_++);
+  auto* read_ahead = dynamic_cast<PromptReadAhead*>(incoming.body_observer.get());
+  auto parsed = parseRequest(kind, incoming, read_ahead ? read_ahead->prefetch() : nullptr);
   if (!parsed.ok()) {
     metrics_->requests_client_error->inc();
     co_await writer.sendStatus(parsed.status());
     co_return;
   }
   ctx.parsed = std::move(*parsed);
+  // The output tokens the engine will generate: the body carries the router's default or cap
+  // where one applies, and the load accounting uses that value.
+  const int64_t effective = effectiveMaxTokens(
+      ctx.parsed, kind, config_.default_max_tokens, config_.max_tokens_limit,
+      config_.max_model_len > 0 ? config_.max_model_len : learned_max_model_len_);
+  std::optional<http::Request> rewritten;
+  if ((!ctx.parsed.max_tokens_given && config_.default_max_tokens > 0) ||
+      (ctx.parsed.max_tokens_given && effective != ctx.parsed.max_tokens)) {
+    if (std::optional<std::string> body = withMaxTokens(incoming.body, effective)) {
+      rewritten.emplace(incoming);
+      rewritten->body = std::move(*body);
+    }
+  }
+  ctx.parsed.max_tokens = effective;
+  const http::Request& request = rewritten ? *rewritten : incoming;
   if (read_ahead && read_ahead->prefetch() && read_ahead->prefetch()->used()) {
     // Most blocks were hashed while the body arrived; hash the rest.
     ctx.hashes = read_ahead->takeHashes();
@@ -204,7 +220,8 @@ bool Router::decide(RequestContext& ctx) {
   chosen->running += 1;
   chosen->routed_since_kv_event += 1;
   chosen->pending_prefill_tokens += ctx.uncached_tokens;
-  chosen->ongoing_tokens += ctx.parsed.prompt_tokens + ctx.parsed.max_tokens;
+  chosen->ongoing_tokens = saturatingAdd(
+      chosen->ongoing_tokens, saturatingAdd(ctx.parsed.prompt_tokens, ctx.parsed.max_tokens));
   ctx.prefill_pending = true;
   ctx.load_held = true;
   ctx.predicted = false;
@@ -370,7 +387,9 @@ void Router::finishRequest(RequestContext& ctx) {
   releasePeer(ctx);
   if (instance != nullptr && ctx.load_held) {
     instance->running -= 1;
-    instance->ongoing_tokens -= ctx.parsed.prompt_tokens + ctx.parsed.max_tokens;
+    instance->ongoing_tokens =
+        std::max<int64_t>(0, instance->ongoing_tokens -
+                                 saturatingAdd(ctx.parsed.prompt_tokens, ctx.parsed.max_tokens));
     ctx.load_held = false;
   }
   recordTransferOutcome(ctx);

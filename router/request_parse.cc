@@ -203,8 +203,13 @@ absl::StatusOr<ParsedRequest> parseRequestDom(ApiKind kind, const http::Request&
   }
   out.model = std::string(*model);
   KVF_ASSIGN_OR_RETURN(out.stream, json::getBoolOr(body, "stream", false));
-  int64_t default_max = kind == ApiKind::kCompletions ? 16 : 256;
-  KVF_ASSIGN_OR_RETURN(out.max_tokens, json::getIntOr(body, "max_tokens", default_max));
+  auto given = [&](std::string_view key) {
+    const bj::value* v = body.if_contains(key);
+    return v != nullptr && !v->is_null();
+  };
+  out.max_tokens_given =
+      given("max_tokens") || (kind == ApiKind::kChat && given("max_completion_tokens"));
+  KVF_ASSIGN_OR_RETURN(out.max_tokens, json::getIntOr(body, "max_tokens", 16));
   if (kind == ApiKind::kChat) {
     KVF_ASSIGN_OR_RETURN(out.max_tokens,
                          json::getIntOr(body, "max_completion_tokens", out.max_tokens));
@@ -233,6 +238,30 @@ absl::StatusOr<ParsedRequest> parseRequestDom(ApiKind kind, const http::Request&
   }
   KVF_RETURN_IF_ERROR(applySession(request, body_user, &out));
   return out;
+}
+
+int64_t effectiveMaxTokens(const ParsedRequest& request, ApiKind kind, int64_t default_max_tokens,
+                           int64_t max_tokens_limit, int64_t max_model_len) {
+  int64_t value = request.max_tokens;
+  if (!request.max_tokens_given) {
+    if (default_max_tokens > 0) {
+      value = default_max_tokens;
+    } else if (kind == ApiKind::kChat && max_model_len > 0) {
+      value = std::max<int64_t>(0, max_model_len - request.prompt_tokens);
+    } else {
+      value = 16;
+    }
+  }
+  if (max_tokens_limit > 0) value = std::min(value, max_tokens_limit);
+  return std::max<int64_t>(0, value);
+}
+
+std::optional<std::string> withMaxTokens(std::string_view body, int64_t max_tokens) {
+  auto object = json::parseObject(body);
+  if (!object.ok()) return std::nullopt;
+  (*object)["max_tokens"] = max_tokens;
+  if (object->contains("max_completion_tokens")) (*object)["max_completion_tokens"] = max_tokens;
+  return bj::serialize(*object);
 }
 
 std::vector<policy::BlockHash> requestHashes(const ParsedRequest& request, size_t block_size) {

@@ -31,6 +31,9 @@ struct ParsedRequest {
   std::string text;
   int64_t prompt_tokens = 0;  // exact for token ids, estimated (bytes / 4) for text
   int64_t max_tokens = 16;
+  // Whether the body set max_tokens (chat: or max_completion_tokens); unset, vLLM decides
+  // (completions: 16, chat: the rest of the context) and so does effectiveMaxTokens().
+  bool max_tokens_given = false;
   // What the engine folds into the prompt's block hashes besides its tokens: cache_salt,
   // multimodal items (the kvfabric_mm_items extension field) and, set by the router from its
   // lora_adapters list, the LoRA adapter's name (docs/vllm.md).
@@ -54,6 +57,17 @@ absl::StatusOr<ParsedRequest> parseRequest(ApiKind kind, const http::Request& re
                                            TokenPromptPrefetch* prefetch = nullptr);
 // The general path alone (tests compare the two paths with it).
 absl::StatusOr<ParsedRequest> parseRequestDom(ApiKind kind, const http::Request& request);
+
+// The output tokens a request may generate, as its engine will see them: the body's value, else
+// `default_max_tokens` (0: vLLM's own default: 16 for completions, the rest of the context,
+// max_model_len - prompt, for chat; 16 where max_model_len is unknown (0)), capped by
+// `max_tokens_limit` (0: none). Never negative.
+int64_t effectiveMaxTokens(const ParsedRequest& request, ApiKind kind, int64_t default_max_tokens,
+                           int64_t max_tokens_limit, int64_t max_model_len);
+
+// The body with "max_tokens" set to `max_tokens` (and, for chat, "max_completion_tokens" too
+// where the body has it); nullopt when the body is not a JSON object.
+std::optional<std::string> withMaxTokens(std::string_view body, int64_t max_tokens);
 
 // The block hashes to match for a parsed request (token or text domain), keyed by its extra
 // keys as the engine keys them.

@@ -1,5 +1,7 @@
 #include "router/router.h"
 
+#include <random>
+
 #include <zmq.hpp>
 
 #include <boost/asio/co_spawn.hpp>
@@ -20,7 +22,10 @@ Router::Router(asio::io_context& ioc, RouterConfig config, const Clock& clock)
       clock_(clock),
       index_(config_.index),
       policy_(policy::createPolicy(config_.policy)),
-      slots_(policy::kMaxInstances) {}
+      slots_(policy::kMaxInstances) {
+  std::random_device random;
+  request_prefix_ = fmt::format("{:08x}", random());
+}
 
 Router::~Router() { stop(); }
 

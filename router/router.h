@@ -158,6 +158,8 @@ class Router : public std::enable_shared_from_this<Router> {
   std::vector<std::shared_ptr<Instance>> slots_;  // index = cache-index instance number
   uint64_t next_generation_ = 1;
   uint64_t next_request_ = 1;
+  std::string request_prefix_;  // random per process: request ids stay unique across restarts
+  int64_t learned_max_model_len_ = 0;  // from an engine's /v1/models (max_model_len)
   // Shared with every request's coroutine frame: a frame still suspended when the router is
   // destroyed (shutdown, tests) is destroyed later by its io_context and must not touch it.
   std::shared_ptr<int64_t> in_flight_ = std::make_shared<int64_t>(0);

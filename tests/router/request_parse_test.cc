@@ -1,5 +1,6 @@
 #include "router/request_parse.h"
 
+#include "common/json.h"
 #include "router/fast_parse.h"
 
 #include <gtest/gtest.h>
@@ -424,6 +425,35 @@ TEST(RequestParseTest, ExtraKeysAreReadAndKeyTheHashes) {
                 message.find("kvfabric_mm_items") != std::string::npos)
         << message;
   }
+}
+
+// vLLM's defaults when max_tokens is unset (completions 16, chat the rest of the context),
+// the router's default and cap, and the body rewrite that carries them.
+TEST(RequestParseTest, EffectiveMaxTokensFollowsVllmAndTheRouterCaps) {
+  auto unset = parseRequest(ApiKind::kCompletions, post(R"({"model":"m","prompt":[1,2,3]})"));
+  auto chat = parseRequest(ApiKind::kChat,
+                           post(R"({"model":"m","messages":[{"role":"user","content":"hi"}]})"));
+  auto given = parseRequest(ApiKind::kChat, post(R"({"model":"m","max_completion_tokens":900,
+                                                     "messages":[{"role":"user","content":"a"}]})"));
+  auto fast = parseRequest(ApiKind::kCompletions,
+                           post(R"({"model":"m","prompt":[1,2,3],"max_tokens":40})"));
+  ASSERT_TRUE(unset.ok() && chat.ok() && given.ok() && fast.ok());
+  EXPECT_FALSE(unset->max_tokens_given);
+  EXPECT_FALSE(chat->max_tokens_given);
+  EXPECT_TRUE(given->max_tokens_given);
+  EXPECT_TRUE(fast->max_tokens_given);
+  EXPECT_EQ(effectiveMaxTokens(*unset, ApiKind::kCompletions, 0, 0, 4096), 16);
+  EXPECT_EQ(effectiveMaxTokens(*chat, ApiKind::kChat, 0, 0, 4096), 4096 - chat->prompt_tokens);
+  EXPECT_EQ(effectiveMaxTokens(*chat, ApiKind::kChat, 0, 1000, 4096), 1000);
+  EXPECT_EQ(effectiveMaxTokens(*chat, ApiKind::kChat, 64, 0, 4096), 64);
+  EXPECT_EQ(effectiveMaxTokens(*given, ApiKind::kChat, 64, 500, 4096), 500);
+  EXPECT_EQ(effectiveMaxTokens(*fast, ApiKind::kCompletions, 64, 0, 0), 40);
+  auto rewritten = withMaxTokens(R"({"model":"m","max_completion_tokens":900})", 500);
+  ASSERT_TRUE(rewritten.has_value());
+  auto obj = json::parseObject(*rewritten);
+  ASSERT_TRUE(obj.ok());
+  EXPECT_EQ(obj->at("max_tokens"), 500);
+  EXPECT_EQ(obj->at("max_completion_tokens"), 500);
 }
 
 }  // namespace
