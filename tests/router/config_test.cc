@@ -159,6 +159,7 @@ TEST(RouterConfigTest, VllmEventOptions) {
   auto config = parseRouterConfig(R"(
 lora_adapters: [sql-lora, chat-lora]
 kv_events: {max_message_bytes: 1048576, silent_after_s: 5}
+requests: {default_max_tokens: 256, max_tokens_limit: 4096, max_model_len: 32768}
 instances:
   - id: e0
     url: http://127.0.0.1:8100
@@ -171,6 +172,9 @@ instances:
   EXPECT_EQ(config->lora_adapters, (std::vector<std::string>{"sql-lora", "chat-lora"}));
   EXPECT_EQ(config->max_kv_event_bytes, 1048576u);
   EXPECT_EQ(config->kv_events_silent_after, 5 * kNanosPerSecond);
+  EXPECT_EQ(config->default_max_tokens, 256);
+  EXPECT_EQ(config->max_tokens_limit, 4096);
+  EXPECT_EQ(config->max_model_len, 32768);
   EXPECT_EQ(config->instances[0].kv_capacity_blocks, 17618u);
   EXPECT_EQ(config->instances[0].kv_events.data_parallel_size, 4);
   EXPECT_EQ(rankEndpoint("tcp://10.0.0.5:5557", 0), "tcp://10.0.0.5:5557");
