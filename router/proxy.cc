@@ -220,8 +220,7 @@ bool Router::decide(RequestContext& ctx) {
   chosen->running += 1;
   chosen->routed_since_kv_event += 1;
   chosen->pending_prefill_tokens += ctx.uncached_tokens;
-  chosen->ongoing_tokens = saturatingAdd(
-      chosen->ongoing_tokens, saturatingAdd(ctx.parsed.prompt_tokens, ctx.parsed.max_tokens));
+  chosen->ongoing_tokens += ctx.parsed.prompt_tokens + ctx.parsed.max_tokens;
   ctx.prefill_pending = true;
   ctx.load_held = true;
   ctx.predicted = false;
@@ -387,9 +386,7 @@ void Router::finishRequest(RequestContext& ctx) {
   releasePeer(ctx);
   if (instance != nullptr && ctx.load_held) {
     instance->running -= 1;
-    instance->ongoing_tokens =
-        std::max<int64_t>(0, instance->ongoing_tokens -
-                                 saturatingAdd(ctx.parsed.prompt_tokens, ctx.parsed.max_tokens));
+    instance->ongoing_tokens -= ctx.parsed.prompt_tokens + ctx.parsed.max_tokens;
     ctx.load_held = false;
   }
   recordTransferOutcome(ctx);

@@ -253,7 +253,7 @@ int64_t effectiveMaxTokens(const ParsedRequest& request, ApiKind kind, int64_t d
     }
   }
   if (max_tokens_limit > 0) value = std::min(value, max_tokens_limit);
-  return std::max<int64_t>(0, value);
+  return std::clamp<int64_t>(value, 0, kMaxOutputTokens);
 }
 
 std::optional<std::string> withMaxTokens(std::string_view body, int64_t max_tokens) {

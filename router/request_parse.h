@@ -44,6 +44,7 @@ struct ParsedRequest {
 };
 
 inline constexpr int64_t kBytesPerTokenEstimate = 4;
+inline constexpr int64_t kMaxOutputTokens = int64_t{1} << 40;
 // The request extension field that names a prompt's multimodal items:
 // [{"identifier": "<vLLM's item hash>", "offset": <first token>, "length": <tokens>}, ...].
 inline constexpr std::string_view kMmItemsField = "kvfabric_mm_items";
@@ -61,7 +62,8 @@ absl::StatusOr<ParsedRequest> parseRequestDom(ApiKind kind, const http::Request&
 // The output tokens a request may generate, as its engine will see them: the body's value, else
 // `default_max_tokens` (0: vLLM's own default: 16 for completions, the rest of the context,
 // max_model_len - prompt, for chat; 16 where max_model_len is unknown (0)), capped by
-// `max_tokens_limit` (0: none). Never negative.
+// `max_tokens_limit` (0: none). Within [0, kMaxOutputTokens]: a body may ask for 2^63 - 1
+// tokens, and the load accounting adds this to prompt lengths and other requests' values.
 int64_t effectiveMaxTokens(const ParsedRequest& request, ApiKind kind, int64_t default_max_tokens,
                            int64_t max_tokens_limit, int64_t max_model_len);
 

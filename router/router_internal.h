@@ -83,13 +83,6 @@ struct RequestContext {
   Nanos first_byte = 0;  // when the first response body bytes arrived (0: not yet)
 };
 
-// a + b for non-negative token counts, stopping at INT64_MAX instead of overflowing (a body may
-// ask for 2^63 - 1 output tokens).
-inline int64_t saturatingAdd(int64_t a, int64_t b) {
-  int64_t out = 0;
-  return __builtin_add_overflow(a, b, &out) ? INT64_MAX : out;
-}
-
 struct Router::Metrics {
   metrics::Counter* requests_ok;
   metrics::Counter* requests_client_error;
