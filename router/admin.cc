@@ -92,18 +92,19 @@ std::string Router::instancesJson() const {
     o["url"] = i->config.url;
     o["slot"] = i->slot;
     o["admitted"] = admitted(*i);
-    o["health_check_ok"] = i->check_healthy;
-    o["draining"] = i->draining;
-    o["circuit_open"] = clock_.now() < i->circuit_open_until;
-    o["running"] = i->running;
-    o["waiting"] = i->waiting;
-    o["pending_prefill_tokens"] = i->pending_prefill_tokens;
-    o["kv_usage"] = i->kv_usage;
+    const InstanceState& state = core_->instance(i->slot);
+    o["health_check_ok"] = state.check_healthy;
+    o["draining"] = state.draining;
+    o["circuit_open"] = clock_.now() < state.circuit_open_until;
+    o["running"] = state.running;
+    o["waiting"] = state.waiting;
+    o["pending_prefill_tokens"] = state.pending_prefill_tokens;
+    o["kv_usage"] = state.kv_usage;
     bj::object kv;
     kvEventsJson(*i, &kv);
     o["kv_events"] = std::move(kv);
     o["worker_url"] = i->config.worker_url;
-    o["index_blocks"] = index_.instanceBlocks(i->slot);
+    o["index_blocks"] = core_->index().instanceBlocks(i->slot);
     list.push_back(std::move(o));
   }
   bj::object out;
@@ -114,7 +115,7 @@ std::string Router::instancesJson() const {
     modes[policy::modeName(mode)] = decisions_by_mode_[static_cast<size_t>(mode)];
   }
   out["decisions_by_mode"] = std::move(modes);
-  out["offloads_in_flight"] = policy_->offloadsInFlight();
+  out["offloads_in_flight"] = core_->policy().offloadsInFlight();
   return bj::serialize(out);
 }
 
@@ -126,9 +127,9 @@ absl::StatusOr<std::string> Router::matchJson(const http::Request& request) {
   if (isLoraAdapter(parsed.model)) parsed.extra_keys.lora_name = parsed.model;
   const int64_t bs = static_cast<int64_t>(config_.index.block_size);
   std::vector<policy::BlockHash> hashes = requestHashes(parsed, config_.index.block_size);
-  index_.expire(clock_.now());
+  core_->index().expire(clock_.now());
   std::vector<uint32_t> matched(slots_.size());
-  index_.matchLengths(hashes, matched);
+  core_->index().matchLengths(hashes, matched);
   // As decide() predicts: engines recompute the last prompt token, so at most the full blocks
   // of the first prompt_tokens - 1 tokens hit.
   const int64_t cacheable = std::max<int64_t>(0, parsed.prompt_tokens - 1) / bs * bs;
@@ -222,9 +223,9 @@ asio::awaitable<void> Router::handleAdmin(const http::Request& request,
       co_return;
     }
     if (request.method == "POST" && (action == "drain" || action == "undrain")) {
-      instance->draining = action == "drain";
-      log::info("instance drain changed", "instance", instance->config.id, "draining",
-                instance->draining);
+      bool draining = action == "drain";
+      core_->setDraining(instance->slot, draining);
+      log::info("instance drain changed", "instance", instance->config.id, "draining", draining);
       co_await writer.sendJson(200, instancesJson());
       co_return;
     }

@@ -66,27 +66,22 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
     auto response = co_await instance->client->request(std::move(check));
     if (instance->removed || stopped_) break;
     bool ok = response.ok() && response->status == 200;
-    if (ok) {
-      instance->check_failures = 0;
-      if (!instance->check_healthy &&
-          ++instance->check_passes >= config_.health.healthy_threshold) {
-        instance->check_healthy = true;
+    switch (core_->healthCheck(instance->slot, ok)) {
+      case RoutingCore::HealthChange::kReadmitted:
         // What it held before the ejection is unknown now; its events rebuild the index.
         resetKvInstance(*instance, "readmitted");
         log::info("instance re-admitted", "instance", instance->config.id);
-      }
-    } else {
-      instance->check_passes = 0;
-      if (instance->check_healthy &&
-          ++instance->check_failures >= config_.health.unhealthy_threshold) {
-        instance->check_healthy = false;
+        break;
+      case RoutingCore::HealthChange::kEjected:
         instance->ejections->inc();
         // Connections to a failed engine are stale; a restarted one gets fresh ones.
         instance->client->closeIdle();
         log::warn("instance ejected", "instance", instance->config.id, "error",
                   response.ok() ? std::to_string(response->status)
                                 : std::string(response.status().message()));
-      }
+        break;
+      case RoutingCore::HealthChange::kNone:
+        break;
     }
     if (ok && config_.health.scrape_metrics) {
       http::ClientRequest scrape;
@@ -94,13 +89,14 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
       scrape.target = "/metrics";
       scrape.read_timeout = timeout;
       auto metrics = co_await instance->client->request(std::move(scrape));
+      if (instance->removed || stopped_) break;
       if (metrics.ok() && metrics->status == 200) {
+        std::optional<int64_t> waiting;
         if (auto v = sampleValue(metrics->body, "vllm:num_requests_waiting")) {
-          instance->waiting = static_cast<int64_t>(*v);
+          waiting = static_cast<int64_t>(*v);
         }
-        if (auto v = sampleValue(metrics->body, "vllm:kv_cache_usage_perc")) {
-          instance->kv_usage = *v;
-        }
+        core_->reportEngineLoad(instance->slot, waiting,
+                                sampleValue(metrics->body, "vllm:kv_cache_usage_perc"));
         learnKvCapacity(*instance, metrics->body);
       }
     }

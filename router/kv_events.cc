@@ -65,7 +65,7 @@ bool indexedGroup(Instance::KvStream& state, const KvEvent& event) {
 void Router::startKvSubscribers(const std::shared_ptr<Instance>& instance) {
   const InstanceConfig& config = instance->config;
   instance->kv_capacity_blocks = config.kv_capacity_blocks;
-  index_.setCapacity(instance->slot, static_cast<size_t>(config.kv_capacity_blocks));
+  core_->index().setCapacity(instance->slot, static_cast<size_t>(config.kv_capacity_blocks));
   instance->kv_state_gauges.clear();
   for (std::string_view state : kKvStates) {
     instance->kv_state_gauges.push_back(
@@ -139,7 +139,7 @@ void Router::setKvState(Instance& instance, size_t state) {
 }
 
 void Router::resetKvInstance(Instance& instance, std::string_view reason) {
-  index_.clearInstance(instance.slot);
+  core_->index().clearInstance(instance.slot);
   instance.tiers.clear();
   for (auto& stream : instance.kv_streams) stream.indexed_group.reset();
   instance.kv_last_reset = std::string(reason);
@@ -153,7 +153,7 @@ void Router::applyKvUpdate(int slot, uint64_t generation, int stream, KvUpdate& 
   Instance::KvStream& state = instance->kv_streams[static_cast<size_t>(stream)];
   if (update.kind == KvUpdate::Kind::kReset) {
     // The stream's history is unknown from here: what it held is dropped at once.
-    index_.clearStream(slot, stream);
+    core_->index().clearStream(slot, stream);
     state.indexed_group.reset();
     instance->tiers.clear();
     updateTierGauges(*instance);
@@ -203,13 +203,14 @@ void Router::applyKvUpdate(int slot, uint64_t generation, int stream, KvUpdate& 
     }
     switch (event.kind) {
       case KvEventKind::kBlockStored:
-        if (!index_.storeBlocks(slot, event.stored, stream)) metrics_->kv_events_ignored->inc();
+        if (!core_->index().storeBlocks(slot, event.stored, stream))
+          metrics_->kv_events_ignored->inc();
         break;
       case KvEventKind::kBlockRemoved:
-        index_.removeBlocks(slot, event.removed, stream);
+        core_->index().removeBlocks(slot, event.removed, stream);
         break;
       case KvEventKind::kAllBlocksCleared:
-        index_.clearStream(slot, stream);
+        core_->index().clearStream(slot, stream);
         instance->kv_last_reset = "all_blocks_cleared";
         instance->kv_resets->inc();
         break;
@@ -233,7 +234,7 @@ void Router::learnKvCapacity(Instance& instance, std::string_view metrics_body) 
   auto blocks = labelValue(metrics_body, "vllm:cache_config_info", "num_gpu_blocks");
   if (!blocks || *blocks == 0 || *blocks == instance.kv_capacity_blocks) return;
   instance.kv_capacity_blocks = *blocks;
-  index_.setCapacity(instance.slot, static_cast<size_t>(*blocks));
+  core_->index().setCapacity(instance.slot, static_cast<size_t>(*blocks));
   log::info("learned KV capacity", "instance", instance.config.id, "blocks", *blocks);
 }
 
@@ -292,7 +293,7 @@ void Router::kvEventsJson(const Instance& instance, boost::json::object* out) co
   o["indexed_group"] = std::move(groups);  // per data-parallel rank
   o["last_seq"] = std::move(seqs);
   boost::json::object tiers;
-  tiers["GPU"] = index_.instanceBlocks(instance.slot);
+  tiers["GPU"] = core_->index().instanceBlocks(instance.slot);
   for (const auto& [medium, blocks] : instance.tiers.summary()) tiers[medium] = blocks;
   o["tier_blocks"] = std::move(tiers);
 }

@@ -414,8 +414,7 @@ TEST(RequestParseTest, ExtraKeysAreReadAndKeyTheHashes) {
   unsalted_text.extra_keys = {};
   EXPECT_NE(requestHashes(*text, 4), requestHashes(unsalted_text, 4));
 
-  for (const char* bad : {R"(,"cache_salt":"")", R"(,"cache_salt":7)",
-                          R"(,"kvfabric_mm_items":{})",
+  for (const char* bad : {R"(,"cache_salt":"")", R"(,"cache_salt":7)", R"(,"kvfabric_mm_items":{})",
                           R"(,"kvfabric_mm_items":[{"identifier":"a","offset":-1,"length":1}])",
                           R"(,"kvfabric_mm_items":[{"offset":0,"length":1}])"}) {
     auto p = parseRequest(ApiKind::kCompletions, post(tokenBody(bad)));
