@@ -135,8 +135,14 @@ void encodeStoredMap(Encoder& e, const BlockStored& ev) {
   if (ev.locality) e.str("locality").str(*ev.locality);  // map events only, as in vLLM
 }
 
+bool hasLocality(const KvEvent& event) {
+  if (const auto* s = std::get_if<BlockStored>(&event)) return s->locality.has_value();
+  if (const auto* r = std::get_if<BlockRemoved>(&event)) return r->locality.has_value();
+  return false;
+}
+
 void encodeEvent(Encoder& e, const KvEvent& event, KvEventLayout layout) {
-  const bool map = layout == KvEventLayout::kMap;
+  const bool map = layout == KvEventLayout::kMap || hasLocality(event);
   std::visit(
       [&](const auto& ev) {
         using T = std::decay_t<decltype(ev)>;

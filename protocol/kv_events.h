@@ -70,7 +70,11 @@ struct KvEventBatch {
   // events (map keys, or array elements past the last known position) it does not know.
   uint32_t skipped_events = 0;
   uint32_t ignored_fields = 0;
-  bool operator==(const KvEventBatch&) const = default;
+  // The batch's content; what the decoder skipped is not part of it (it does not survive an
+  // encode and decode).
+  bool operator==(const KvEventBatch& o) const {
+    return ts == o.ts && events == o.events && data_parallel_rank == o.data_parallel_rank;
+  }
 };
 
 enum class KvEventLayout {
@@ -79,7 +83,9 @@ enum class KvEventLayout {
 };
 
 // The msgpack EventBatch. Optional fields that are unset are omitted as msgspec omits defaults
-// (in the array layout only trailing ones; BlockStored always carries lora_id and medium).
+// (in the array layout only trailing ones; BlockStored always carries lora_id and medium). An
+// event with `locality` is written as a map even in the array layout: vLLM has that field only
+// in map events, and no position for it.
 std::string encodeEventBatch(const KvEventBatch& batch,
                              KvEventLayout layout = KvEventLayout::kArray);
 

@@ -179,6 +179,12 @@ TEST(VllmFixturesTest, EveryFixtureDecodesToItsSidecar) {
     }
     EXPECT_EQ(batch->skipped_events, meaning.at("skipped_events").as_array().size());
     EXPECT_EQ(batch->ignored_fields, meaning.at("ignored_fields").as_array().size());
+    // What was decoded survives our encoder in both layouts (locality included).
+    for (KvEventLayout layout : {KvEventLayout::kArray, KvEventLayout::kMap}) {
+      auto again = decodeEventBatch(encodeEventBatch(*batch, layout));
+      ASSERT_TRUE(again.ok()) << again.status();
+      EXPECT_EQ(*again, *batch) << "layout " << static_cast<int>(layout);
+    }
   }
 }
 
