@@ -17,11 +17,11 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "common/error_body.h"
 #include "common/http_io.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "common/sse.h"
-#include "common/status.h"
 #include "common/strings.h"
 
 namespace kvf::http {
@@ -46,12 +46,13 @@ asio::awaitable<absl::Status> ResponseWriter::sendError(int status, std::string_
 
 asio::awaitable<absl::Status> ResponseWriter::sendStatus(const absl::Status& status) {
   int code = httpStatusFor(status);
-  std::optional<std::string> param = paramOf(status);
+  std::optional<std::string> param = json::paramOf(status);
   const std::string message(status.message());
   if (!param && code >= 400 && code < 500) param = json::paramFromMessage(message);
   co_return co_await sendJson(
-      code, json::errorBody(message, json::errorTypeForStatus(code), code,
-                            param ? std::optional<std::string_view>(*param) : std::nullopt));
+      code,
+      json::errorBodyWithParam(message, json::errorTypeForStatus(code), code,
+                               param ? std::optional<std::string_view>(*param) : std::nullopt));
 }
 
 asio::awaitable<absl::Status> ResponseWriter::writeEvent(std::string_view data) {

@@ -25,16 +25,8 @@ absl::StatusOr<bj::value> parse(std::string_view text, int max_depth = 64,
 absl::StatusOr<bj::object> parseObject(std::string_view text, int max_depth = 64,
                                        bj::storage_ptr storage = {});
 
-// `{"error": {"message": ..., "type": ..., "param": ..., "code": ...}}` as serialized text, the
-// shape vLLM (v0.10.1 on) and OpenAI send: `param` the request field at fault (null when none),
-// `code` the HTTP status.
-std::string errorBody(std::string_view message, std::string_view type, int code,
-                      std::optional<std::string_view> param = std::nullopt);
-
-// The request field a validation message names, for `param` where the error did not carry one:
-// `missing field "x"`, `"x" must ...`, `'x' must ...`, `x[3] ...`, `x.y ...`, `x: ...`;
-// nullopt when it names none.
-std::optional<std::string> paramFromMessage(std::string_view message);
+// `{"error": {"message": ..., "type": ..., "code": ...}}` as serialized text.
+std::string errorBody(std::string_view message, std::string_view type, int code);
 
 // The OpenAI error `type` conventionally used for an HTTP status.
 std::string_view errorTypeForStatus(int status);

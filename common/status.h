@@ -3,14 +3,11 @@
 // Header-only; safe from any thread.
 #pragma once
 
-#include <optional>
 #include <string>
-#include <string_view>
 #include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/cord.h"
 #include "common/strings.h"
 
 #define KVF_STATUS_CONCAT_INNER_(a, b) a##b
@@ -50,28 +47,10 @@
 
 namespace kvf {
 
-// The request parameter an error is about (OpenAI's and vLLM's `error.param`), carried on the
-// status so the HTTP layer can put it in the error body.
-inline constexpr char kParamPayloadUrl[] = "type.kvfabric/param";
-inline absl::Status withParam(absl::Status status, std::string_view param) {
-  if (!status.ok()) {
-    status.SetPayload(kParamPayloadUrl, absl::Cord(absl::string_view(param.data(), param.size())));
-  }
-  return status;
-}
-inline std::optional<std::string> paramOf(const absl::Status& status) {
-  auto param = status.GetPayload(kParamPayloadUrl);
-  if (!param) return std::nullopt;
-  return std::string(*param);
-}
-
-// Prepends context to a non-OK status, keeping its code (and its param): "loading trace:
-// <original>".
+// Prepends context to a non-OK status, keeping its code: "loading trace: <original>".
 inline absl::Status annotate(const absl::Status& status, std::string_view context) {
   if (status.ok()) return status;
-  absl::Status out(status.code(), strCat(context, ": ", std::string(status.message())));
-  if (auto param = paramOf(status)) out = withParam(std::move(out), *param);
-  return out;
+  return absl::Status(status.code(), strCat(context, ": ", std::string(status.message())));
 }
 
 }  // namespace kvf
