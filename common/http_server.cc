@@ -17,6 +17,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include "common/error_body.h"
 #include "common/http_io.h"
 #include "common/http_request_parser.h"
 #include "common/json.h"
@@ -45,7 +46,14 @@ asio::awaitable<absl::Status> ResponseWriter::sendError(int status, std::string_
 }
 
 asio::awaitable<absl::Status> ResponseWriter::sendStatus(const absl::Status& status) {
-  co_return co_await sendError(httpStatusFor(status), std::string(status.message()));
+  int code = httpStatusFor(status);
+  std::optional<std::string> param = json::paramOf(status);
+  const std::string message(status.message());
+  if (!param && code >= 400 && code < 500) param = json::paramFromMessage(message);
+  co_return co_await sendJson(
+      code,
+      json::errorBodyWithParam(message, json::errorTypeForStatus(code), code,
+                               param ? std::optional<std::string_view>(*param) : std::nullopt));
 }
 
 asio::awaitable<absl::Status> ResponseWriter::writeEvent(std::string_view data) {

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "common/error_body.h"
 #include "common/strings.h"
 
 namespace kvf::json {
@@ -52,13 +53,7 @@ absl::StatusOr<bj::object> parseObject(std::string_view text, int max_depth,
 }
 
 std::string errorBody(std::string_view message, std::string_view type, int code) {
-  bj::object error;
-  error["message"] = bj::string_view(message.data(), message.size());
-  error["type"] = bj::string_view(type.data(), type.size());
-  error["code"] = code;
-  bj::object body;
-  body["error"] = std::move(error);
-  return bj::serialize(body);
+  return errorBodyWithParam(message, type, code, std::nullopt);
 }
 
 std::string_view errorTypeForStatus(int status) {

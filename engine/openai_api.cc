@@ -4,6 +4,7 @@
 
 #include <boost/json.hpp>
 
+#include "common/error_body.h"
 #include "common/json.h"
 #include "common/status.h"
 #include "common/strings.h"
@@ -13,8 +14,10 @@ namespace kvf::engine {
 namespace bj = boost::json;
 namespace {
 
+// `param` (OpenAI's and vLLM's error.param) is the top-level field: "prompt" for "prompt[3]".
 absl::Status invalid(std::string_view field, std::string_view what) {
-  return absl::InvalidArgumentError(strCat(field, ": ", what));
+  return json::withParam(absl::InvalidArgumentError(strCat(field, ": ", what)),
+                         field.substr(0, field.find_first_of("[.")));
 }
 
 absl::StatusOr<std::vector<TokenId>> tokenIds(const bj::array& arr, std::string_view field,

@@ -25,6 +25,8 @@ constexpr BlockHash kTextRoot{0x6b7666746578742dULL};
 constexpr uint64_t kBlockKeySeed = 0x6b76662d6b657973ULL;
 constexpr uint64_t kChainParentKey = 0x27d4eb2f165667c5ULL;
 constexpr uint64_t kChainContentKey = 0x85ebca77c2b2ae63ULL;
+constexpr uint64_t kExtraParentKey = 0x6b76662d78747261ULL;
+constexpr uint64_t kExtraDigestKey = 0x94d049bb133111ebULL;
 
 // The chain step: XXH3's 16-byte mixer over (parent, content hash). Its latency (~5 cycles) is
 // the only serial part, so the content hashes of consecutive blocks overlap in the CPU.
@@ -246,10 +248,32 @@ void completeBlockHashes(std::span<const TokenId> tokens, size_t block_size,
   hashTokenBlocks(tokens.subspan(done * block_size), block_size, hashes, parent);
 }
 
-std::vector<BlockHash> hashTextBlocks(std::string_view text, size_t bytes_per_block) {
+BlockHash keyedParent(BlockHash parent, uint64_t extra_digest) {
+  if (extra_digest == 0) return parent;
+  return BlockHash{
+      XXH3_mul128_fold64(parent.value ^ kExtraParentKey, extra_digest ^ kExtraDigestKey)};
+}
+
+std::vector<BlockHash> hashTokenBlocksWithExtras(std::span<const TokenId> tokens, size_t block_size,
+                                                 std::span<const uint64_t> extras) {
+  std::vector<BlockHash> out;
+  if (block_size == 0) return out;
+  size_t blocks = tokens.size() / block_size;
+  out.reserve(blocks);
+  BlockHash parent = kRootBlockHash;
+  for (size_t i = 0; i < blocks; ++i) {
+    parent = keyedParent(parent, i < extras.size() ? extras[i] : 0);
+    parent = hashBlock(parent, tokens.subspan(i * block_size, block_size));
+    out.push_back(parent);
+  }
+  return out;
+}
+
+std::vector<BlockHash> hashTextBlocks(std::string_view text, size_t bytes_per_block,
+                                      uint64_t extra_digest) {
   std::vector<BlockHash> out;
   if (bytes_per_block == 0) return out;
-  BlockHash parent = kTextRoot;
+  BlockHash parent = keyedParent(kTextRoot, extra_digest);
   for (size_t off = 0; off + bytes_per_block <= text.size(); off += bytes_per_block) {
     parent = BlockHash{
         XXH3_64bits_withSeed(text.data() + off, bytes_per_block, parent.value ^ kTextSeed)};

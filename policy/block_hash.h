@@ -61,6 +61,17 @@ BlockHash hashTokenBlocksTo(std::span<const TokenId> tokens, size_t block_size, 
 void completeBlockHashes(std::span<const TokenId> tokens, size_t block_size,
                          std::vector<BlockHash>* hashes);
 
+// Extra keys: what an engine folds into a block's hash besides its tokens (vLLM: LoRA name,
+// multimodal items, cache salt; see docs/vllm.md), given as one nonzero 64-bit digest per block
+// (0: none). Block i's hash is then hashBlock(keyedParent(h_{i-1}, extra_i), tokens of block
+// i): a block with no keys hashes exactly as without this, and equal tokens under different
+// keys never share a hash, nor does anything chained after them.
+BlockHash keyedParent(BlockHash parent, uint64_t extra_digest);
+// hashTokenBlocks with per-block extra digests (`extras[i]` for block i; blocks past
+// extras.size() have none).
+std::vector<BlockHash> hashTokenBlocksWithExtras(std::span<const TokenId> tokens, size_t block_size,
+                                                 std::span<const uint64_t> extras);
+
 // Token-free prompts (a simulator replaying a trace of block ids): a block identified by a
 // content key (equal keys = equal tokens) instead of its tokens. Same chain, separate content
 // domain. hashKeyBlocks appends the chained hashes of `keys` (one per full block) to `out`.
@@ -70,7 +81,9 @@ void hashKeyBlocks(std::span<const uint64_t> keys, std::vector<BlockHash>* out,
 
 // Approximate index for prompts the router cannot tokenize: chained hashes over full blocks of
 // `bytes_per_block` bytes of text. Separate domain from token hashes (different root).
-std::vector<BlockHash> hashTextBlocks(std::string_view text, size_t bytes_per_block);
+// `extra_digest` (nonzero) keys the whole chain, as a request's LoRA adapter or salt would.
+std::vector<BlockHash> hashTextBlocks(std::string_view text, size_t bytes_per_block,
+                                      uint64_t extra_digest = 0);
 
 // A 64-bit key for an engine's block hash sent as bytes (newer vLLM sends 32-byte digests).
 uint64_t engineHashFromBytes(std::string_view bytes);

@@ -11,6 +11,7 @@ namespace {
 InstanceMask bit(int instance) { return InstanceMask{1} << instance; }
 
 bool validInstance(int instance) { return instance >= 0 && instance < kMaxInstances; }
+bool validStream(int stream) { return stream >= 0 && stream < kMaxStreams; }
 
 // Whether `me` holds the block exactly (from events).
 bool holdsExactly(const HolderTable::Entry* entry, InstanceMask me) {
@@ -72,8 +73,10 @@ CacheIndex::CacheIndex(CacheIndexConfig config)
       instances_(kMaxInstances),
       soft_(config.max_soft_entries) {}
 
-bool CacheIndex::storeBlocks(int instance, const StoredBlocks& event) {
-  if (!validInstance(instance) || event.engine_hashes.empty()) return false;
+bool CacheIndex::storeBlocks(int instance, const StoredBlocks& event, int stream) {
+  if (!validInstance(instance) || !validStream(stream) || event.engine_hashes.empty()) {
+    return false;
+  }
   // Our chain only maps when the engine's blocks are the same size as ours and carry exactly
   // their tokens; otherwise the engine hash cannot be translated and the event is dropped.
   if (event.block_size != config_.block_size ||
@@ -82,50 +85,84 @@ bool CacheIndex::storeBlocks(int instance, const StoredBlocks& event) {
     return false;
   }
   std::span<const TokenId> tokens(event.token_ids);
-  return storeChain(instance, event.engine_hashes, event.has_parent, event.engine_parent,
+  return storeChain(instance, stream, event.engine_hashes, event.has_parent, event.engine_parent,
                     [&](BlockHash parent, size_t i) {
+                      if (i < event.extras.size()) parent = keyedParent(parent, event.extras[i]);
                       return hashBlock(parent,
                                        tokens.subspan(i * config_.block_size, config_.block_size));
                     });
 }
 
+size_t CacheIndex::streamCapacity(const InstanceState& state) const {
+  return state.capacity == 0 ? config_.max_blocks_per_instance
+                             : std::min(state.capacity, config_.max_blocks_per_instance);
+}
+
+void CacheIndex::setCapacity(int instance, size_t blocks) {
+  if (validInstance(instance)) instances_[instance].capacity = blocks;
+}
+
+void CacheIndex::acquire(BlockHash ours, int instance) {
+  const InstanceMask me = bit(instance);
+  HolderTable::Entry* entry = entries_.insert(ours);
+  if (holdsExactly(entry, me)) {
+    ++instances_[instance].extra_refs.tryEmplace(ours.value, 0).first[0];
+    return;
+  }
+  ++stats_.exact_entries;
+  *entry |= me;
+}
+
+void CacheIndex::release(BlockHash ours, int instance) {
+  FlatU64Map<uint32_t>& refs = instances_[instance].extra_refs;
+  if (uint32_t* extra = refs.find(ours.value)) {
+    if (--*extra == 0) refs.eraseValue(extra);
+    return;
+  }
+  clearExact(ours, instance);
+}
+
 // Maps each engine hash to our chain hash (`next(parent, i)` for block i) and records the
 // instance as an exact holder.
 template <class NextHash>
-bool CacheIndex::storeChain(int instance, std::span<const uint64_t> engine_hashes, bool has_parent,
-                            uint64_t engine_parent, NextHash next) {
+bool CacheIndex::storeChain(int instance, int stream, std::span<const uint64_t> engine_hashes,
+                            bool has_parent, uint64_t engine_parent, NextHash next) {
   InstanceState& state = instances_[instance];
   if (state.hashes_are_ours)
     return storeOwnChain(instance, engine_hashes, has_parent, BlockHash{engine_parent}, next);
+  StreamState& st = state.stream(stream);
   BlockHash parent = kRootBlockHash;
   if (has_parent) {
-    const BlockHash* ours = state.engine_to_ours.find(engine_parent);
+    const BlockHash* ours = st.engine_to_ours.find(engine_parent);
     if (ours == nullptr) {
       ++stats_.stored_events_rejected;
       return false;
     }
     parent = *ours;
   }
-  const InstanceMask me = bit(instance);
+  const size_t capacity = streamCapacity(state);
   for (size_t i = 0; i < engine_hashes.size(); ++i) {
-    prefetchAhead(state.engine_to_ours, engine_hashes, i);
+    prefetchAhead(st.engine_to_ours, engine_hashes, i);
     parent = next(parent, i);
-    auto [mapped, inserted] = state.engine_to_ours.tryEmplace(engine_hashes[i], parent);
-    if (inserted && state.engine_to_ours.size() > config_.max_blocks_per_instance) {
-      state.engine_to_ours.eraseValue(mapped);
-      ++stats_.stored_events_rejected;
-      return false;
-    }
-    if (!inserted && *mapped != parent) {
+    auto [mapped, inserted] = st.engine_to_ours.tryEmplace(engine_hashes[i], parent);
+    if (inserted) {
+      if (st.engine_to_ours.size() > capacity) {
+        st.engine_to_ours.eraseValue(mapped);
+        ++stats_.stored_events_rejected;
+        ++stats_.over_capacity;
+        return false;
+      }
+      acquire(parent, instance);
+    } else if (*mapped != parent) {
       // The engine reused a hash for other content (its hash differs from ours in what it
-      // covers); the newest mapping wins and the old block loses this instance.
-      clearExact(*mapped, instance);
+      // covers); the newest mapping wins and the old block loses this reference, every copy.
+      release(*mapped, instance);
+      st.extra_copies.erase(engine_hashes[i]);
       *mapped = parent;
-    }
-    HolderTable::Entry* entry = entries_.insert(parent);
-    if (!holdsExactly(entry, me)) {
-      ++stats_.exact_entries;
-      *entry |= me;
+      acquire(parent, instance);
+    } else {
+      // The same block cached again (a second copy): it leaves only with its last copy.
+      ++st.extra_copies.tryEmplace(engine_hashes[i], 0).first[0];
     }
   }
   return true;
@@ -193,30 +230,53 @@ void CacheIndex::setEngineHashesAreOurs(int instance, bool value) {
   state.hashes_are_ours = value;
 }
 
-void CacheIndex::removeBlocks(int instance, std::span<const uint64_t> engine_hashes) {
-  if (!validInstance(instance)) return;
+void CacheIndex::removeBlocks(int instance, std::span<const uint64_t> engine_hashes, int stream) {
+  if (!validInstance(instance) || !validStream(stream)) return;
   InstanceState& state = instances_[instance];
   if (state.hashes_are_ours) {
     removeOwnBlocks(instance, engine_hashes);
     return;
   }
+  StreamState& st = state.stream(stream);
   for (size_t i = 0; i < engine_hashes.size(); ++i) {
-    prefetchAhead(state.engine_to_ours, engine_hashes, i);
-    BlockHash* ours = state.engine_to_ours.find(engine_hashes[i]);
+    prefetchAhead(st.engine_to_ours, engine_hashes, i);
+    BlockHash* ours = st.engine_to_ours.find(engine_hashes[i]);
     if (ours == nullptr) {
       ++stats_.removed_unknown;
       continue;
     }
-    clearExact(*ours, instance);
-    state.engine_to_ours.eraseValue(ours);
+    if (uint32_t* copies = st.extra_copies.find(engine_hashes[i])) {
+      if (--*copies == 0) st.extra_copies.eraseValue(copies);
+      continue;
+    }
+    release(*ours, instance);
+    st.engine_to_ours.eraseValue(ours);
   }
+}
+
+void CacheIndex::clearStream(int instance, int stream) {
+  if (!validInstance(instance) || !validStream(stream)) return;
+  InstanceState& state = instances_[instance];
+  if (static_cast<size_t>(stream) >= state.streams.size()) return;
+  StreamState& st = state.streams[static_cast<size_t>(stream)];
+  std::vector<BlockHash> held;
+  held.reserve(st.engine_to_ours.size());
+  st.engine_to_ours.forEach([&](uint64_t, BlockHash ours) { held.push_back(ours); });
+  st.engine_to_ours.clear();
+  st.extra_copies.clear();
+  for (BlockHash ours : held) release(ours, instance);
 }
 
 void CacheIndex::clearInstance(int instance) {
   if (!validInstance(instance)) return;
   InstanceState& state = instances_[instance];
-  state.engine_to_ours.forEach([&](uint64_t, BlockHash ours) { clearExact(ours, instance); });
-  state.engine_to_ours.clear();
+  for (StreamState& st : state.streams) {
+    st.engine_to_ours.forEach([&](uint64_t, BlockHash ours) { clearExact(ours, instance); });
+    st.engine_to_ours.clear();
+    st.extra_copies.clear();
+  }
+  state.streams.resize(1);
+  state.extra_refs.clear();
   // Its exact entries where no map lists them, and its soft ones.
   if (state.hashes_are_ours) {
     const InstanceMask me = bit(instance);
@@ -304,7 +364,10 @@ InstanceMask CacheIndex::exactHolders(BlockHash hash) const { return entries_.ge
 size_t CacheIndex::instanceBlocks(int instance) const {
   if (!validInstance(instance)) return 0;
   const InstanceState& state = instances_[instance];
-  return state.hashes_are_ours ? state.own_blocks : state.engine_to_ours.size();
+  if (state.hashes_are_ours) return state.own_blocks;
+  size_t n = 0;
+  for (const StreamState& st : state.streams) n += st.engine_to_ours.size();
+  return n;
 }
 
 CacheIndexStats CacheIndex::stats() const {
@@ -326,7 +389,7 @@ bool CacheIndex::storeKeyedBlocks(int instance, std::span<const uint64_t> engine
     return false;
   }
   return storeChain(
-      instance, engine_hashes, has_parent, engine_parent,
+      instance, 0, engine_hashes, has_parent, engine_parent,
       [&](BlockHash parent, size_t i) { return hashBlockKey(parent, block_keys[i]); });
 }
 

@@ -44,7 +44,15 @@ struct StoredBlocks {
   uint64_t engine_parent = 0;
   std::vector<TokenId> token_ids;  // all tokens of the blocks, concatenated
   size_t block_size = 0;
+  // Per block, the digest of what the engine folded into its hash besides the tokens (LoRA
+  // name, salt, multimodal items; keyedParent()); 0 or past the end: none.
+  std::vector<uint64_t> extras;
 };
+
+// An engine publishes one event stream per data-parallel rank, each with its own cache; a
+// stream of an instance is its rank. Entries are counted per (instance, stream, engine hash)
+// copy, so one stream's removal or reset never erases what another still holds.
+inline constexpr int kMaxStreams = 64;
 
 struct CacheIndexStats {
   uint64_t blocks = 0;                  // distinct block hashes with an exact holder
@@ -53,6 +61,7 @@ struct CacheIndexStats {
   uint64_t soft_blocks = 0;             // distinct blocks with a soft holder
   uint64_t stored_events_rejected = 0;  // unknown parent, size mismatch, over capacity
   uint64_t removed_unknown = 0;         // BlockRemoved for a hash never stored
+  uint64_t over_capacity = 0;           // stores rejected by an instance's declared capacity
   uint64_t soft_expired = 0;            // (block, instance) pairs
 };
 
@@ -64,7 +73,9 @@ class CacheIndex {
 
   // Exact events for `instance`. storeBlocks returns false (and counts it) when the event
   // cannot be mapped to our hashes: parent never seen, block size or token count mismatch.
-  bool storeBlocks(int instance, const StoredBlocks& event);
+  // `stream` is the engine's data-parallel rank (0 when it has one). A hash stored twice (vLLM
+  // can cache one hash in two blocks) needs two removals.
+  bool storeBlocks(int instance, const StoredBlocks& event, int stream = 0);
   // The same for a token-free BlockStored (a simulator's engine, engine::KeyedKvEventSink):
   // our hash of block i is hashBlockKey(parent, block_keys[i]); no token is hashed.
   bool storeKeyedBlocks(int instance, std::span<const uint64_t> engine_hashes, bool has_parent,
@@ -77,9 +88,15 @@ class CacheIndex {
   // a parent the instance does not hold, a full instance.
   bool storeOwnHashes(int instance, std::span<const uint64_t> hashes, bool has_parent,
                       uint64_t parent, size_t block_size);
-  void removeBlocks(int instance, std::span<const uint64_t> engine_hashes);
+  void removeBlocks(int instance, std::span<const uint64_t> engine_hashes, int stream = 0);
   // AllBlocksCleared, restart or removal of an instance: drops every entry it holds.
   void clearInstance(int instance);
+  // The same for one stream (one data-parallel rank) of an instance; its other streams keep
+  // theirs (a block they also hold stays held).
+  void clearStream(int instance, int stream);
+  // Bounds what one stream of `instance` may hold exactly: its engine's KV capacity in blocks
+  // (0: only config().max_blocks_per_instance). A store past it is rejected and counted.
+  void setCapacity(int instance, size_t blocks);
   // Declares that `instance`'s engine hashes token-free blocks with our hashBlockKey chained
   // from kRootBlockHash (a simulator's engine given it as its keyed hasher), so its engine
   // hashes are our hashes and no engine->ours map is kept: each stored block is checked
@@ -118,20 +135,37 @@ class CacheIndex {
   CacheIndexStats stats() const;
 
  private:
-  struct InstanceState {
+  struct StreamState {
     FlatU64Map<BlockHash> engine_to_ours;
+    // Engine hashes cached more than once: the copies beyond the first (sparse).
+    FlatU64Map<uint32_t> extra_copies;
+  };
+  struct InstanceState {
+    std::vector<StreamState> streams = std::vector<StreamState>(1);
+    // Our hashes that more than one (stream, engine hash) maps to: references beyond the first
+    // (sparse). The holder bit stays until the last reference goes.
+    FlatU64Map<uint32_t> extra_refs;
+    size_t capacity = 0;
     bool hashes_are_ours = false;
     size_t own_blocks = 0;  // exact entries while hashes_are_ours (no map to count)
+    StreamState& stream(int s) {
+      if (static_cast<size_t>(s) >= streams.size()) streams.resize(static_cast<size_t>(s) + 1);
+      return streams[static_cast<size_t>(s)];
+    }
   };
 
   void clearExact(BlockHash hash, int instance);
+  // One more (stream, engine hash) now maps to `ours` on `instance` / one fewer.
+  void acquire(BlockHash ours, int instance);
+  void release(BlockHash ours, int instance);
+  size_t streamCapacity(const InstanceState& state) const;
   template <class NextHash>
   bool storeOwnChain(int instance, std::span<const uint64_t> hashes, bool has_parent,
                      BlockHash parent, NextHash next);
   void removeOwnBlocks(int instance, std::span<const uint64_t> hashes);
   template <class NextHash>
-  bool storeChain(int instance, std::span<const uint64_t> engine_hashes, bool has_parent,
-                  uint64_t engine_parent, NextHash next);
+  bool storeChain(int instance, int stream, std::span<const uint64_t> engine_hashes,
+                  bool has_parent, uint64_t engine_parent, NextHash next);
 
   CacheIndexConfig config_;
   // Exact holders per block. Block hashes are already uniform 64-bit values: the table places

@@ -43,6 +43,18 @@ bool wellFormedMsgpack(std::string_view payload) {
 struct Reader {
   const char* p;
   const KvEventLimits& limits;
+  size_t batch_hashes = 0;
+  size_t batch_tokens = 0;
+  uint32_t ignored_fields = 0;
+
+  // Counts `n` more items of a batch-wide budget; InvalidArgument past it.
+  static absl::Status charge(std::string_view what, size_t* used, size_t n, size_t limit) {
+    *used += n;
+    if (*used > limit) {
+      return InvalidArgumentError(strCat(what, ": more than ", limit, " in one batch"));
+    }
+    return absl::OkStatus();
+  }
 
   mp_type type() const { return mp_typeof(*p); }
   bool isNil() const { return type() == MP_NIL; }
@@ -103,6 +115,7 @@ struct Reader {
 
   absl::Status hashes(std::string_view what, std::vector<EngineBlockHash>* out) {
     KVF_ASSIGN_OR_RETURN(uint32_t n, array(what, limits.max_hashes));
+    KVF_RETURN_IF_ERROR(charge(what, &batch_hashes, n, limits.max_batch_hashes));
     out->reserve(n);
     for (uint32_t i = 0; i < n; ++i) {
       KVF_ASSIGN_OR_RETURN(EngineBlockHash h, hash(what));
@@ -117,6 +130,7 @@ struct Reader {
   }
   absl::Status tokens(std::vector<TokenId>* out) {
     KVF_ASSIGN_OR_RETURN(uint32_t n, array("token_ids", limits.max_tokens));
+    KVF_RETURN_IF_ERROR(charge("token_ids", &batch_tokens, n, limits.max_batch_tokens));
     out->reserve(n);
     for (uint32_t i = 0; i < n; ++i) {
       KVF_ASSIGN_OR_RETURN(int64_t t, integer("token_ids"));
@@ -166,13 +180,22 @@ struct Reader {
   }
 };
 
-enum class Kind { kStored, kRemoved, kCleared };
+// kUnknown: a type this build does not know (a newer engine's): that event is skipped.
+enum class Kind { kStored, kRemoved, kCleared, kUnknown };
 
-absl::StatusOr<Kind> kindFromTag(std::string_view tag) {
+Kind kindFromTag(std::string_view tag) {
   if (tag == "BlockStored") return Kind::kStored;
   if (tag == "BlockRemoved") return Kind::kRemoved;
   if (tag == "AllBlocksCleared") return Kind::kCleared;
-  return InvalidArgumentError(strCat("unknown event type \"", tag.substr(0, 64), "\""));
+  return Kind::kUnknown;
+}
+
+// Skips the rest of a positional event from element `field` on, counting each as ignored.
+void skipRest(Reader& r, uint32_t field, uint32_t n) {
+  for (; field < n; ++field) {
+    r.skip();
+    ++r.ignored_fields;
+  }
 }
 
 // ["BlockStored", hashes, parent, token_ids, block_size, lora_id, medium, lora_name,
@@ -197,7 +220,7 @@ absl::StatusOr<BlockStored> readStoredArray(Reader& r, uint32_t n) {
     KVF_RETURN_IF_ERROR(
         r.optionalInt("kv_cache_spec_sliding_window", &e.kv_cache_spec_sliding_window));
   }
-  for (; field < n; ++field) r.skip();  // fields added by newer engines
+  skipRest(r, field, n);  // fields added by newer engines
   return e;
 }
 
@@ -211,23 +234,31 @@ absl::StatusOr<BlockRemoved> readRemovedArray(Reader& r, uint32_t n) {
   auto next = [&]() { return field < n ? (++field, true) : false; };
   if (next()) KVF_RETURN_IF_ERROR(r.optionalStr("medium", &e.medium));
   if (next()) KVF_RETURN_IF_ERROR(r.optionalInt("group_idx", &e.group_idx));
-  for (; field < n; ++field) r.skip();
+  skipRest(r, field, n);
   return e;
 }
 
-absl::StatusOr<KvEvent> readArrayEvent(Reader& r, uint32_t n) {
+// nullopt: an event of an unknown type, skipped whole.
+using MaybeEvent = std::optional<KvEvent>;
+
+absl::StatusOr<MaybeEvent> readArrayEvent(Reader& r, uint32_t n) {
   KVF_ASSIGN_OR_RETURN(std::string_view tag, r.str("event tag"));
-  KVF_ASSIGN_OR_RETURN(Kind kind, kindFromTag(tag));
+  Kind kind = kindFromTag(tag);
   if (kind == Kind::kStored) return readStoredArray(r, n);
   if (kind == Kind::kRemoved) return readRemovedArray(r, n);
-  for (uint32_t field = 1; field < n; ++field) r.skip();
+  if (kind == Kind::kUnknown) {
+    for (uint32_t field = 1; field < n; ++field) r.skip();
+    return MaybeEvent();
+  }
+  skipRest(r, 1, n);
   return AllBlocksCleared{};
 }
 
 // {"type": tag, field: value, ...} in any order. The fields of both event types are read into
 // a BlockStored, then moved to the event the type names.
-absl::StatusOr<KvEvent> readMapEvent(Reader& r, uint32_t n) {
+absl::StatusOr<MaybeEvent> readMapEvent(Reader& r, uint32_t n) {
   std::optional<Kind> kind;
+  uint32_t ignored = 0;
   BlockStored e;
   e.medium.reset();
   bool has_block_size = false;
@@ -235,7 +266,15 @@ absl::StatusOr<KvEvent> readMapEvent(Reader& r, uint32_t n) {
     KVF_ASSIGN_OR_RETURN(std::string_view key, r.str("event key"));
     if (key == "type") {
       KVF_ASSIGN_OR_RETURN(std::string_view tag, r.str("type"));
-      KVF_ASSIGN_OR_RETURN(kind, kindFromTag(tag));
+      kind = kindFromTag(tag);
+      if (*kind == Kind::kUnknown) {
+        // Its fields need not follow any known event's types: skip them unread.
+        for (++i; i < n; ++i) {
+          r.skip();
+          r.skip();
+        }
+        return MaybeEvent();
+      }
     } else if (key == "block_hashes") {
       KVF_RETURN_IF_ERROR(r.hashes("block_hashes", &e.block_hashes));
     } else if (key == "parent_block_hash") {
@@ -260,11 +299,15 @@ absl::StatusOr<KvEvent> readMapEvent(Reader& r, uint32_t n) {
     } else if (key == "kv_cache_spec_sliding_window") {
       KVF_RETURN_IF_ERROR(
           r.optionalInt("kv_cache_spec_sliding_window", &e.kv_cache_spec_sliding_window));
+    } else if (key == "locality") {
+      KVF_RETURN_IF_ERROR(r.optionalStr("locality", &e.locality));
     } else {
       r.skip();
+      ++ignored;
     }
   }
   if (!kind) return InvalidArgumentError("event map without \"type\"");
+  r.ignored_fields += ignored;
   if (*kind == Kind::kStored) {
     if (!has_block_size) return InvalidArgumentError("BlockStored: no block_size");
     return e;
@@ -274,12 +317,13 @@ absl::StatusOr<KvEvent> readMapEvent(Reader& r, uint32_t n) {
     removed.block_hashes = std::move(e.block_hashes);
     removed.medium = std::move(e.medium);
     removed.group_idx = e.group_idx;
+    removed.locality = std::move(e.locality);
     return removed;
   }
   return AllBlocksCleared{};
 }
 
-absl::StatusOr<KvEvent> readEvent(Reader& r) {
+absl::StatusOr<MaybeEvent> readEvent(Reader& r) {
   if (r.type() == MP_ARRAY) {
     uint32_t n = mp_decode_array(&r.p);
     if (n == 0) return InvalidArgumentError("empty event");
@@ -293,9 +337,13 @@ absl::Status readEvents(Reader& r, KvEventBatch* batch) {
   KVF_ASSIGN_OR_RETURN(uint32_t n, r.array("events", r.limits.max_events));
   batch->events.reserve(n);
   for (uint32_t i = 0; i < n; ++i) {
-    absl::StatusOr<KvEvent> event = readEvent(r);
+    absl::StatusOr<MaybeEvent> event = readEvent(r);
     if (!event.ok()) return annotate(event.status(), strCat("event ", i));
-    batch->events.push_back(std::move(*event));
+    if (!event->has_value()) {
+      ++batch->skipped_events;
+      continue;
+    }
+    batch->events.push_back(std::move(**event));
   }
   return absl::OkStatus();
 }
@@ -321,6 +369,11 @@ absl::StatusOr<KvEventBatch> decodeEventBatch(std::string_view payload,
     KVF_ASSIGN_OR_RETURN(batch.ts, r.number("ts"));
     KVF_RETURN_IF_ERROR(readEvents(r, &batch));
     if (n > 2) KVF_RETURN_IF_ERROR(readRank(r, &batch));
+    for (uint32_t i = 3; i < n; ++i) {
+      r.skip();
+      ++r.ignored_fields;
+    }
+    batch.ignored_fields = r.ignored_fields;
     return batch;
   }
   if (r.type() != MP_MAP) return InvalidArgumentError("KV event batch is neither array nor map");
@@ -337,9 +390,11 @@ absl::StatusOr<KvEventBatch> decodeEventBatch(std::string_view payload,
       KVF_RETURN_IF_ERROR(readRank(r, &batch));
     } else {
       r.skip();
+      ++r.ignored_fields;
     }
   }
   if (!has_events) return InvalidArgumentError("KV event batch map without \"events\"");
+  batch.ignored_fields = r.ignored_fields;
   return batch;
 }
 

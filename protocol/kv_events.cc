@@ -1,7 +1,6 @@
 #include "protocol/kv_events.h"
 
 #include <msgpuck.h>
-#include <xxhash.h>
 
 #include <type_traits>
 
@@ -116,7 +115,8 @@ void encodeStoredArray(Encoder& e, const BlockStored& ev) {
 
 void encodeStoredMap(Encoder& e, const BlockStored& ev) {
   uint32_t n = 8 + (ev.extra_keys ? 1 : 0) + (ev.group_idx ? 1 : 0) +
-               (ev.kv_cache_spec_kind ? 1 : 0) + (ev.kv_cache_spec_sliding_window ? 1 : 0);
+               (ev.kv_cache_spec_kind ? 1 : 0) + (ev.kv_cache_spec_sliding_window ? 1 : 0) +
+               (ev.locality ? 1 : 0);
   e.map(n);
   e.str("type").str("BlockStored");
   e.str("block_hashes").hashes(ev.block_hashes);
@@ -132,10 +132,17 @@ void encodeStoredMap(Encoder& e, const BlockStored& ev) {
   if (ev.kv_cache_spec_sliding_window) {
     e.str("kv_cache_spec_sliding_window").integer(*ev.kv_cache_spec_sliding_window);
   }
+  if (ev.locality) e.str("locality").str(*ev.locality);  // map events only, as in vLLM
+}
+
+bool hasLocality(const KvEvent& event) {
+  if (const auto* s = std::get_if<BlockStored>(&event)) return s->locality.has_value();
+  if (const auto* r = std::get_if<BlockRemoved>(&event)) return r->locality.has_value();
+  return false;
 }
 
 void encodeEvent(Encoder& e, const KvEvent& event, KvEventLayout layout) {
-  const bool map = layout == KvEventLayout::kMap;
+  const bool map = layout == KvEventLayout::kMap || hasLocality(event);
   std::visit(
       [&](const auto& ev) {
         using T = std::decay_t<decltype(ev)>;
@@ -144,11 +151,12 @@ void encodeEvent(Encoder& e, const KvEvent& event, KvEventLayout layout) {
         } else if constexpr (std::is_same_v<T, BlockRemoved>) {
           const uint32_t n = 3 + (ev.group_idx ? 1 : 0);
           if (map) {
-            e.map(n);
+            e.map(n + (ev.locality ? 1 : 0));
             e.str("type").str("BlockRemoved");
             e.str("block_hashes").hashes(ev.block_hashes);
             e.str("medium").optionalStr(ev.medium);
             if (ev.group_idx) e.str("group_idx").integer(*ev.group_idx);
+            if (ev.locality) e.str("locality").str(*ev.locality);
           } else {
             e.array(n);
             e.str("BlockRemoved");
@@ -192,8 +200,9 @@ std::string encodeEventBatch(const KvEventBatch& batch, KvEventLayout layout) {
 }
 
 EngineBlockHash engineHashFromBytes(std::string_view bytes) {
-  constexpr uint64_t kSeed = 0x165667b19e3779f9ULL;
-  return EngineBlockHash(XXH3_64bits_withSeed(bytes.data(), bytes.size(), kSeed));
+  uint64_t v = 0;
+  for (unsigned char c : bytes.substr(bytes.size() > 8 ? bytes.size() - 8 : 0)) v = (v << 8) | c;
+  return EngineBlockHash(v);
 }
 
 std::string encodeSeq(uint64_t seq) {

@@ -7,6 +7,7 @@
 #include "common/json.h"
 #include "common/log.h"
 #include "common/metrics.h"
+#include "common/status.h"
 #include "common/strings.h"
 #include "router/fast_parse.h"
 #include "router/router.h"
@@ -99,7 +100,9 @@ std::string Router::instancesJson() const {
     o["waiting"] = state.waiting;
     o["pending_prefill_tokens"] = state.pending_prefill_tokens;
     o["kv_usage"] = state.kv_usage;
-    o["kv_events"] = i->config.kv_events.endpoint;
+    bj::object kv;
+    kvEventsJson(*i, &kv);
+    o["kv_events"] = std::move(kv);
     o["worker_url"] = i->config.worker_url;
     o["index_blocks"] = core_->index().instanceBlocks(i->slot);
     list.push_back(std::move(o));
@@ -113,6 +116,39 @@ std::string Router::instancesJson() const {
   }
   out["decisions_by_mode"] = std::move(modes);
   out["offloads_in_flight"] = core_->policy().offloadsInFlight();
+  return bj::serialize(out);
+}
+
+absl::StatusOr<std::string> Router::matchJson(const http::Request& request) {
+  // A chat body has "messages"; anything else is read as a completion.
+  ApiKind kind = request.body.find("\"messages\"") != std::string::npos ? ApiKind::kChat
+                                                                        : ApiKind::kCompletions;
+  KVF_ASSIGN_OR_RETURN(ParsedRequest parsed, parseRequestDom(kind, request));
+  if (isLoraAdapter(parsed.model)) parsed.extra_keys.lora_name = parsed.model;
+  const int64_t bs = static_cast<int64_t>(config_.index.block_size);
+  std::vector<policy::BlockHash> hashes = requestHashes(parsed, config_.index.block_size);
+  core_->index().expire(clock_.now());
+  std::vector<uint32_t> matched(slots_.size());
+  core_->index().matchLengths(hashes, matched);
+  // As decide() predicts: engines recompute the last prompt token, so at most the full blocks
+  // of the first prompt_tokens - 1 tokens hit.
+  const int64_t cacheable = std::max<int64_t>(0, parsed.prompt_tokens - 1) / bs * bs;
+  bj::object instances;
+  for (const auto& i : slots_) {
+    if (!i) continue;
+    int64_t blocks = matched[static_cast<size_t>(i->slot)];
+    int64_t tokens = blocks * bs;  // text blocks stand for bs tokens each, approximately
+    bj::object o;
+    o["matched_blocks"] = blocks;
+    o["predicted_cached_tokens"] = std::min(tokens, cacheable);
+    instances[i->config.id] = std::move(o);
+  }
+  bj::object out;
+  out["model"] = parsed.model;
+  out["lora_adapter"] = !parsed.extra_keys.lora_name.empty();
+  out["prompt_tokens"] = parsed.prompt_tokens;
+  out["exact_tokens"] = parsed.has_token_ids;
+  out["instances"] = std::move(instances);
   return bj::serialize(out);
 }
 
@@ -141,6 +177,15 @@ asio::awaitable<void> Router::handleAdmin(const http::Request& request,
   if (request.method == "GET" && path == "/admin/decisions") {
     std::string body = "{\"decisions\":[" + strJoin(log_->recent(), ",") + "]}";
     co_await writer.sendJson(200, std::move(body));
+    co_return;
+  }
+  if (request.method == "POST" && path == "/admin/match") {
+    absl::StatusOr<std::string> body = matchJson(request);
+    if (!body.ok()) {
+      co_await writer.sendStatus(body.status());
+      co_return;
+    }
+    co_await writer.sendJson(200, std::move(*body));
     co_return;
   }
   if (request.method == "POST" && path == "/admin/instances") {

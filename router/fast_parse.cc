@@ -94,6 +94,8 @@ class TokenCompletionScanner {
                                            : 0u;
     if (field == 0) {
       if (key == "kv_transfer_params") out.has_kv_transfer_params = true;
+      // Fields that change the prompt's hashes: the DOM path reads and validates them.
+      if (key == "cache_salt" || key == kMmItemsField) return false;
       return skipValue(1);
     }
     if (seen_ & field) return false;  // duplicate: the DOM path applies its rule
@@ -115,6 +117,7 @@ class TokenCompletionScanner {
         // Out of range declines: the DOM path answers the error naming the field.
         if (!readPlainInteger(static_cast<uint64_t>(kMaxClientTokens), &v)) return false;
         out.max_tokens = static_cast<int64_t>(v);
+        out.max_tokens_given = true;
         return true;
       }
       default:

@@ -1,5 +1,5 @@
 // Active health checks (eject after consecutive failures, re-admit after passes), the engine
-// load scrape from /metrics, and application of KV-event updates to the cache index.
+// load scrape from /metrics (and the KV capacity it declares), and the periodic KV-event check.
 #include <chrono>
 
 #include <boost/asio/as_tuple.hpp>
@@ -7,6 +7,7 @@
 #include <boost/asio/use_awaitable.hpp>
 
 #include "common/http_client.h"
+#include "common/json.h"
 #include "common/log.h"
 #include "router/kv_subscriber.h"
 #include "router/router.h"
@@ -38,6 +39,19 @@ std::optional<double> sampleValue(std::string_view text, std::string_view name) 
   return std::nullopt;
 }
 
+// The first model card's max_model_len in a /v1/models answer.
+std::optional<int64_t> maxModelLen(std::string_view body) {
+  auto object = json::parseObject(body);
+  if (!object.ok()) return std::nullopt;
+  const auto* data = object->if_contains("data");
+  if (data == nullptr || !data->is_array() || data->as_array().empty()) return std::nullopt;
+  const auto& card = data->as_array()[0];
+  if (!card.is_object()) return std::nullopt;
+  auto len = json::getInt(card.as_object(), "max_model_len");
+  if (!len.ok() || *len <= 0) return std::nullopt;
+  return *len;
+}
+
 }  // namespace
 
 asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
@@ -54,6 +68,8 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
     bool ok = response.ok() && response->status == 200;
     switch (core_->healthCheck(instance->slot, ok)) {
       case RoutingCore::HealthChange::kReadmitted:
+        // What it held before the ejection is unknown now; its events rebuild the index.
+        resetKvInstance(*instance, "readmitted");
         log::info("instance re-admitted", "instance", instance->config.id);
         break;
       case RoutingCore::HealthChange::kEjected:
@@ -81,49 +97,24 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
         }
         core_->reportEngineLoad(instance->slot, waiting,
                                 sampleValue(metrics->body, "vllm:kv_cache_usage_perc"));
+        learnKvCapacity(*instance, metrics->body);
       }
     }
+    if (ok && config_.max_model_len == 0 && learned_max_model_len_ == 0) {
+      // vLLM's model cards carry max_model_len: chat's default output is the rest of it.
+      http::ClientRequest models;
+      models.method = "GET";
+      models.target = "/v1/models";
+      models.read_timeout = timeout;
+      auto cards = co_await instance->client->request(std::move(models));
+      if (instance->removed || stopped_) break;
+      if (cards.ok() && cards->status == 200) {
+        if (auto len = maxModelLen(cards->body)) learned_max_model_len_ = *len;
+      }
+    }
+    checkKvEvents(*instance);
     timer.expires_after(interval);
     co_await timer.async_wait(asio::as_tuple(asio::use_awaitable));
-  }
-}
-
-void Router::applyKvUpdate(int slot, uint64_t generation, KvUpdate& update) {
-  std::shared_ptr<Instance> instance = slots_[slot];
-  if (!instance || instance->generation != generation || instance->removed) return;
-  if (update.kind == KvUpdate::Kind::kReset) {
-    core_->index().clearInstance(slot);
-    instance->kv_resets->inc();
-    log::warn("KV index reset for instance", "instance", instance->config.id, "reason",
-              update.reason);
-    return;
-  }
-  instance->kv_batches->inc();
-  double now_wall =
-      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  if (update.batch.ts > 0)
-    metrics_->kv_event_lag_seconds->observe(std::max(0.0, now_wall - update.batch.ts));
-  for (KvEvent& event : update.batch.events) {
-    // Only the GPU prefix cache makes a request's prefill cheaper the way the policy assumes.
-    bool gpu = event.medium.empty() || event.medium == "GPU";
-    switch (event.kind) {
-      case KvEventKind::kBlockStored:
-        if (!gpu || !core_->index().storeBlocks(slot, event.stored)) {
-          metrics_->kv_events_ignored->inc();
-        }
-        break;
-      case KvEventKind::kBlockRemoved:
-        if (gpu) {
-          core_->index().removeBlocks(slot, event.removed);
-        } else {
-          metrics_->kv_events_ignored->inc();
-        }
-        break;
-      case KvEventKind::kAllBlocksCleared:
-        core_->index().clearInstance(slot);
-        instance->kv_resets->inc();
-        break;
-    }
   }
 }
 

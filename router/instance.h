@@ -7,11 +7,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "common/clock.h"
 #include "common/http_client.h"
+#include "common/log.h"
 #include "common/metrics.h"
+#include "policy/tier_holdings.h"
 #include "router/core/config.h"
 #include "router/kv_subscriber.h"
 
@@ -22,8 +26,32 @@ struct Instance {
   int slot = -1;
   uint64_t generation = 0;  // distinguishes a reused slot in posted KV updates
   std::shared_ptr<http::HttpClient> client;
-  std::unique_ptr<KvSubscriber> subscriber;
+  std::vector<std::unique_ptr<KvSubscriber>> subscribers;  // one per data-parallel rank
   bool removed = false;
+
+  // KV-event state (router/kv_events.cc), per instance and per stream (data-parallel rank).
+  struct KvStream {
+    // The KV cache group indexed (decides prefix reuse): the lowest full-attention group seen,
+    // 0 until kinds are known; nullopt before any group-tagged event.
+    std::optional<int64_t> indexed_group;
+    uint64_t last_seq = 0;
+  };
+  std::vector<KvStream> kv_streams;
+  Nanos last_kv_event = 0;            // when the last batch was applied (0: never)
+  int64_t routed_since_kv_event = 0;  // requests routed here since then
+  bool kv_events_silent = false;
+  uint64_t kv_lost_batches = 0;     // history never seen (late joins, unrecovered gaps)
+  std::string kv_last_reset;        // reason of the last index reset
+  uint64_t kv_capacity_blocks = 0;  // configured, or learned from /metrics
+  policy::TierHoldings tiers;       // blocks held outside the GPU prefix cache
+  Nanos kv_watch_since = 0;         // when its subscribers started
+  std::string_view kv_state = "disabled";
+  std::vector<metrics::Gauge*> kv_state_gauges;  // kvfabric_router_kv_events_state per state
+  // The check of the last health interval: the engine reported hits the router did not predict.
+  bool hits_unpredicted = false;
+  double kv_check_actual = 0;
+  double kv_check_unpredicted = 0;
+  log::RateLimitedLog kv_check_log{std::chrono::seconds(30)};
 
   // Closed loop and counters (owned by the router's registry).
   metrics::Counter* decisions = nullptr;
@@ -34,6 +62,9 @@ struct Instance {
   metrics::Counter* circuit_opens = nullptr;
   metrics::Counter* kv_batches = nullptr;
   metrics::Counter* kv_resets = nullptr;
+  metrics::Counter* kv_decode_errors = nullptr;
+  metrics::Counter* kv_lost = nullptr;
+  metrics::Counter* unpredicted_hit_tokens = nullptr;
 
   bool hasEvents() const { return !config.kv_events.endpoint.empty(); }
   bool pushCapable() const { return !config.worker_url.empty(); }

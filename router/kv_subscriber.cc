@@ -51,21 +51,32 @@ class Sequencer {
     return true;
   }
 
-  void reset(std::string reason) {
+  void reset(std::string reason, uint64_t seq = 0, uint64_t lost = 0, std::string error = {}) {
     KvUpdate update;
     update.kind = KvUpdate::Kind::kReset;
     update.reason = std::move(reason);
+    update.seq = seq;
+    update.lost_batches = lost;
+    update.error = std::move(error);
+    stats_->lost_batches += lost;
     sink_(std::move(update));
   }
 
  private:
   void deliver(uint64_t seq, std::string_view payload) {
+    if (!last_ && seq > 0) {
+      // The first batch this stream gave us is not its first: what came before is lost.
+      ++stats_->late_joins;
+      reset("late_join", seq, seq);
+    }
     last_ = seq;
     auto batch = decodeKvEventBatch(payload, options_.limits);
     if (!batch.ok()) {
+      // What the batch changed is unknown: the index of this stream cannot be trusted any more.
       ++stats_->decode_errors;
-      log_.warn("undecodable KV event batch", "seq", seq, "error",
-                std::string(batch.status().message()));
+      std::string error(batch.status().message());
+      log_.warn("undecodable KV event batch; index reset", "seq", seq, "error", error);
+      reset("undecodable", seq, 1, std::move(error));
       return;
     }
     ++stats_->batches;
@@ -99,14 +110,15 @@ bool replay(zmq::context_t& context, const std::string& endpoint, uint64_t from,
     zmq::pollitem_t item{dealer.handle(), 0, ZMQ_POLLIN, 0};
     zmq::poll(&item, 1, std::chrono::milliseconds(50));
     if (!(item.revents & ZMQ_POLLIN)) continue;
+    // ["", seq, payload] (vLLM up to v0.24) or ["", topic, seq, payload] (v0.25 on).
     auto parts = recvParts(dealer);
-    if (parts.size() != 3) continue;
-    auto s = decodeSeq(view(parts[1]));
+    if (parts.size() != 3 && parts.size() != 4) continue;
+    auto s = decodeSeq(view(parts[parts.size() - 2]));
     if (!s) continue;
     if (*s == kReplayEndSeq) break;
     // Batches at or after `until` also arrive on the SUB socket; they are taken from there.
     if (*s >= until || (seq.last() && *s <= *seq.last())) continue;
-    if (!seq.offer(*s, view(parts[2]), false)) continue;  // the buffer no longer reaches back
+    if (!seq.offer(*s, view(parts.back()), false)) continue;  // the buffer no longer reaches back
     ++stats.replayed;
   }
   return seq.last() && *seq.last() + 1 >= until;
@@ -142,7 +154,8 @@ void KvSubscriber::run() {
       if (!(item.revents & ZMQ_POLLIN)) continue;
       auto parts = recvParts(sub);
       std::optional<uint64_t> s = parts.size() == 3 ? decodeSeq(view(parts[1])) : std::nullopt;
-      if (!s || view(parts[0]) != config_.topic) {
+      // The topic is a prefix filter, as the SUB socket's subscription is.
+      if (!s || !view(parts[0]).starts_with(config_.topic)) {
         ++stats_.decode_errors;
         continue;
       }
@@ -155,11 +168,11 @@ void KvSubscriber::run() {
         if (!replay(*context_, config_.replay_endpoint, from, *s, seq, stats_, options_, stop_) &&
             seq.last()) {
           ++stats_.unrecovered_gaps;
-          seq.reset("unrecovered_gap");
+          seq.reset("unrecovered_gap", *s, *s - *seq.last() - 1);
         }
       } else if (behind && seq.last()) {
         ++stats_.unrecovered_gaps;
-        seq.reset("unrecovered_gap");
+        seq.reset("unrecovered_gap", *s, *s - *seq.last() - 1);
       }
       seq.offer(*s, view(parts[2]), true);
     }

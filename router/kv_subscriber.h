@@ -1,8 +1,10 @@
 // One KV-event subscriber per engine instance: a thread with a ZMQ SUB socket on the engine's
 // publisher that decodes each [topic, seq, payload] batch, checks the sequence, recovers gaps
 // through the engine's replay socket (DEALER -> ROUTER) and reports a reset when the engine
-// restarted (sequence went back) or a gap could not be recovered. Updates go to a sink
-// callback on the subscriber's thread; the sink posts them to the routing state's owner.
+// restarted (sequence went back), a gap could not be recovered, a batch could not be decoded,
+// or the stream was joined late (its first batch past seq 0 and the replay buffer no longer
+// reaching back: that history is lost). Updates go to a sink callback on the subscriber's
+// thread; the sink posts them to the routing state's owner.
 #pragma once
 
 #include <atomic>
@@ -26,7 +28,11 @@ struct KvUpdate {
   enum class Kind { kBatch, kReset } kind = Kind::kBatch;
   uint64_t seq = 0;
   KvEventBatch batch;  // kBatch
-  std::string reason;  // kReset: "restart", "unrecovered_gap"
+  // kReset: "restart" (sequence went back), "unrecovered_gap", "undecodable" (with `error`),
+  // "late_join" (`lost_batches` batches before `seq` were never seen).
+  std::string reason;
+  std::string error;
+  uint64_t lost_batches = 0;
 };
 
 struct KvSubscriberStats {
@@ -36,6 +42,8 @@ struct KvSubscriberStats {
   std::atomic<uint64_t> replayed{0};
   std::atomic<uint64_t> unrecovered_gaps{0};
   std::atomic<uint64_t> restarts{0};
+  std::atomic<uint64_t> late_joins{0};
+  std::atomic<uint64_t> lost_batches{0};  // batches never seen: late joins and unrecovered gaps
 };
 
 struct KvSubscriberOptions {

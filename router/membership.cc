@@ -16,7 +16,9 @@ bool sameInstance(const InstanceConfig& a, const InstanceConfig& b) {
   return a.url == b.url && a.worker_url == b.worker_url &&
          a.kv_events.endpoint == b.kv_events.endpoint &&
          a.kv_events.replay_endpoint == b.kv_events.replay_endpoint &&
-         a.kv_events.topic == b.kv_events.topic;
+         a.kv_events.topic == b.kv_events.topic &&
+         a.kv_events.data_parallel_size == b.kv_events.data_parallel_size &&
+         a.kv_capacity_blocks == b.kv_capacity_blocks;
 }
 
 std::chrono::milliseconds millis(double seconds) {

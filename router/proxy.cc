@@ -1,5 +1,6 @@
 // Request path: parse, decide, forward with bounded retries, pass the response through, and
 // close the loop (load accounting, predicted vs actual cached tokens, decision log).
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -37,7 +38,7 @@ std::optional<int64_t> usagePromptTokens(std::string_view json_text) {
 
 }  // namespace
 
-asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request& request,
+asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request& incoming,
                                                http::ResponseWriter& writer) {
   ++*in_flight_;
   struct InFlight {
@@ -47,15 +48,31 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
   RequestContext ctx;
   ctx.start = clock_.now();
   ctx.kind = kind;
-  ctx.id = strCat("kvf-", next_request_++);
-  auto* read_ahead = dynamic_cast<PromptReadAhead*>(request.body_observer.get());
-  auto parsed = parseRequest(kind, request, read_ahead ? read_ahead->prefetch() : nullptr);
+  // Unique across router restarts: engines and logs key on it.
+  ctx.id = strCat("kvf-", request_prefix_, "-", next_request_++);
+  auto* read_ahead = dynamic_cast<PromptReadAhead*>(incoming.body_observer.get());
+  auto parsed = parseRequest(kind, incoming, read_ahead ? read_ahead->prefetch() : nullptr);
   if (!parsed.ok()) {
     metrics_->requests_client_error->inc();
     co_await writer.sendStatus(parsed.status());
     co_return;
   }
   ctx.parsed = std::move(*parsed);
+  // The output tokens the engine will generate: the body carries the router's default or cap
+  // where one applies, and the load accounting uses that value.
+  const int64_t effective = effectiveMaxTokens(
+      ctx.parsed, kind, config_.default_max_tokens, config_.max_tokens_limit,
+      config_.max_model_len > 0 ? config_.max_model_len : learned_max_model_len_);
+  std::optional<http::Request> rewritten;
+  if ((!ctx.parsed.max_tokens_given && config_.default_max_tokens > 0) ||
+      (ctx.parsed.max_tokens_given && effective != ctx.parsed.max_tokens)) {
+    if (std::optional<std::string> body = withMaxTokens(incoming.body, effective)) {
+      rewritten.emplace(incoming);
+      rewritten->body = std::move(*body);
+    }
+  }
+  ctx.parsed.max_tokens = effective;
+  const http::Request& request = rewritten ? *rewritten : incoming;
   RequestRoute& route = ctx.route;
   if (read_ahead && read_ahead->prefetch() && read_ahead->prefetch()->used()) {
     // Most blocks were hashed while the body arrived; hash the rest.
@@ -70,7 +87,9 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
       metrics_->tokenize_fallbacks_failed->inc();
     }
   }
-  if (!ctx.parsed.has_token_ids) {
+  if (isLoraAdapter(ctx.parsed.model)) ctx.parsed.extra_keys.lora_name = ctx.parsed.model;
+  if (!ctx.parsed.has_token_ids || !ctx.parsed.extra_keys.empty()) {
+    // Text, or blocks the engine keys by adapter, salt or multimodal items: hashed whole here.
     route.hashes = requestHashes(ctx.parsed, config_.index.block_size);
     route.hashes_complete = true;
   }
@@ -147,6 +166,11 @@ asio::awaitable<bool> Router::tokenize(RequestContext& ctx, const http::Request&
   co_return true;
 }
 
+bool Router::isLoraAdapter(std::string_view model) const {
+  return std::find(config_.lora_adapters.begin(), config_.lora_adapters.end(), model) !=
+         config_.lora_adapters.end();
+}
+
 bool Router::decide(RequestContext& ctx) {
   Nanos now = clock_.now();
   bool chosen = core_->decide(ctx.route, now);
@@ -163,6 +187,7 @@ bool Router::decide(RequestContext& ctx) {
   ctx.instance = slots_[ctx.route.instance()];
   if (ctx.route.peer() >= 0) ctx.peer = slots_[ctx.route.peer()];
   ctx.instance->decisions->inc();
+  ctx.instance->routed_since_kv_event += 1;
   ctx.instance->prompt_tokens->inc(static_cast<double>(ctx.parsed.prompt_tokens));
   ctx.instance->predicted_cached_tokens->inc(
       static_cast<double>(ctx.route.predictedCachedTokens()));
@@ -331,7 +356,10 @@ void Router::finishRequest(RequestContext& ctx) {
     instance->actual_cached_tokens->inc(static_cast<double>(actual));
     metrics_->prediction_error_tokens->observe(static_cast<double>(std::llabs(predicted - actual)));
     if (actual < predicted) metrics_->silent_misses->inc();
-    if (actual > predicted) metrics_->unpredicted_hits->inc();
+    if (actual > predicted) {
+      metrics_->unpredicted_hits->inc();
+      instance->unpredicted_hit_tokens->inc(static_cast<double>(actual - predicted));
+    }
   }
   Nanos now = clock_.now();
   metrics_->request_seconds->observe(nanosToSeconds(now - ctx.start));

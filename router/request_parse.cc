@@ -131,6 +131,52 @@ absl::Status readMessages(const bj::object& body, ParsedRequest* out) {
   return absl::OkStatus();
 }
 
+absl::Status readExtraKeys(const bj::object& body, ParsedRequest* out) {
+  if (const bj::value* salt = body.if_contains("cache_salt"); salt && !salt->is_null()) {
+    // vLLM: a non-empty string when given.
+    if (!salt->is_string() || salt->as_string().empty()) {
+      return InvalidArgumentError("\"cache_salt\" must be a non-empty string");
+    }
+    if (salt->as_string().size() > kMaxExtraKeyBytes) {
+      return InvalidArgumentError(
+          strCat("\"cache_salt\" longer than ", kMaxExtraKeyBytes, " bytes"));
+    }
+    out->extra_keys.cache_salt = std::string(salt->as_string());
+  }
+  const bj::value* items = body.if_contains(kMmItemsField);
+  if (items == nullptr || items->is_null()) return absl::OkStatus();
+  if (!items->is_array() || items->as_array().size() > kMaxMmItems) {
+    return InvalidArgumentError(
+        strCat("\"", kMmItemsField, "\" must be an array of at most ", kMaxMmItems, " items"));
+  }
+  for (size_t i = 0; i < items->as_array().size(); ++i) {
+    std::string field = strCat(kMmItemsField, "[", i, "]");
+    const bj::value& item = items->as_array()[i];
+    if (!item.is_object()) return InvalidArgumentError(strCat(field, " must be an object"));
+    const bj::object& o = item.as_object();
+    protocol::MultimodalItem mm;
+    auto id = json::getString(o, "identifier");
+    if (!id.ok() || id->empty() || id->size() > kMaxExtraKeyBytes) {
+      return InvalidArgumentError(strCat(field,
+                                         ".identifier must be a non-empty string of at most ",
+                                         kMaxExtraKeyBytes, " bytes"));
+    }
+    mm.identifier = std::string(*id);
+    auto offset = json::getInt(o, "offset");
+    auto length = json::getInt(o, "length");
+    if (!offset.ok() || *offset < 0) {
+      return InvalidArgumentError(strCat(field, ".offset must be an integer >= 0"));
+    }
+    if (!length.ok() || *length <= 0) {
+      return InvalidArgumentError(strCat(field, ".length must be an integer > 0"));
+    }
+    mm.offset = *offset;
+    mm.length = *length;
+    out->extra_keys.mm_items.push_back(std::move(mm));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status applySession(const http::Request& request, std::string_view body_user,
                           ParsedRequest* out) {
   std::string_view session = request.header("x-session-id");
@@ -170,14 +216,20 @@ absl::StatusOr<ParsedRequest> parseRequestDom(ApiKind kind, const http::Request&
   }
   out.model = std::string(*model);
   KVF_ASSIGN_OR_RETURN(out.stream, json::getBoolOr(body, "stream", false));
-  int64_t default_max = kind == ApiKind::kCompletions ? 16 : 256;
-  KVF_ASSIGN_OR_RETURN(out.max_tokens, json::getIntOr(body, "max_tokens", default_max));
+  auto given = [&](std::string_view key) {
+    const bj::value* v = body.if_contains(key);
+    return v != nullptr && !v->is_null();
+  };
+  out.max_tokens_given =
+      given("max_tokens") || (kind == ApiKind::kChat && given("max_completion_tokens"));
+  KVF_ASSIGN_OR_RETURN(out.max_tokens, json::getIntOr(body, "max_tokens", 16));
   KVF_RETURN_IF_ERROR(checkTokenCount("max_tokens", out.max_tokens));
   if (kind == ApiKind::kChat) {
     KVF_ASSIGN_OR_RETURN(out.max_tokens,
                          json::getIntOr(body, "max_completion_tokens", out.max_tokens));
     KVF_RETURN_IF_ERROR(checkTokenCount("max_completion_tokens", out.max_tokens));
   }
+  KVF_RETURN_IF_ERROR(readExtraKeys(body, &out));
   if (kind == ApiKind::kCompletions) {
     KVF_RETURN_IF_ERROR(readPrompt(body, &out));
   } else {
@@ -203,10 +255,66 @@ absl::StatusOr<ParsedRequest> parseRequestDom(ApiKind kind, const http::Request&
   return out;
 }
 
+int64_t effectiveMaxTokens(const ParsedRequest& request, ApiKind kind, int64_t default_max_tokens,
+                           int64_t max_tokens_limit, int64_t max_model_len) {
+  int64_t value = request.max_tokens;
+  if (!request.max_tokens_given) {
+    if (default_max_tokens > 0) {
+      value = default_max_tokens;
+    } else if (kind == ApiKind::kChat && max_model_len > 0) {
+      value = std::max<int64_t>(0, max_model_len - request.prompt_tokens);
+    } else {
+      value = 16;
+    }
+  }
+  if (max_tokens_limit > 0) value = std::min(value, max_tokens_limit);
+  return std::clamp<int64_t>(value, 0, kMaxOutputTokens);
+}
+
+std::optional<std::string> withMaxTokens(std::string_view body, int64_t max_tokens) {
+  auto object = json::parseObject(body);
+  if (!object.ok()) return std::nullopt;
+  (*object)["max_tokens"] = max_tokens;
+  if (object->contains("max_completion_tokens")) (*object)["max_completion_tokens"] = max_tokens;
+  return bj::serialize(*object);
+}
+
 std::vector<policy::BlockHash> requestHashes(const ParsedRequest& request, size_t block_size) {
-  if (request.has_token_ids) return policy::hashTokenBlocks(request.token_ids, block_size);
+  const protocol::ExtraKeyInputs& keys = request.extra_keys;
+  if (request.has_token_ids) {
+    if (keys.empty() || block_size == 0) {
+      return policy::hashTokenBlocks(request.token_ids, block_size);
+    }
+    // Blocks past the first that no multimodal item overlaps all carry the same tuple (the
+    // adapter's name, or nothing): its digest is computed once.
+    const size_t blocks = request.token_ids.size() / block_size;
+    const int64_t bs = static_cast<int64_t>(block_size);
+    std::optional<uint64_t> plain;
+    std::vector<uint64_t> extras(blocks, 0);
+    for (size_t i = 0; i < blocks; ++i) {
+      const int64_t start = static_cast<int64_t>(i) * bs;
+      bool mm = false;
+      for (const auto& item : keys.mm_items) {
+        mm = mm || (item.offset < start + bs && item.offset + item.length > start);
+      }
+      if (i > 0 && !mm && plain) {
+        extras[i] = *plain;
+        continue;
+      }
+      std::optional<std::string> tuple = protocol::encodeExtraKeys(keys, start, bs);
+      extras[i] = tuple ? protocol::extraKeysDigest(*tuple) : 0;
+      if (i > 0 && !mm) plain = extras[i];
+    }
+    return policy::hashTokenBlocksWithExtras(request.token_ids, block_size, extras);
+  }
+  // Text is indexed approximately: the whole chain is keyed by the adapter, salt and items.
+  uint64_t key = 0;
+  if (!keys.empty()) {
+    std::optional<std::string> tuple = protocol::encodeExtraKeys(keys, 0, INT64_MAX / 2);
+    key = tuple ? protocol::extraKeysDigest(*tuple) : 0;
+  }
   return policy::hashTextBlocks(request.text,
-                                block_size * static_cast<size_t>(kBytesPerTokenEstimate));
+                                block_size * static_cast<size_t>(kBytesPerTokenEstimate), key);
 }
 
 }  // namespace kvf::router

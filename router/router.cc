@@ -1,5 +1,7 @@
 #include "router/router.h"
 
+#include <random>
+
 #include <zmq.hpp>
 
 #include <boost/asio/co_spawn.hpp>
@@ -15,7 +17,10 @@
 namespace kvf::router {
 
 Router::Router(asio::io_context& ioc, RouterConfig config, const Clock& clock)
-    : ioc_(ioc), config_(std::move(config)), clock_(clock), slots_(policy::kMaxInstances) {}
+    : ioc_(ioc), config_(std::move(config)), clock_(clock), slots_(policy::kMaxInstances) {
+  std::random_device random;
+  request_prefix_ = fmt::format("{:08x}", random());
+}
 
 Router::~Router() { stop(); }
 
@@ -75,7 +80,16 @@ absl::Status Router::init() {
                    "Wall time from an engine's batch timestamp to its application",
                    metrics::exponentialBuckets(1e-4, 2, 18)),
       &r.counter("kvfabric_router_kv_events_ignored_total",
-                 "KV events for media other than GPU, or unmappable to our hashes"),
+                 "BlockStored events unmappable to our hashes (unknown parent, block size, "
+                 "over capacity)"),
+      &r.counter("kvfabric_router_kv_events_skipped_total", "KV-event content skipped, by reason",
+                 {{"reason", "unknown_type"}}),
+      &r.counter("kvfabric_router_kv_events_skipped_total", "KV-event content skipped, by reason",
+                 {{"reason", "unknown_field"}}),
+      &r.counter("kvfabric_router_kv_events_skipped_total", "KV-event content skipped, by reason",
+                 {{"reason", "other_group"}}),
+      &r.counter("kvfabric_router_kv_events_skipped_total", "KV-event content skipped, by reason",
+                 {{"reason", "tier_full"}}),
       tokenizeFallbacks("disabled"), tokenizeFallbacks("failed")});
   r.callback("kvfabric_router_offloads_in_flight",
              "Prefill offloads whose prefill phase is in flight (against elastic's cap)",
@@ -127,7 +141,7 @@ void Router::stop() {
   for (auto& instance : slots_) {
     if (!instance) continue;
     instance->removed = true;
-    instance->subscriber.reset();
+    instance->subscribers.clear();
   }
 }
 
@@ -162,21 +176,7 @@ absl::StatusOr<std::shared_ptr<Instance>> Router::addInstance(const InstanceConf
                      admit_now);
   *free_slot = instance;
   registerInstanceMetrics(instance);
-  if (instance->hasEvents()) {
-    std::weak_ptr<Router> weak = weak_from_this();
-    int slot = instance->slot;
-    uint64_t generation = instance->generation;
-    KvSubscriberOptions sub_options;
-    sub_options.max_payload_bytes = config_.max_kv_event_bytes;
-    instance->subscriber = std::make_unique<KvSubscriber>(
-        zmq_, config.kv_events,
-        [weak, slot, generation, &ioc = ioc_](KvUpdate&& update) {
-          asio::post(ioc, [weak, slot, generation, u = std::move(update)]() mutable {
-            if (auto self = weak.lock()) self->applyKvUpdate(slot, generation, u);
-          });
-        },
-        sub_options);
-  }
+  startKvSubscribers(instance);
   asio::co_spawn(ioc_, healthLoop(instance), asio::detached);
   log::info("instance added", "id", config.id, "url", config.url, "slot", instance->slot,
             "kv_events", config.kv_events.endpoint.empty() ? "none" : config.kv_events.endpoint);
@@ -185,7 +185,7 @@ absl::StatusOr<std::shared_ptr<Instance>> Router::addInstance(const InstanceConf
 
 void Router::removeInstance(const std::shared_ptr<Instance>& instance) {
   instance->removed = true;
-  instance->subscriber.reset();
+  instance->subscribers.clear();
   core_->removeInstance(instance->slot);
   slots_[instance->slot] = nullptr;
   log::info("instance removed", "id", instance->config.id);
@@ -229,6 +229,14 @@ void Router::registerInstanceMetrics(const std::shared_ptr<Instance>& instance) 
       &r.counter("kvfabric_router_instance_kv_batches_total", "KV event batches applied", labels);
   instance->kv_resets = &r.counter("kvfabric_router_instance_kv_resets_total",
                                    "Index resets (restart, AllBlocksCleared, lost events)", labels);
+  instance->kv_decode_errors =
+      &r.counter("kvfabric_router_instance_kv_decode_errors_total",
+                 "Undecodable KV event batches (each resets the instance's index)", labels);
+  instance->kv_lost = &r.counter("kvfabric_router_instance_kv_lost_batches_total",
+                                 "KV event batches never seen: late join, unrecovered gap", labels);
+  instance->unpredicted_hit_tokens =
+      &r.counter("kvfabric_router_instance_unpredicted_hit_tokens_total",
+                 "Cached tokens the engine reported beyond the router's prediction", labels);
   std::weak_ptr<Instance> weak = instance;
   auto gauge = [&](std::string_view name, std::string_view help, auto read) {
     r.callback(name, help, metrics::MetricType::kGauge, labels, [weak, read] {
@@ -249,6 +257,14 @@ void Router::registerInstanceMetrics(const std::shared_ptr<Instance>& instance) 
         [this](const Instance& i) {
           return static_cast<double>(core_->index().instanceBlocks(i.slot));
         });
+  gauge("kvfabric_router_instance_kv_last_event_age_seconds",
+        "Seconds since the instance's last KV event batch (-1: none yet)",
+        [this](const Instance& i) {
+          return i.last_kv_event != 0 ? nanosToSeconds(clock_.now() - i.last_kv_event) : -1.0;
+        });
+  gauge("kvfabric_router_instance_kv_events_silent",
+        "1 when the instance served requests but its KV events stopped (kv_events.silent_after_s)",
+        [](const Instance& i) { return i.kv_events_silent ? 1.0 : 0.0; });
   gauge("kvfabric_router_instance_predicted_hit_ratio",
         "Predicted cached tokens / prompt tokens routed to the instance", [](const Instance& i) {
           double p = i.prompt_tokens->value();

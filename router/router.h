@@ -26,6 +26,10 @@
 #include "router/kv_transfer.h"
 #include "router/request_parse.h"
 
+namespace boost::json {
+class object;
+}  // namespace boost::json
+
 namespace kvf::http {
 class ResponseStream;
 }  // namespace kvf::http
@@ -76,6 +80,8 @@ class Router : public std::enable_shared_from_this<Router> {
   asio::awaitable<void> handleCompletion(ApiKind kind, const http::Request& request,
                                          http::ResponseWriter& writer);
   bool decide(RequestContext& ctx);
+  // Whether `model` names a LoRA adapter (config lora_adapters).
+  bool isLoraAdapter(std::string_view model) const;
   // Replaces a text prompt by the engine's token ids (POST /tokenize); false when unavailable.
   asio::awaitable<bool> tokenize(RequestContext& ctx, const http::Request& request);
   enum class ForwardResult { kDone, kRetry };
@@ -109,14 +115,28 @@ class Router : public std::enable_shared_from_this<Router> {
   void recordUpstreamSuccess(Instance& instance);
   bool admitted(const Instance& instance) const;
 
-  // Health checks and KV events (health.cc).
+  // Health checks (health.cc).
   asio::awaitable<void> healthLoop(std::shared_ptr<Instance> instance);
-  void applyKvUpdate(int slot, uint64_t generation, KvUpdate& update);
+  // KV events (kv_events.cc).
+  void startKvSubscribers(const std::shared_ptr<Instance>& instance);
+  // `stream`: the data-parallel rank the update came from.
+  void applyKvUpdate(int slot, uint64_t generation, int stream, KvUpdate& update);
+  // The instance's index, tiers and groups start empty (re-admission after an ejection).
+  void resetKvInstance(Instance& instance, std::string_view reason);
+  void setKvState(Instance& instance, size_t state);
+  void updateTierGauges(Instance& instance);
+  void learnKvCapacity(Instance& instance, std::string_view metrics_body);
+  // Once per health interval: silent event stream, unpredicted hits.
+  void checkKvEvents(Instance& instance);
+  void kvEventsJson(const Instance& instance, boost::json::object* out) const;
 
   // Admin API and plain endpoints (admin.cc).
   asio::awaitable<void> handleAdmin(const http::Request& request, http::ResponseWriter& writer);
   asio::awaitable<void> handleModels(http::ResponseWriter& writer);
   std::string instancesJson() const;
+  // POST /admin/match: what the router predicts each instance would report cached for a
+  // completion or chat body, without routing it.
+  absl::StatusOr<std::string> matchJson(const http::Request& request);
 
   void registerInstanceMetrics(const std::shared_ptr<Instance>& instance);
   // kvfabric_router_decisions_total{policy, mode, reason} for `decision`, looked up in the
@@ -135,6 +155,8 @@ class Router : public std::enable_shared_from_this<Router> {
   std::vector<std::shared_ptr<Instance>> slots_;  // index = the core's slot
   uint64_t next_generation_ = 1;
   uint64_t next_request_ = 1;
+  std::string request_prefix_;  // random per process: request ids stay unique across restarts
+  int64_t learned_max_model_len_ = 0;  // from an engine's /v1/models (max_model_len)
   // Shared with every request's coroutine frame: a frame still suspended when the router is
   // destroyed (shutdown, tests) is destroyed later by its io_context and must not touch it.
   std::shared_ptr<int64_t> in_flight_ = std::make_shared<int64_t>(0);

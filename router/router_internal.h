@@ -53,6 +53,11 @@ struct Router::Metrics {
   metrics::Histogram* request_seconds;
   metrics::Histogram* kv_event_lag_seconds;
   metrics::Counter* kv_events_ignored;
+  // KV-event content skipped, by reason (kvfabric_router_kv_events_skipped_total{reason}).
+  metrics::Counter* kv_skipped_unknown_type;
+  metrics::Counter* kv_skipped_unknown_field;
+  metrics::Counter* kv_skipped_other_group;
+  metrics::Counter* kv_skipped_tier_full;
   metrics::Counter* tokenize_fallbacks_disabled;
   metrics::Counter* tokenize_fallbacks_failed;
 };

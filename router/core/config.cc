@@ -30,6 +30,18 @@ absl::Status parseInstanceUrl(std::string_view url, std::string* host, uint16_t*
   return absl::OkStatus();
 }
 
+std::string rankEndpoint(const std::string& endpoint, int rank) {
+  if (rank == 0 || endpoint.empty()) return endpoint;
+  size_t colon = endpoint.rfind(':');
+  if (colon == std::string::npos) return endpoint;
+  unsigned port = 0;
+  const char* begin = endpoint.data() + colon + 1;
+  const char* end = endpoint.data() + endpoint.size();
+  auto [ptr, ec] = std::from_chars(begin, end, port);
+  if (ec != std::errc() || ptr != end) return endpoint;
+  return endpoint.substr(0, colon + 1) + std::to_string(port + static_cast<unsigned>(rank));
+}
+
 void parseInstanceConfig(config::ConfigMap& map, InstanceConfig* out) {
   map.require("id");
   map.require("url");
@@ -40,6 +52,7 @@ void parseInstanceConfig(config::ConfigMap& map, InstanceConfig* out) {
     if (!s.ok()) map.fail("url", std::string(s.message()));
   }
   map.get("worker_url", &out->worker_url);
+  map.get("kv_capacity_blocks", &out->kv_capacity_blocks, 0, uint64_t{1} << 32);
   if (!out->worker_url.empty()) {
     std::string host;
     uint16_t port = 0;
@@ -51,8 +64,13 @@ void parseInstanceConfig(config::ConfigMap& map, InstanceConfig* out) {
     ev->get("endpoint", &out->kv_events.endpoint);
     ev->get("replay_endpoint", &out->kv_events.replay_endpoint);
     ev->get("topic", &out->kv_events.topic);
+    ev->get("data_parallel_size", &out->kv_events.data_parallel_size, 1, 64);
     if (out->kv_events.endpoint.empty() && !out->kv_events.replay_endpoint.empty()) {
       ev->fail("replay_endpoint", "needs kv_events.endpoint");
+    }
+    if (out->kv_events.data_parallel_size > 1 &&
+        rankEndpoint(out->kv_events.endpoint, 1) == out->kv_events.endpoint) {
+      ev->fail("data_parallel_size", "needs a tcp endpoint with a port (rank r uses port + r)");
     }
     ev->rejectUnknownKeys();
   }
@@ -158,6 +176,20 @@ void parseRoot(config::ConfigMap& root, RouterConfig* out, const policy::PolicyR
     io->get("busy_poll_us", &busy_poll_us, 0, 100'000);
     out->busy_poll = busy_poll_us * 1000;
     io->rejectUnknownKeys();
+  }
+  if (auto k = root.map("kv_events")) {
+    uint64_t max_bytes = out->max_kv_event_bytes;
+    k->get("max_message_bytes", &max_bytes, 4096, uint64_t{1} << 30);
+    out->max_kv_event_bytes = max_bytes;
+    getSeconds(*k, "silent_after_s", &out->kv_events_silent_after, 1, 86400);
+    k->rejectUnknownKeys();
+  }
+  root.get("lora_adapters", &out->lora_adapters);
+  if (auto r = root.map("requests")) {
+    r->get("default_max_tokens", &out->default_max_tokens, 0, int64_t{1} << 32);
+    r->get("max_tokens_limit", &out->max_tokens_limit, 0, int64_t{1} << 32);
+    r->get("max_model_len", &out->max_model_len, 0, int64_t{1} << 32);
+    r->rejectUnknownKeys();
   }
   root.get("decision_log", &out->decision_log);
   if (auto a = root.map("admin")) {

@@ -21,8 +21,16 @@ namespace kvf::router {
 struct KvEventsConfig {
   std::string endpoint;         // ZMQ PUB endpoint, e.g. tcp://127.0.0.1:5557; empty: no events
   std::string replay_endpoint;  // ZMQ ROUTER endpoint for gap recovery; empty: none
-  std::string topic = "kv-events";
+  // A prefix filter, as ZMQ subscriptions are; "" (vLLM's default) receives every topic.
+  std::string topic;
+  // vLLM with data parallelism publishes one stream per rank, rank r on the endpoint's (and the
+  // replay endpoint's) port + r; each is subscribed and indexed as its own stream.
+  int data_parallel_size = 1;
 };
+
+// The endpoint of data-parallel rank `rank`: the port after the last ':' plus rank (vLLM's
+// offset_endpoint_port for tcp); rank 0 and empty endpoints unchanged.
+std::string rankEndpoint(const std::string& endpoint, int rank);
 
 struct InstanceConfig {
   std::string id;
@@ -33,6 +41,10 @@ struct InstanceConfig {
   // The engine's worker control server (http://host:port), for KV push and prefill offload;
   // empty: the instance never takes part in either.
   std::string worker_url;
+  // The engine's KV capacity in blocks (per data-parallel rank): what its KV events may make
+  // the router index. 0: learned from the engine's /metrics (vllm:cache_config_info's
+  // num_gpu_blocks), else only index.max_blocks_per_instance bounds it.
+  uint64_t kv_capacity_blocks = 0;
 };
 
 struct HealthConfig {
@@ -69,7 +81,22 @@ struct RouterConfig {
   Nanos tokenize_timeout = 2 * kNanosPerSecond;
   std::string decision_log;               // JSONL path; empty: no log
   std::string admin_token;                // bearer token; empty: admin API disabled
-  size_t max_kv_event_bytes = 64u << 20;  // one batch payload
+  size_t max_kv_event_bytes = 32u << 20;  // one batch payload (kv_events.max_message_bytes)
+  // An instance with events that served requests but published nothing for this long is
+  // flagged events_silent (kv_events.silent_after_s).
+  Nanos kv_events_silent_after = 30 * kNanosPerSecond;
+  // Model names that are LoRA adapters (vLLM: --lora-modules name=path): a request for one is
+  // hashed with the adapter's name, as the engine hashes its blocks. Any other model name is a
+  // base model.
+  std::vector<std::string> lora_adapters;
+  // Output tokens (the `requests:` block): a request without max_tokens gets
+  // default_max_tokens (0: vLLM's default, 16 for completions and the rest of the context for
+  // chat); a larger one is capped at max_tokens_limit (0: none). Either rewrites the body the
+  // engine sees; the load accounting uses the value the engine will use. max_model_len (0:
+  // learned from the engines' /v1/models) sizes chat's "rest of the context".
+  int64_t default_max_tokens = 0;
+  int64_t max_tokens_limit = 0;
+  int64_t max_model_len = 0;
   // io.busy_poll_us: after handling an event, the io thread polls without sleeping for this
   // long before it blocks (0: block at once). See docs/router.md ("io").
   Nanos busy_poll = 0;

@@ -242,8 +242,21 @@ TEST_F(EngineServerTest, EveryBadInputAnswers400AndTheServerStaysUp) {
     EXPECT_EQ(r.status, 400) << c.path << " " << c.body << " -> " << r.body;
     auto obj = json::parseObject(r.body);
     ASSERT_TRUE(obj.ok()) << r.body;
-    std::string message(obj->at("error").as_object().at("message").as_string());
+    const bj::object& error = obj->at("error").as_object();
+    std::string message(error.at("message").as_string());
     EXPECT_NE(message.find(c.field), std::string::npos) << c.body << " -> " << message;
+    // vLLM's error shape: param names the top-level field at fault (null for a body that is
+    // not an object), code is the HTTP status.
+    EXPECT_EQ(error.at("code"), 400) << r.body;
+    std::string_view field(c.field);
+    if (field == "JSON" || field == "object") {
+      EXPECT_TRUE(error.at("param").is_null()) << r.body;
+    } else {
+      ASSERT_TRUE(error.at("param").is_string()) << r.body;
+      EXPECT_EQ(std::string_view(error.at("param").as_string()),
+                field.substr(0, field.find_first_of("[.")))
+          << r.body;
+    }
   }
   Response unknown = call(post("/v1/completions", R"({"prompt": "hi", "model": "nope"})"));
   EXPECT_EQ(unknown.status, 404);

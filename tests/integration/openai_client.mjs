@@ -64,12 +64,23 @@ const cached2 = usage.prompt_tokens_details?.cached_tokens ?? 0;
 check(cached2 > cached1, `turn 2 hits turn 1's prefix (cached ${cached2} > ${cached1})`);
 console.log(JSON.stringify({ call: 'chat_stream', deltas, usage }));
 
+// Errors carry OpenAI's (and vLLM's) param and code: a body of the wrong shape and a value out
+// of range, each naming its field.
 let rejected = false;
 try {
   await client.chat.completions.create({ model, messages: 'not-a-list' });
 } catch (e) {
-  rejected = e.status === 400 && typeof e.message === 'string';
-  console.log(JSON.stringify({ call: 'bad_request', status: e.status }));
+  rejected = e.status === 400 && typeof e.message === 'string' && e.param === 'messages' &&
+    e.code === 400;
+  console.log(JSON.stringify({ call: 'bad_request', status: e.status, param: e.param, code: e.code }));
 }
-check(rejected, 'malformed request rejected with 400');
+check(rejected, 'malformed request rejected with 400, param "messages", code 400');
+let range_rejected = false;
+try {
+  await client.completions.create({ model, prompt: [1, 2, 3], max_tokens: -1 });
+} catch (e) {
+  range_rejected = e.status === 400 && e.param === 'max_tokens' && e.code === 400;
+  console.log(JSON.stringify({ call: 'bad_max_tokens', status: e.status, param: e.param, code: e.code }));
+}
+check(range_rejected, 'negative max_tokens rejected with 400, param "max_tokens", code 400');
 console.log('ALL OK');

@@ -53,6 +53,85 @@ TEST(CacheIndexTest, ExactEventsMapEngineHashesThroughTokens) {
   EXPECT_EQ(index.stats().exact_entries, 3u);
 }
 
+// vLLM can cache one hash in two blocks (a fully cached prompt recomputes its last block): the
+// block stays held until its last copy is removed.
+TEST(CacheIndexTest, CopiesOfOneHashNeedOneRemovalEach) {
+  CacheIndex index;
+  auto t = tokens(2);
+  auto ours = hashTokenBlocks(t, kBs);
+  ASSERT_TRUE(index.storeBlocks(0, stored({7, 8}, std::nullopt, t)));
+  ASSERT_TRUE(index.storeBlocks(0, stored({8}, 7, {t.begin() + 16, t.end()})));  // second copy
+  std::vector<uint64_t> removed = {8};
+  index.removeBlocks(0, removed);
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{2, 0, 0, 0}));
+  index.removeBlocks(0, removed);
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{1, 0, 0, 0}));
+  EXPECT_EQ(index.instanceBlocks(0), 1u);
+}
+
+// Equal tokens under different extra keys (LoRA adapter, cache salt) are different blocks: they
+// never merge, and removing one leaves the other.
+TEST(CacheIndexTest, ExtraKeysSeparateEqualTokens) {
+  CacheIndex index;
+  auto t = tokens(2);
+  StoredBlocks plain = stored({1, 2}, std::nullopt, t);
+  StoredBlocks salted = stored({11, 12}, std::nullopt, t);
+  salted.extras = {0x5a17, 0};  // a salt on block 0 only
+  ASSERT_TRUE(index.storeBlocks(0, plain));
+  ASSERT_TRUE(index.storeBlocks(0, salted));
+  auto unkeyed = hashTokenBlocks(t, kBs);
+  std::vector<uint64_t> extras = {0x5a17};
+  auto keyed = hashTokenBlocksWithExtras(t, kBs, extras);
+  EXPECT_NE(unkeyed[0], keyed[0]);
+  EXPECT_NE(unkeyed[1], keyed[1]);  // the chain carries the salt on
+  EXPECT_EQ(index.instanceBlocks(0), 4u);
+  std::vector<uint64_t> removed = {1, 2};
+  index.removeBlocks(0, removed);
+  EXPECT_EQ(match(index, unkeyed), (std::vector<uint32_t>{0, 0, 0, 0}));
+  EXPECT_EQ(match(index, keyed), (std::vector<uint32_t>{2, 0, 0, 0}));
+  // A keyless digest (0) hashes exactly as before.
+  std::vector<uint64_t> none = {0, 0};
+  EXPECT_EQ(hashTokenBlocksWithExtras(t, kBs, none), unkeyed);
+}
+
+// Data-parallel ranks are streams of one instance: a block both hold survives one rank's
+// removal and one rank's reset.
+TEST(CacheIndexTest, StreamsOfOneInstanceCountSeparately) {
+  CacheIndex index;
+  auto t = tokens(2);
+  auto ours = hashTokenBlocks(t, kBs);
+  ASSERT_TRUE(index.storeBlocks(3, stored({1, 2}, std::nullopt, t), /*stream=*/0));
+  ASSERT_TRUE(index.storeBlocks(3, stored({1, 2}, std::nullopt, t), /*stream=*/1));
+  std::vector<uint64_t> removed = {2};
+  index.removeBlocks(3, removed, 0);
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 0, 0, 2}));
+  index.clearStream(3, 1);
+  EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 0, 0, 1}));
+  EXPECT_EQ(index.stats().exact_entries, 1u);
+  index.clearStream(3, 0);
+  EXPECT_EQ(index.stats().exact_entries, 0u);
+  EXPECT_EQ(index.instanceBlocks(3), 0u);
+}
+
+// An instance's declared KV capacity bounds what its events can make the index hold (three
+// 25 MiB BlockStored messages once indexed 3.1M blocks for an engine holding 17,618).
+TEST(CacheIndexTest, DeclaredCapacityBoundsAnInstance) {
+  CacheIndex index;
+  index.setCapacity(0, 100);
+  for (uint64_t batch = 0; batch < 3; ++batch) {
+    std::vector<uint64_t> hashes(200);
+    std::iota(hashes.begin(), hashes.end(), 1 + batch * 1000);
+    EXPECT_FALSE(index.storeBlocks(
+        0, stored(hashes, std::nullopt, tokens(200, static_cast<TokenId>(batch * 100000)))));
+  }
+  EXPECT_LE(index.instanceBlocks(0), 100u);
+  EXPECT_EQ(index.stats().over_capacity, 3u);
+  // Another instance is not bound by it.
+  std::vector<uint64_t> hashes(200);
+  std::iota(hashes.begin(), hashes.end(), 1);
+  EXPECT_TRUE(index.storeBlocks(1, stored(hashes, std::nullopt, tokens(200))));
+}
+
 TEST(CacheIndexTest, LongestLeadingRunPerInstance) {
   CacheIndex index;
   auto t = tokens(6);

@@ -29,7 +29,8 @@ admin: {token: secret}
   ASSERT_EQ(config->instances.size(), 2u);
   EXPECT_EQ(config->instances[0].host, "127.0.0.1");
   EXPECT_EQ(config->instances[0].port, 8100);
-  EXPECT_EQ(config->instances[0].kv_events.topic, "kv-events");
+  EXPECT_EQ(config->instances[0].kv_events.topic, "");  // vLLM's default
+  EXPECT_EQ(config->instances[0].kv_events.data_parallel_size, 1);
   EXPECT_EQ(config->instances[1].port, 8101);
   EXPECT_TRUE(config->instances[1].kv_events.endpoint.empty());
   EXPECT_EQ(config->policy.kind, "lmetric");
@@ -150,4 +151,50 @@ TEST(RouterConfigTest, BusyPollWindow) {
   }
 }
 
+}  // namespace kvf::router
+
+namespace kvf::router {
+namespace {
+
+// vLLM's data-parallel ranks publish on port + rank; LoRA adapters, capacity and the
+// KV-event limits are read and checked.
+TEST(RouterConfigTest, VllmEventOptions) {
+  auto config = parseRouterConfig(R"(
+lora_adapters: [sql-lora, chat-lora]
+kv_events: {max_message_bytes: 1048576, silent_after_s: 5}
+requests: {default_max_tokens: 256, max_tokens_limit: 4096, max_model_len: 32768}
+instances:
+  - id: e0
+    url: http://127.0.0.1:8100
+    kv_capacity_blocks: 17618
+    kv_events: {endpoint: "tcp://10.0.0.5:5557", replay_endpoint: "tcp://10.0.0.5:5567",
+                data_parallel_size: 4, topic: "kv@pod"}
+)",
+                                  "<test>");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->lora_adapters, (std::vector<std::string>{"sql-lora", "chat-lora"}));
+  EXPECT_EQ(config->max_kv_event_bytes, 1048576u);
+  EXPECT_EQ(config->kv_events_silent_after, 5 * kNanosPerSecond);
+  EXPECT_EQ(config->default_max_tokens, 256);
+  EXPECT_EQ(config->max_tokens_limit, 4096);
+  EXPECT_EQ(config->max_model_len, 32768);
+  EXPECT_EQ(config->instances[0].kv_capacity_blocks, 17618u);
+  EXPECT_EQ(config->instances[0].kv_events.data_parallel_size, 4);
+  EXPECT_EQ(rankEndpoint("tcp://10.0.0.5:5557", 0), "tcp://10.0.0.5:5557");
+  EXPECT_EQ(rankEndpoint("tcp://10.0.0.5:5557", 3), "tcp://10.0.0.5:5560");
+  EXPECT_EQ(rankEndpoint("tcp://[::1]:5567", 1), "tcp://[::1]:5568");
+
+  auto bad = parseRouterConfig(R"(
+instances:
+  - id: e0
+    url: http://127.0.0.1:8100
+    kv_events: {endpoint: "ipc:///tmp/kv", data_parallel_size: 2}
+)",
+                               "<test>");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("data_parallel_size"), std::string::npos)
+      << bad.status();
+}
+
+}  // namespace
 }  // namespace kvf::router

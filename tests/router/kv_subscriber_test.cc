@@ -147,7 +147,7 @@ TEST(KvSubscriberTest, RestartAndUnrecoverableGapReset) {
 // A child process speaking line commands over pipes.
 class PythonPublisher {
  public:
-  PythonPublisher() {
+  explicit PythonPublisher(const char* arg = nullptr) {
     int in[2], out[2];
     if (pipe(in) != 0 || pipe(out) != 0) throw std::runtime_error("pipe");
     std::string script = std::string(getenv("KVF_SOURCE_DIR") ? getenv("KVF_SOURCE_DIR") : ".") +
@@ -159,6 +159,9 @@ class PythonPublisher {
       close(in[1]);
       close(out[0]);
       alarm(60);  // never outlive the test
+      if (arg != nullptr) {
+        execl("/usr/bin/python3", "python3", script.c_str(), "--ranks", arg, nullptr);
+      }
       execl("/usr/bin/python3", "python3", script.c_str(), nullptr);
       _exit(127);
     }
@@ -252,6 +255,48 @@ TEST(KvSubscriberTest, PythonVllmFormatPublisherFeedsTheIndex) {
   apply(more);
   index.matchLengths(hashes, matched);
   EXPECT_EQ(matched[0], 4u);
+}
+
+// A stream first seen past seq 0, whose replay buffer no longer reaches back, says what history
+// it lost; an undecodable batch resets the stream instead of advancing it silently; an unknown
+// event type is skipped and counted, the rest of its batch kept (bytes from the fixtures'
+// independent encoder).
+TEST(KvSubscriberTest, LateJoinUndecodableBatchAndUnknownEvents) {
+  if (access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "no /usr/bin/python3";
+  PythonPublisher py;
+  int pub_port = 0, replay_port = 0;
+  ASSERT_EQ(sscanf(py.line().c_str(), "%d %d", &pub_port, &replay_port), 2);
+  Collector c;
+  KvEventsConfig config{"tcp://127.0.0.1:" + std::to_string(pub_port),
+                        "tcp://127.0.0.1:" + std::to_string(replay_port), ""};
+  KvSubscriber sub(std::make_shared<zmq::context_t>(1), config, c.sink());
+  py.send("seq 1000");  // batches 0-999 were published before anyone listened
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (c.size() == 0 && std::chrono::steady_clock::now() < deadline) {
+    py.send("probe");
+    std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(c.waitFor([](auto& u) { return u.size() >= 2; }));
+  auto first = c.take();
+  ASSERT_EQ(first[0].kind, KvUpdate::Kind::kReset);
+  EXPECT_EQ(first[0].reason, "late_join");
+  EXPECT_EQ(first[0].lost_batches, 1000u);
+  EXPECT_EQ(sub.stats().late_joins.load(), 1u);
+
+  py.send("garbage");
+  ASSERT_TRUE(c.waitFor([](auto& u) { return !u.empty(); }));
+  auto bad = c.take();
+  ASSERT_EQ(bad[0].kind, KvUpdate::Kind::kReset);
+  EXPECT_EQ(bad[0].reason, "undecodable");
+  EXPECT_FALSE(bad[0].error.empty());
+
+  py.send("fixture unknown_event_type_map");
+  ASSERT_TRUE(c.waitFor([](auto& u) { return !u.empty(); }));
+  auto unknown = c.take();
+  ASSERT_EQ(unknown[0].kind, KvUpdate::Kind::kBatch);
+  EXPECT_EQ(unknown[0].batch.skipped_events, 1u);
+  EXPECT_EQ(unknown[0].batch.events.size(), 2u);
+  EXPECT_EQ(sub.stats().decode_errors.load(), 1u);
 }
 
 }  // namespace

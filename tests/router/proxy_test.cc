@@ -395,6 +395,41 @@ TEST_F(ProxyTest, SilentMissIsCountedWhenTheEngineLostThePrediction) {
             std::string::npos);
 }
 
+// An unset max_tokens gets the router's default and a larger one its cap: the engine sees the
+// value the router accounts for. Request ids carry the process's random prefix, and an error
+// names its field (param) and status (code) as vLLM's do.
+TEST_F(ProxyTest, MaxTokensDefaultAndCapReachTheEngineAndIdsAreUnique) {
+  start(1, "{kind: hybrid}", false, "requests: {default_max_tokens: 7, max_tokens_limit: 20}\n");
+  std::vector<std::string> ids;
+  for (const char* extra : {"", R"(,"max_tokens":500)", R"(,"max_tokens":5)"}) {
+    auto r = call(
+        post("/v1/completions", std::string(R"({"model":"m","prompt":[1,2,3])") + extra + "}"));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->status, 200) << r->body;
+    ids.emplace_back(r->header("x-kvf-request-id"));
+  }
+  std::vector<int64_t> seen;
+  for (const std::string& body : engines_[0]->receivedBodies()) {
+    auto obj = json::parseObject(body);
+    ASSERT_TRUE(obj.ok()) << body;
+    seen.push_back(obj->at("max_tokens").as_int64());
+  }
+  EXPECT_EQ(seen, (std::vector<int64_t>{7, 20, 5}));
+  // "kvf-<8 hex digits>-<n>": the prefix differs between router processes.
+  ASSERT_EQ(ids.size(), 3u);
+  EXPECT_EQ(ids[0].size(), 14u) << ids[0];
+  EXPECT_EQ(ids[0].substr(0, 13), ids[1].substr(0, 13));
+  EXPECT_NE(ids[0], ids[1]);
+
+  auto bad = call(post("/v1/completions", R"({"model":"m","prompt":[1],"max_tokens":"x"})"));
+  ASSERT_TRUE(bad.ok());
+  auto err = json::parseObject(bad->body);
+  ASSERT_TRUE(err.ok()) << bad->body;
+  const auto& e = err->at("error").as_object();
+  EXPECT_EQ(e.at("param"), "max_tokens") << bad->body;
+  EXPECT_EQ(e.at("code"), 400) << bad->body;
+}
+
 // Text prompts without tokenize are indexed approximately and counted as such. Their length
 // is only estimated (4 bytes per token) while a real tokenizer takes more bytes per token (8
 // here), so the engine's own count caps the prediction as a token prompt's length does: at most

@@ -1,5 +1,6 @@
 #include "router/request_parse.h"
 
+#include "common/json.h"
 #include "router/fast_parse.h"
 
 #include <gtest/gtest.h>
@@ -418,6 +419,94 @@ TEST(RequestParseTest, HashesFollowTheDomain) {
   ParsedRequest text;
   text.text.assign(130, 'x');
   EXPECT_EQ(requestHashes(text, 16).size(), 2u);  // 64 bytes per block
+}
+
+}  // namespace
+}  // namespace kvf::router
+
+namespace kvf::router {
+namespace {
+
+std::string tokenBody(std::string extra) {
+  std::string body = R"({"model":"m","prompt":[)";
+  for (int i = 0; i < 48; ++i) body += (i ? "," : "") + std::to_string(100 + i);
+  return body + "]" + extra + "}";
+}
+
+// cache_salt and multimodal items are read (by the DOM path: the single pass leaves such
+// bodies to it), validated with the field named, and key the prompt's hashes as vLLM keys its
+// blocks: a salt changes block 0 and so every block after it.
+TEST(RequestParseTest, ExtraKeysAreReadAndKeyTheHashes) {
+  auto plain = parseRequest(ApiKind::kCompletions, post(tokenBody("")));
+  auto salted = parseRequest(ApiKind::kCompletions, post(tokenBody(R"(,"cache_salt":"t-a")")));
+  auto image = parseRequest(
+      ApiKind::kCompletions,
+      post(tokenBody(R"(,"kvfabric_mm_items":[{"identifier":"abc","offset":20,"length":8}])")));
+  ASSERT_TRUE(plain.ok() && salted.ok() && image.ok()) << salted.status() << image.status();
+  EXPECT_EQ(salted->extra_keys.cache_salt, "t-a");
+  ASSERT_EQ(image->extra_keys.mm_items.size(), 1u);
+  EXPECT_EQ(image->extra_keys.mm_items[0].offset, 20);
+  auto h_plain = requestHashes(*plain, 16);
+  auto h_salted = requestHashes(*salted, 16);
+  auto h_image = requestHashes(*image, 16);
+  ASSERT_EQ(h_plain.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NE(h_plain[i], h_salted[i]) << i;
+  EXPECT_EQ(h_plain[0], h_image[0]);  // the image starts in block 1
+  EXPECT_NE(h_plain[1], h_image[1]);
+  EXPECT_NE(h_plain[2], h_image[2]);
+  // A LoRA adapter keys every block.
+  ParsedRequest lora = *plain;
+  lora.extra_keys.lora_name = "sql-lora";
+  auto h_lora = requestHashes(lora, 16);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NE(h_plain[i], h_lora[i]) << i;
+  // Text prompts are keyed too.
+  auto text = parseRequest(ApiKind::kCompletions,
+                           post(R"({"model":"m","prompt":"abcdefghijklmnopqrstuvwxyz0123456789)"
+                                R"(abcdefghijklmnopqrstuvwxyz0123456789","cache_salt":"s"})"));
+  ASSERT_TRUE(text.ok()) << text.status();
+  ParsedRequest unsalted_text = *text;
+  unsalted_text.extra_keys = {};
+  EXPECT_NE(requestHashes(*text, 4), requestHashes(unsalted_text, 4));
+
+  for (const char* bad : {R"(,"cache_salt":"")", R"(,"cache_salt":7)", R"(,"kvfabric_mm_items":{})",
+                          R"(,"kvfabric_mm_items":[{"identifier":"a","offset":-1,"length":1}])",
+                          R"(,"kvfabric_mm_items":[{"offset":0,"length":1}])"}) {
+    auto p = parseRequest(ApiKind::kCompletions, post(tokenBody(bad)));
+    ASSERT_FALSE(p.ok()) << bad;
+    std::string message(p.status().message());
+    EXPECT_TRUE(message.find("cache_salt") != std::string::npos ||
+                message.find("kvfabric_mm_items") != std::string::npos)
+        << message;
+  }
+}
+
+// vLLM's defaults when max_tokens is unset (completions 16, chat the rest of the context),
+// the router's default and cap, and the body rewrite that carries them.
+TEST(RequestParseTest, EffectiveMaxTokensFollowsVllmAndTheRouterCaps) {
+  auto unset = parseRequest(ApiKind::kCompletions, post(R"({"model":"m","prompt":[1,2,3]})"));
+  auto chat = parseRequest(ApiKind::kChat,
+                           post(R"({"model":"m","messages":[{"role":"user","content":"hi"}]})"));
+  auto given = parseRequest(ApiKind::kChat, post(R"({"model":"m","max_completion_tokens":900,
+                                                     "messages":[{"role":"user","content":"a"}]})"));
+  auto fast = parseRequest(ApiKind::kCompletions,
+                           post(R"({"model":"m","prompt":[1,2,3],"max_tokens":40})"));
+  ASSERT_TRUE(unset.ok() && chat.ok() && given.ok() && fast.ok());
+  EXPECT_FALSE(unset->max_tokens_given);
+  EXPECT_FALSE(chat->max_tokens_given);
+  EXPECT_TRUE(given->max_tokens_given);
+  EXPECT_TRUE(fast->max_tokens_given);
+  EXPECT_EQ(effectiveMaxTokens(*unset, ApiKind::kCompletions, 0, 0, 4096), 16);
+  EXPECT_EQ(effectiveMaxTokens(*chat, ApiKind::kChat, 0, 0, 4096), 4096 - chat->prompt_tokens);
+  EXPECT_EQ(effectiveMaxTokens(*chat, ApiKind::kChat, 0, 1000, 4096), 1000);
+  EXPECT_EQ(effectiveMaxTokens(*chat, ApiKind::kChat, 64, 0, 4096), 64);
+  EXPECT_EQ(effectiveMaxTokens(*given, ApiKind::kChat, 64, 500, 4096), 500);
+  EXPECT_EQ(effectiveMaxTokens(*fast, ApiKind::kCompletions, 64, 0, 0), 40);
+  auto rewritten = withMaxTokens(R"({"model":"m","max_completion_tokens":900})", 500);
+  ASSERT_TRUE(rewritten.has_value());
+  auto obj = json::parseObject(*rewritten);
+  ASSERT_TRUE(obj.ok());
+  EXPECT_EQ(obj->at("max_tokens"), 500);
+  EXPECT_EQ(obj->at("max_completion_tokens"), 500);
 }
 
 }  // namespace
