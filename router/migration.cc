@@ -59,13 +59,11 @@ asio::awaitable<std::optional<std::string>> Router::upstreamBody(RequestContext&
     }
   }
   // No parameters to add and none from the client to strip: the body goes as it came.
-  bool client_params = ctx.parsed.has_kv_transfer_params
-                           ? *ctx.parsed.has_kv_transfer_params
-                           : request.body.find("kv_transfer_params") != std::string::npos;
+  const bool client_params = ctx.parsed.has_kv_transfer_params;
   if (!with_params && !client_params) {
     co_return std::nullopt;
   }
-  auto body = withKvTransferParams(request.body, with_params ? &params : nullptr);
+  auto body = withKvTransferParams(request.body, client_params, with_params ? &params : nullptr);
   // parseRequest accepted the body as a JSON object, so this cannot fail; be safe anyway.
   if (!body.ok()) co_return std::nullopt;
   co_return std::move(*body);
