@@ -169,7 +169,8 @@ class Pusher final : public DeviceStagingPusher {
       }
       return cudaToStatus(cudaEventRecord(slot.copied, stream_), "cudaEventRecord");
     };
-    size_t enqueued = 0, posted = 0;  // chunks in [posted, enqueued) hold a slot, no put yet
+    std::vector<NoticeBlock> noticed;  // blocks of the chunks before the last, in order
+    size_t enqueued = 0, posted = 0;   // chunks in [posted, enqueued) hold a slot, no put yet
     absl::Status status = enqueue(0);
     if (status.ok()) enqueued = 1;
     for (size_t k = 0; k < chunks.size() && status.ok(); ++k) {
@@ -180,11 +181,34 @@ class Pusher final : public DeviceStagingPusher {
       Slot& slot = *slots_[k % slots_.size()];
       if (status.ok()) status = cudaToStatus(cudaEventSynchronize(slot.copied), "D2H copy");
       if (!status.ok()) break;
+      const bool last = k + 1 == chunks.size();
       PutRequest put = request;
       put.source = ring_region_;
       for (auto& b : chunks[k].blocks) b.local_offset += (k % slots_.size()) * options_.chunk_bytes;
       put.blocks = chunks[k].blocks;
-      put.landing_id = k + 1 == chunks.size() ? request.landing_id : 0;
+      if (request.checksums == ChecksumMode::kCompute) {
+        // Computed here, on the staged host copy, so the final notice can list every chunk's.
+        put.checksums = ChecksumMode::kProvided;
+        put.provided_checksums.clear();
+        for (const auto& b : put.blocks) {
+          put.provided_checksums.push_back(
+              blockChecksum(static_cast<const char*>(ring_) + b.local_offset, b.length));
+        }
+        state->addChecksums(put.provided_checksums);
+      }
+      // One landing, one notice: it goes with the last chunk and lists every chunk's blocks, and
+      // is posted only once the earlier chunks' puts have completed (their bytes have landed).
+      put.landing_id = last ? request.landing_id : 0;
+      if (!last) {
+        for (size_t i = 0; i < put.blocks.size(); ++i) {
+          noticed.push_back({put.blocks[i].remote_addr, put.blocks[i].length,
+                             put.provided_checksums.empty() ? 0 : put.provided_checksums[i]});
+        }
+      } else if (request.landing_id != 0) {
+        status = state->waitCompleted(k);
+        if (!status.ok()) break;
+        put.notice_prefix = std::move(noticed);
+      }
       Slot* slot_ptr = &slot;
       auto handle = ctx_.postPut(std::move(put), [state, slot_ptr](absl::StatusOr<PutResult> r) {
         {
@@ -215,24 +239,38 @@ class Pusher final : public DeviceStagingPusher {
 
   struct Totals {
     std::mutex mu;
+    std::condition_variable cv;
     size_t remaining = 0;
+    size_t completed = 0;  // puts that completed, successfully or not
     bool finished = false;
     PutResult sum;
     absl::Status error;
     PutCallback done;
+    // Chunk checksums in block order (puts may complete out of order).
+    void addChecksums(const std::vector<uint64_t>& sums) {
+      std::lock_guard lock(mu);
+      sum.checksums.insert(sum.checksums.end(), sums.begin(), sums.end());
+    }
     void add(absl::StatusOr<PutResult> r) {
       std::unique_lock lock(mu);
       if (r.ok()) {
         sum.bytes += r->bytes;
         sum.blocks += r->blocks;
         sum.operations += r->operations;
-        sum.checksums.insert(sum.checksums.end(), r->checksums.begin(), r->checksums.end());
         sum.elapsed = std::max(sum.elapsed, r->elapsed);
         sum.new_endpoint = sum.new_endpoint || r->new_endpoint;
       } else if (error.ok()) {
         error = r.status();
       }
+      ++completed;
+      cv.notify_all();
       if (--remaining == 0) finish(lock);
+    }
+    // Waits until `n` puts have completed; the first error among them otherwise.
+    absl::Status waitCompleted(size_t n) {
+      std::unique_lock lock(mu);
+      cv.wait(lock, [&] { return completed >= n || !error.ok(); });
+      return error;
     }
     void fail(absl::Status s) {
       std::unique_lock lock(mu);

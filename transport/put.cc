@@ -45,6 +45,14 @@ absl::Status validatePut(const PutRequest& r, const RegionImpl& source, uint32_t
     return absl::InvalidArgumentError(
         strCat("blocks: ", r.blocks.size(), " exceeds max_blocks_per_put ", max_blocks));
   }
+  if (!r.notice_prefix.empty() && r.landing_id == 0) {
+    return absl::InvalidArgumentError("notice_prefix: set without a landing_id");
+  }
+  if (r.notice_prefix.size() + r.blocks.size() > max_blocks) {
+    return absl::InvalidArgumentError(
+        strCat("notice_prefix + blocks: ", r.notice_prefix.size() + r.blocks.size(),
+               " exceeds max_blocks_per_put ", max_blocks));
+  }
   if (r.peer_rkey.empty()) return absl::InvalidArgumentError("peer_rkey: empty");
   if (r.deadline.count() < 0) return absl::InvalidArgumentError("deadline: negative");
   if (r.checksums == ChecksumMode::kProvided && r.provided_checksums.size() != r.blocks.size()) {
@@ -106,11 +114,15 @@ absl::StatusOr<std::shared_ptr<PutHandle>> Core::postPut(PutRequest request, Put
     p.checksums = request.provided_checksums;
   }
   if (request.landing_id != 0) {
-    NoticeHeader header{kNoticeMagic, p.blocks, request.landing_id,
+    const auto& prefix = request.notice_prefix;
+    const auto count = static_cast<uint32_t>(prefix.size() + p.blocks);
+    NoticeHeader header{kNoticeMagic, count, request.landing_id,
                         p.checksums.empty() ? 0u : kNoticeHasChecksums, 0};
-    batch->notice.resize(sizeof(header) + sizeof(NoticeBlock) * p.blocks);
+    batch->notice.resize(sizeof(header) + sizeof(NoticeBlock) * count);
     std::memcpy(batch->notice.data(), &header, sizeof(header));
     auto* out = reinterpret_cast<NoticeBlock*>(batch->notice.data() + sizeof(header));
+    std::copy(prefix.begin(), prefix.end(), out);
+    out += prefix.size();
     for (size_t i = 0; i < request.blocks.size(); ++i) {
       out[i] = {request.blocks[i].remote_addr, request.blocks[i].length,
                 p.checksums.empty() ? 0 : p.checksums[i]};

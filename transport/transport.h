@@ -60,6 +60,14 @@ enum class ChecksumMode {
 
 class MemoryRegion;
 
+// One block of a sender's completion notice: where it wrote, how much, and the xxh3 of what it
+// sent (0 without checksums).
+struct NoticeBlock {
+  uint64_t remote_addr;
+  uint64_t length;
+  uint64_t checksum;
+};
+
 struct PutRequest {
   std::shared_ptr<MemoryRegion> source;   // a region of this context
   std::string peer_address;               // the peer's workerAddress() bytes
@@ -71,6 +79,10 @@ struct PutRequest {
   // Non-zero: after the flush, tell the receiver's Landing with this id that the batch landed,
   // with the block list and checksums, so it can verify and resolve.
   uint64_t landing_id = 0;
+  // With landing_id: blocks that earlier puts to the same landing wrote and that completed
+  // before this one was posted; the notice lists them first, then `blocks`. Lets a sender that
+  // splits one landing over several puts (a staging ring) resolve it with a single notice.
+  std::vector<NoticeBlock> notice_prefix;
 };
 
 struct PutResult {
@@ -216,14 +228,6 @@ class TransportContext {
 
 // xxh3-64 of a block, as used by ChecksumMode::kCompute and Landing verification.
 uint64_t blockChecksum(const void* data, uint64_t length);
-
-// One block of a sender's completion notice: where it wrote, how much, and the xxh3 of what it
-// sent (0 without checksums).
-struct NoticeBlock {
-  uint64_t remote_addr;
-  uint64_t length;
-  uint64_t checksum;
-};
 
 // The receiver's check of a completion notice against its landing: the blocks must be
 // spec.blocks (with spec.allow_prefix, a non-empty leading part of them), and with

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""KV push TTFT benchmark (issue 7): a turn-2 request (prefix + new suffix) served with the
+"""KV push TTFT benchmark: a turn-2 request (prefix + new suffix) served with the
 prefix (a) in the engine's local cache, (b) pushed from a peer that holds it, (c) recomputed.
 
 Starts two kvf-engine processes (C holds the prefix, D receives) from engine/configs/engine.yaml

@@ -233,15 +233,17 @@ class FakeLanding final : public kt::Landing, public std::enable_shared_from_thi
   }
   // Fabric thread: the sender's completion notice for `blocks` with `sums` (one per block, or
   // none), checked as every backend checks it.
-  void notice(const std::vector<kt::BlockCopy>& blocks, const std::vector<uint64_t>& sums) {
-    std::vector<kt::NoticeBlock> noticed;
+  // `prefix`: blocks of earlier puts to this landing (PutRequest::notice_prefix), listed first.
+  void notice(const std::vector<kt::NoticeBlock>& prefix, const std::vector<kt::BlockCopy>& blocks,
+              const std::vector<uint64_t>& sums) {
+    std::vector<kt::NoticeBlock> noticed = prefix;
     for (size_t i = 0; i < blocks.size(); ++i) {
       noticed.push_back({blocks[i].remote_addr, blocks[i].length, i < sums.size() ? sums[i] : 0});
     }
     bool mismatch = false;
     absl::Status status = kt::verifyNotice(spec_, noticed, sums.size() == blocks.size(),
                                            region_->data(), region_->base(), &mismatch);
-    if (status.ok()) landed_.store(static_cast<uint32_t>(blocks.size()));
+    if (status.ok()) landed_.store(static_cast<uint32_t>(noticed.size()));
     finish(status, true);
   }
   const kt::LandingSpec& spec() const { return spec_; }
@@ -511,7 +513,7 @@ class FakeContext final : public kt::TransportContext {
       if (it != s->landings.end()) landing = it->second;
     }
     if (landing && landing->spec().sender_address == "fake:" + name) {
-      landing->notice(r->blocks, partial.checksums);
+      landing->notice(r->notice_prefix, r->blocks, partial.checksums);
     }
     put->finish(partial);
   }

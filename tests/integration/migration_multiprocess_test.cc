@@ -4,7 +4,6 @@
 // prefix, the pushed bytes are exactly C's blocks, and turn 3 hits the migrated blocks on D
 // locally. Offload: the elastic policy prefills a HEAVY request on P and decodes it on D, the
 // client seeing one response (plain and streaming); with P killed, D prefills locally.
-// Skipped while kvf-engine has no --worker_port (the engine half of issue 7, branch push).
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -52,11 +51,6 @@ class MigrationMultiprocessTest : public ::testing::Test {
     bin_ = envOr("KVF_BIN_DIR", source_ + "/build/bin");
     dir_ = fs::temp_directory_path() / ("kvf_migrate_mp_" + std::to_string(getpid()));
     fs::create_directories(dir_);
-    auto help = startLogged({bin_ + "/kvf-engine", "--help"}, (dir_ / "help.log").string());
-    help->wait(10s);
-    if (readLog(*help).find("worker_port") == std::string::npos) {
-      GTEST_SKIP() << "kvf-engine has no --worker_port yet (engine side of issue 7 not merged)";
-    }
     setenv("KVF_WORKER_TOKEN", "mp-test-token", 1);
   }
 

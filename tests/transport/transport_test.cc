@@ -498,6 +498,55 @@ TEST(Landing, AcceptsALeadingPrefixWhenAllowed) {
   EXPECT_EQ((*shifted)->check().code(), absl::StatusCode::kDataLoss);
 }
 
+// A sender that splits one landing over several puts (the CUDA staging ring) resolves it with
+// one notice: the last put lists the earlier puts' blocks first (PutRequest::notice_prefix).
+TEST(Landing, OneNoticeCoversBlocksOfEarlierPuts) {
+  Pair p = makePair("shm", 16 * 4096);
+  auto blocks = scatter(p, 8, 4096, true);
+  auto landing =
+      p.receiver->expectPut(p.dst_region, {p.sender->workerAddress(), blocks, 5s, true}, nullptr);
+  ASSERT_TRUE(landing.ok());
+  PutRequest first{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(),
+                   std::vector<BlockCopy>(blocks.begin(), blocks.begin() + 5)};
+  first.checksums = ChecksumMode::kCompute;
+  auto handle = p.sender->postPut(first, nullptr);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE((*handle)->waitFor(5s));
+  ASSERT_TRUE((*handle)->result().ok());
+  EXPECT_FALSE((*landing)->resolved());  // no notice yet
+  std::vector<NoticeBlock> prefix;
+  for (size_t i = 0; i < 5; ++i) {
+    prefix.push_back({blocks[i].remote_addr, blocks[i].length, (*handle)->result()->checksums[i]});
+  }
+  PutRequest rest{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(),
+                  std::vector<BlockCopy>(blocks.begin() + 5, blocks.end())};
+  rest.checksums = ChecksumMode::kCompute;
+  rest.landing_id = (*landing)->id();
+  rest.notice_prefix = prefix;
+  ASSERT_TRUE(p.sender->postPut(rest, nullptr).ok());
+  ASSERT_TRUE((*landing)->waitFor(5s));
+  EXPECT_TRUE((*landing)->check().ok()) << (*landing)->check();
+  EXPECT_EQ((*landing)->landedBlocks(), 8u);
+  for (const auto& b : blocks) {
+    EXPECT_EQ(std::memcmp(p.src.data() + b.local_offset,
+                          reinterpret_cast<const void*>(b.remote_addr), b.length),
+              0);
+  }
+  // A prefix whose checksum does not match what landed is caught like any other block.
+  auto again =
+      p.receiver->expectPut(p.dst_region, {p.sender->workerAddress(), blocks, 5s, true}, nullptr);
+  ASSERT_TRUE(again.ok());
+  rest.landing_id = (*again)->id();
+  rest.notice_prefix[2].checksum ^= 1;
+  ASSERT_TRUE(p.sender->postPut(rest, nullptr).ok());
+  ASSERT_TRUE((*again)->waitFor(5s));
+  EXPECT_EQ((*again)->check().code(), absl::StatusCode::kDataLoss);
+  // A prefix without a landing to notify is refused at once.
+  PutRequest orphan = rest;
+  orphan.landing_id = 0;
+  EXPECT_EQ(p.sender->postPut(orphan, nullptr).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(Landing, DismissResolvesAtOnce) {
   Pair p = makePair("shm", 1 << 16);
   auto landing = p.receiver->expectPut(

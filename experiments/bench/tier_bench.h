@@ -1,0 +1,66 @@
+// Shared by kvf-tier-bench's modes (tier_bench.cc: host copy and disk bandwidth; tier_loss.cc:
+// the loss experiment; tier_device_bench.cc: host tier <-> GPU): aligned buffers and the summary of
+// repeated measurements. Single-threaded helpers.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/clock.h"
+
+namespace kvf::bench {
+
+// Page-aligned memory, every page touched (so no first-touch faults land in a timed loop).
+class AlignedBuffer {
+ public:
+  explicit AlignedBuffer(uint64_t bytes);
+  std::byte* data() const { return memory_.get(); }
+  uint64_t size() const { return size_; }
+  std::span<std::byte> slice(uint64_t offset, uint64_t bytes) const {
+    return {memory_.get() + offset, bytes};
+  }
+
+ private:
+  struct Free {
+    void operator()(std::byte* p) const { std::free(p); }
+  };
+  std::unique_ptr<std::byte, Free> memory_;
+  uint64_t size_;
+};
+
+// Mean of repeated measurements with its 95% confidence interval (Student's t).
+struct Interval {
+  double mean = 0;
+  double half_width = 0;
+  size_t n = 0;
+};
+Interval meanInterval95(const std::vector<double>& samples);
+std::string formatInterval(const Interval& i, int decimals);
+// The mean of a[i] / b[i] (paired measurements) with its 95% interval.
+Interval ratioInterval95(const std::vector<double>& a, const std::vector<double>& b);
+
+// --mode=device (tier_device_bench.cc): host tier <-> GPU copy bandwidth, pinned slots against
+// pageable memory; the process exit code (1 without CUDA or a device).
+int runDevice(uint64_t block_bytes, uint64_t total_bytes, int repeats, bool json);
+
+struct LossOptions {
+  std::string trace;
+  std::string dir;
+  uint64_t block_bytes = 0;
+  uint64_t unique_blocks = 0;
+  uint64_t g1_blocks = 0;
+  uint64_t g2_blocks = 0;
+  uint64_t disk_blocks = 0;  // 0: the window's unique blocks plus 5%
+  uint32_t queue_depth = 0;
+  Nanos compute_per_block = 0;    // modelled prefill time of a block no tier holds
+  std::vector<std::string> arms;  // "default", "lossy"
+};
+// Runs the loss experiment and prints its table; the process exit code.
+int runLossExperiment(const LossOptions& options);
+
+}  // namespace kvf::bench
