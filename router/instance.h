@@ -34,6 +34,9 @@ struct Instance {
   metrics::Counter* circuit_opens = nullptr;
   metrics::Counter* kv_batches = nullptr;
   metrics::Counter* kv_resets = nullptr;
+  // After removal: the instance's series, out of the exposition but alive for requests still
+  // in flight that update them.
+  std::shared_ptr<const void> retired_metrics;
 
   bool hasEvents() const { return !config.kv_events.endpoint.empty(); }
   bool pushCapable() const { return !config.worker_url.empty(); }

@@ -154,6 +154,7 @@ void parseRoot(config::ConfigMap& root, RouterConfig* out, const policy::PolicyR
     io->rejectUnknownKeys();
   }
   root.get("decision_log", &out->decision_log);
+  root.get("worker_token", &out->worker_token);
   if (auto a = root.map("admin")) {
     a->get("token", &out->admin_token);
     a->rejectUnknownKeys();

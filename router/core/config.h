@@ -65,8 +65,12 @@ struct RouterConfig {
   // they hash exactly; false (or a failed call) falls back to the approximate text index.
   bool tokenize = false;
   Nanos tokenize_timeout = 2 * kNanosPerSecond;
-  std::string decision_log;               // JSONL path; empty: no log
-  std::string admin_token;                // bearer token; empty: admin API disabled
+  std::string decision_log;  // JSONL path; empty: no log
+  std::string admin_token;   // bearer token; empty: admin API disabled
+  // The cluster's worker token (`worker_token`; empty: env KVF_WORKER_TOKEN, read in main).
+  // The router signs the kv_transfer_params it sends with a key derived from it; engines act
+  // only on signed params (docs/security.md). Empty: sent unsigned (insecure engines only).
+  std::string worker_token;
   size_t max_kv_event_bytes = 64u << 20;  // one batch payload
   // io.busy_poll_us: after handling an event, the io thread polls without sleeping for this
   // long before it blocks (0: block at once). See docs/router.md ("io").
