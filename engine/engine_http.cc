@@ -142,7 +142,7 @@ asio::awaitable<void> EngineHttpSide::handleApi(ApiKind kind, const http::Reques
   spec.prompt = std::move(parsed->prompt);
   spec.sampling = parsed->sampling;
   if (parsed->kv_transfer) {
-    absl::Status st = applyKvTransfer(*parsed->kv_transfer, req, spec);
+    absl::Status st = applyKvTransfer(*parsed->kv_transfer, *parsed->kv_transfer_params, req, spec);
     if (!st.ok()) {
       co_await w.sendStatus(st);
       co_return;

@@ -27,13 +27,13 @@ void EngineHttpSide::setTransferAuth(std::string key) {
   transfer_auth_.emplace(std::move(key), o);
 }
 
-absl::Status EngineHttpSide::authenticateKvTransfer(const KvTransferParams& k,
+absl::Status EngineHttpSide::authenticateKvTransfer(const boost::json::value& raw,
                                                     const http::Request& req) {
   if (!transfer_auth_) return absl::OkStatus();  // insecure: refused at startup otherwise
   const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::system_clock::now().time_since_epoch())
                              .count();
-  absl::Status st = transfer_auth_->verify(req.header(protocol::kTransferAuthHeader), k,
+  absl::Status st = transfer_auth_->verify(req.header(protocol::kTransferAuthHeader), raw,
                                            req.header("x-request-id"), now_ms);
   if (!st.ok()) {
     shared_.m.kv_transfer_refused->inc();
@@ -42,14 +42,15 @@ absl::Status EngineHttpSide::authenticateKvTransfer(const KvTransferParams& k,
   return st;
 }
 
-absl::Status EngineHttpSide::applyKvTransfer(const KvTransferParams& k, const http::Request& req,
-                                             RequestSpec& spec) {
+absl::Status EngineHttpSide::applyKvTransfer(const KvTransferParams& k,
+                                             const boost::json::value& raw,
+                                             const http::Request& req, RequestSpec& spec) {
   const WorkerConfig& wc = shared_.config.worker;
   if (agent_ == nullptr) {
     return absl::InvalidArgumentError(
         "kv_transfer_params: this engine has no worker control server (--worker_port)");
   }
-  KVF_RETURN_IF_ERROR(authenticateKvTransfer(k, req));
+  KVF_RETURN_IF_ERROR(authenticateKvTransfer(raw, req));
   if (k.do_remote_decode) {
     int64_t lease_ms = k.lease_ms > 0 ? k.lease_ms : wc.default_lease_ms;
     if (lease_ms > wc.max_lease_ms) {

@@ -213,10 +213,11 @@ class EngineHttpSide {
   asio::awaitable<void> handleTokenize(const http::Request& req, http::ResponseWriter& w);
   asio::awaitable<void> handleModels(const http::Request& req, http::ResponseWriter& w);
   // kv_transfer_params of an API request -> the spec (receiver or remote decode).
-  absl::Status applyKvTransfer(const KvTransferParams& params, const http::Request& req,
-                               RequestSpec& spec);
+  // `raw`: the params object as the request carried it (what the router signed).
+  absl::Status applyKvTransfer(const KvTransferParams& params, const boost::json::value& raw,
+                               const http::Request& req, RequestSpec& spec);
   // OK when the params come from the router (signed), or when this engine runs insecure.
-  absl::Status authenticateKvTransfer(const KvTransferParams& params, const http::Request& req);
+  absl::Status authenticateKvTransfer(const boost::json::value& raw, const http::Request& req);
   int64_t promptBlocks(const RequestSpec& spec) const;
   boost::json::value leaseParams(const detail::Pending& p) const;
   void recordFinished(const RequestOutput& out, Nanos end);

@@ -9,6 +9,7 @@
 #include <charconv>
 
 #include <boost/json/serialize.hpp>
+#include <boost/json/value.hpp>
 
 #include "common/strings.h"
 
@@ -45,13 +46,14 @@ std::array<unsigned char, 32> hmacSha256(std::string_view key, std::string_view 
   return mac;
 }
 
-// What the MAC covers: the canonical serialization of the params the engine acts on (unknown
-// members are never acted on, so they are not covered), the request id, the time and the nonce.
-// Fields are newline-separated; none can contain a newline (the params are compact JSON).
-std::string signingInput(const KvTransferParams& params, std::string_view request_id,
+// What the MAC covers: the params object as serialized (Boost.JSON's output is the same after a
+// parse and serialize round trip, so both ends compute it from their own copy), the request id,
+// the time and the nonce. Fields are newline-separated; the request id is length-prefixed and
+// the rest cannot contain a newline (compact JSON, digits, hex).
+std::string signingInput(const boost::json::value& params, std::string_view request_id,
                          int64_t unix_ms, std::string_view nonce) {
   return strCat("kvf-kv-transfer-", kVersion, "\n", request_id.size(), ":", request_id, "\n",
-                unix_ms, "\n", nonce, "\n", boost::json::serialize(kvTransferParamsJson(params)));
+                unix_ms, "\n", nonce, "\n", boost::json::serialize(params));
 }
 
 absl::Status denied(std::string_view why) {
@@ -80,6 +82,12 @@ std::string randomNonce() {
 
 std::string signKvTransfer(std::string_view key, const KvTransferParams& params,
                            std::string_view request_id, int64_t unix_ms, std::string_view nonce) {
+  return signKvTransfer(key, boost::json::value(kvTransferParamsJson(params)), request_id, unix_ms,
+                        nonce);
+}
+
+std::string signKvTransfer(std::string_view key, const boost::json::value& params,
+                           std::string_view request_id, int64_t unix_ms, std::string_view nonce) {
   auto mac = hmacSha256(key, signingInput(params, request_id, unix_ms, nonce));
   return strCat(kVersion, " ", unix_ms, " ", nonce, " ", hex(mac.data(), mac.size()));
 }
@@ -94,7 +102,7 @@ void TransferAuthVerifier::forgetExpired(int64_t now_unix_ms) {
   }
 }
 
-absl::Status TransferAuthVerifier::verify(std::string_view header, const KvTransferParams& params,
+absl::Status TransferAuthVerifier::verify(std::string_view header, const boost::json::value& params,
                                           std::string_view request_id, int64_t now_unix_ms) {
   if (header.empty()) return denied("missing");
   // "v1 <unix_ms> <nonce> <mac>"

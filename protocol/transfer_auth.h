@@ -30,8 +30,13 @@ std::string transferAuthKey(std::string_view worker_token);
 std::string randomNonce();
 
 // The header value "v1 <unix_ms> <nonce> <mac>" for `params` sent with `request_id` (the
-// x-request-id header of the same request). `nonce`: randomNonce().
+// x-request-id header of the same request). `nonce`: randomNonce(). The MAC covers the whole
+// kv_transfer_params object as Boost.JSON serializes it (members an engine does not act on
+// today, e.g. a connector's remote_* fields, are covered too), so the sender must send exactly
+// that object: kvTransferParamsJson(params) for the first form.
 std::string signKvTransfer(std::string_view key, const KvTransferParams& params,
+                           std::string_view request_id, int64_t unix_ms, std::string_view nonce);
+std::string signKvTransfer(std::string_view key, const boost::json::value& params,
                            std::string_view request_id, int64_t unix_ms, std::string_view nonce);
 
 struct TransferAuthOptions {
@@ -48,7 +53,7 @@ class TransferAuthVerifier {
   // OK when `header` is a valid signature of `params` and `request_id`, fresh and not seen
   // before; PermissionDenied naming what failed otherwise (ResourceExhausted when the nonce
   // memory is full of fresh entries).
-  absl::Status verify(std::string_view header, const KvTransferParams& params,
+  absl::Status verify(std::string_view header, const boost::json::value& params,
                       std::string_view request_id, int64_t now_unix_ms);
 
  private:

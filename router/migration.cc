@@ -76,7 +76,7 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
   std::string prefill_id = ctx.id + "-prefill";
   KvTransferParams prefill_params;
   prefill_params.do_remote_decode = true;
-  prefill_params.lease_ms = elastic.lease_ms;
+  prefill_params.lease_ms = terms.lease_ms;
   call.headers.emplace_back("x-request-id", prefill_id);
   if (std::string auth = signTransfer(prefill_params, prefill_id); !auth.empty()) {
     call.headers.emplace_back(std::string(protocol::kTransferAuthHeader), std::move(auth));
