@@ -173,14 +173,24 @@ void WorkerAgent::Impl::registerMetrics(metrics::Registry& registry) {
 }
 
 void WorkerAgent::Impl::registerRoutes() {
-  server->route("GET", "/kv/info",
-                [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
-                  co_await handleKvInfo(r, w);
-                });
-  server->route("POST", "/kv/push",
-                [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
-                  co_await handleKvPush(r, w);
-                });
+  // The token is checked on the request head, before any body byte is read: an
+  // unauthenticated peer costs no body buffer (a push body may be megabytes).
+  http::HeadCheck auth = [this](const http::Request& head) {
+    return authorized(head) ? absl::OkStatus()
+                            : absl::UnauthenticatedError("missing or wrong bearer token");
+  };
+  server->route(
+      "GET", "/kv/info",
+      [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
+        co_await handleKvInfo(r, w);
+      },
+      nullptr, auth);
+  server->route(
+      "POST", "/kv/push",
+      [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
+        co_await handleKvPush(r, w);
+      },
+      nullptr, auth);
   server->route("GET", "/health",
                 [](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
                   std::string empty;  // named: GCC 12 mishandles temporaries inside co_await
@@ -206,12 +216,8 @@ void WorkerAgent::Impl::addAuth(http::ClientRequest& req) const {
   if (!options.token.empty()) req.headers.emplace_back("authorization", "Bearer " + options.token);
 }
 
-asio::awaitable<void> WorkerAgent::Impl::handleKvInfo(const http::Request& req,
+asio::awaitable<void> WorkerAgent::Impl::handleKvInfo(const http::Request&,
                                                       http::ResponseWriter& w) {
-  if (!authorized(req)) {
-    co_await w.sendError(401, "missing or wrong bearer token");
-    co_return;
-  }
   protocol::WorkerInfo info;
   info.instance_id = options.instance_id;
   info.transport_address = transport::base64Encode(transport->workerAddress());
@@ -224,10 +230,6 @@ asio::awaitable<void> WorkerAgent::Impl::handleKvInfo(const http::Request& req,
 
 asio::awaitable<void> WorkerAgent::Impl::handleKvPush(const http::Request& req,
                                                       http::ResponseWriter& w) {
-  if (!authorized(req)) {
-    co_await w.sendError(401, "missing or wrong bearer token");
-    co_return;
-  }
   auto parsed = protocol::parsePushRequest(req.body, limits);
   if (parsed.ok() && parsed->block_bytes != geometry.block_bytes) {
     parsed =
