@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 
 #include <fmt/format.h>
 
@@ -156,6 +157,21 @@ void Registry::callback(std::string_view name, std::string_view help, MetricType
   std::lock_guard lock(mu_);
   Series& s = seriesFor(name, help, type, labels);
   s.read = std::move(read);
+}
+
+std::shared_ptr<const void> Registry::retire(std::string_view key, std::string_view value) {
+  auto retired = std::make_shared<std::vector<std::unique_ptr<Series>>>();
+  std::lock_guard lock(mu_);
+  for (auto& [name, family] : families_) {
+    auto& all = family.series;
+    auto keep = std::stable_partition(all.begin(), all.end(), [&](const auto& s) {
+      return std::none_of(s->labels.begin(), s->labels.end(),
+                          [&](const auto& l) { return l.first == key && l.second == value; });
+    });
+    std::move(keep, all.end(), std::back_inserter(*retired));
+    all.erase(keep, all.end());
+  }
+  return retired;
 }
 
 std::string Registry::exposition() const {

@@ -83,6 +83,11 @@ class Registry {
   void callback(std::string_view name, std::string_view help, MetricType type, const Labels& labels,
                 std::function<double()> read);
 
+  // Removes every series carrying the label `key`="value" (e.g. an instance that left) from
+  // the exposition. The removed metric objects stay alive as long as the returned handle, so
+  // that whoever still holds a pointer to one (a request in flight) may keep updating it.
+  std::shared_ptr<const void> retire(std::string_view key, std::string_view value);
+
   // Prometheus text exposition format 0.0.4.
   std::string exposition() const;
 

@@ -43,6 +43,8 @@ void parseWorker(config::ConfigMap& m, WorkerConfig* w) {
   m.get("port", &w->port, 0, 65535);
   m.get("host", &w->host);
   m.get("token", &w->token);
+  m.get("insecure", &w->insecure);
+  m.get("transfer_auth_window_ms", &w->transfer_auth_window_ms, 1, 600'000);
   m.get("max_push_blocks", &w->max_push_blocks, 1, int64_t{1} << 20);
   m.get("transports", &w->transports);
   m.get("net_devices", &w->net_devices);
@@ -50,7 +52,9 @@ void parseWorker(config::ConfigMap& m, WorkerConfig* w) {
   m.get("push_deadline_margin_ms", &w->push_deadline_margin_ms, 0, 60'000);
   m.get("layerwise", &w->layerwise);
   m.get("default_lease_ms", &w->default_lease_ms, 1, 86'400'000);
-  m.get("max_lease_ms", &w->max_lease_ms, 1, 86'400'000);
+  m.get("max_lease_ms", &w->max_lease_ms, 1, 3'600'000);
+  m.get("max_leases", &w->max_leases, 0, 1'000'000);
+  m.get("max_leased_fraction", &w->max_leased_fraction, 0.0, 1.0);
   m.get("fault", &w->fault);
   if (!w->fault.empty() && w->fault != "corrupt" && w->fault != "corrupt_content" &&
       w->fault != "stall") {

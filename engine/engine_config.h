@@ -33,7 +33,15 @@ struct KvEventsConfig {
 struct WorkerConfig {
   int port = 0;  // 0: disabled (kvf-engine --worker_port N enables it)
   std::string host = "127.0.0.1";
-  std::string token;  // bearer token for /kv/*; empty: env KVF_WORKER_TOKEN; both empty: none
+  // The cluster's worker token: bearer token for /kv/* and, through a derived key, what
+  // authenticates the router's kv_transfer_params (docs/security.md). Empty: env
+  // KVF_WORKER_TOKEN. With neither, the engine refuses to start unless `insecure` is set.
+  std::string token;
+  // Runs the worker API without authentication and accepts unsigned kv_transfer_params: any
+  // client of the engine's port may then point it at a peer or pin its cache (test only).
+  bool insecure = false;
+  // How far a signed kv_transfer_params' time may be from this engine's clock.
+  int64_t transfer_auth_window_ms = 30000;
   int64_t max_push_blocks = 65536;        // blocks per push (both directions)
   std::string transports = "shm";         // UCX transports (transport::TransportOptions)
   std::string net_devices;                // UCX_NET_DEVICES for tcp/rdma; empty: all
@@ -43,8 +51,12 @@ struct WorkerConfig {
   // the first prefill step (it ends at max(step, transfer + step / layers)). false: the
   // request waits for the whole modelled transfer before it is scheduled.
   bool layerwise = true;
+  // Remote-decode leases pin KV for a peer: bounded in time, in number and in blocks so that
+  // no sender can pin the cache (docs/security.md). Requests beyond a bound are refused (429).
   int64_t default_lease_ms = 30000;  // do_remote_decode without lease_ms
-  int64_t max_lease_ms = 600000;
+  int64_t max_lease_ms = 60000;
+  int64_t max_leases = 64;            // held plus being prefilled
+  double max_leased_fraction = 0.25;  // of the KV cache's blocks, held plus being prefilled
   // TEST ONLY fault injection on the holder side: "" (none), "corrupt" (push damaged bytes
   // with the checksums of the good ones), "corrupt_content" (damaged bytes, matching
   // checksums), "stall" (wait fault_stall_ms before pushing).

@@ -144,11 +144,28 @@ asio::awaitable<void> EngineHttpSide::handleApi(ApiKind kind, const http::Reques
   spec.prompt = std::move(parsed->prompt);
   spec.sampling = parsed->sampling;
   if (parsed->kv_transfer) {
-    absl::Status st = applyKvTransfer(*parsed->kv_transfer, spec);
+    absl::Status st = applyKvTransfer(*parsed->kv_transfer, *parsed->kv_transfer_params, req, spec);
     if (!st.ok()) {
       co_await w.sendStatus(st);
       co_return;
     }
+  }
+  // A remote-decode request counts against the lease bounds until it finishes (its lease, if
+  // any, is counted by the agent from then on).
+  struct PendingLease {
+    int64_t* requests;
+    int64_t* blocks;
+    int64_t n;
+    ~PendingLease() {
+      if (n < 0) return;
+      *requests -= 1;
+      *blocks -= n;
+    }
+  } pending_lease{&pending_lease_requests_, &pending_lease_blocks_, -1};
+  if (spec.remote_decode_lease) {
+    pending_lease.n = promptBlocks(spec);
+    pending_lease_requests_ += 1;
+    pending_lease_blocks_ += pending_lease.n;
   }
   CompletionSummary summary;
   summary.id = id;

@@ -12,18 +12,64 @@ namespace kvf::engine {
 
 using detail::kMs;
 
-absl::Status EngineHttpSide::applyKvTransfer(const KvTransferParams& k, RequestSpec& spec) const {
+int64_t EngineHttpSide::promptBlocks(const RequestSpec& spec) const {
+  return static_cast<int64_t>(spec.prompt.size()) /
+         std::max<int64_t>(1, shared_.config.cache.block_size);
+}
+
+void EngineHttpSide::setTransferAuth(std::string key) {
+  if (key.empty()) {
+    transfer_auth_.reset();
+    return;
+  }
+  protocol::TransferAuthOptions o;
+  o.freshness_ms = shared_.config.worker.transfer_auth_window_ms;
+  transfer_auth_.emplace(std::move(key), o);
+}
+
+absl::Status EngineHttpSide::authenticateKvTransfer(const boost::json::value& raw,
+                                                    const http::Request& req) {
+  if (!transfer_auth_) return absl::OkStatus();  // insecure: refused at startup otherwise
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  absl::Status st = transfer_auth_->verify(req.header(protocol::kTransferAuthHeader), raw,
+                                           req.header("x-request-id"), now_ms);
+  if (!st.ok()) {
+    shared_.m.kv_transfer_refused->inc();
+    refused_log_.warn("kv_transfer_params refused", "reason", std::string(st.message()));
+  }
+  return st;
+}
+
+absl::Status EngineHttpSide::applyKvTransfer(const KvTransferParams& k,
+                                             const boost::json::value& raw,
+                                             const http::Request& req, RequestSpec& spec) {
   const WorkerConfig& wc = shared_.config.worker;
   if (agent_ == nullptr) {
     return absl::InvalidArgumentError(
         "kv_transfer_params: this engine has no worker control server (--worker_port)");
   }
+  KVF_RETURN_IF_ERROR(authenticateKvTransfer(raw, req));
   if (k.do_remote_decode) {
     int64_t lease_ms = k.lease_ms > 0 ? k.lease_ms : wc.default_lease_ms;
     if (lease_ms > wc.max_lease_ms) {
       return absl::InvalidArgumentError(
           strCat("kv_transfer_params.lease_ms: at most ", wc.max_lease_ms));
     }
+    // Leases pin KV for a peer: bounded in number and blocks, counting those being prefilled.
+    const int64_t blocks = promptBlocks(spec);
+    const auto max_blocks = static_cast<int64_t>(
+        wc.max_leased_fraction * static_cast<double>(shared_.config.cache.num_gpu_blocks));
+    const int64_t held_blocks = static_cast<int64_t>(agent_->leasedBlocks());
+    if (static_cast<int64_t>(agent_->leaseCount()) + pending_lease_requests_ >= wc.max_leases ||
+        held_blocks + pending_lease_blocks_ + blocks > max_blocks) {
+      shared_.m.leases_refused->inc();
+      return absl::ResourceExhaustedError(
+          strCat("kv_transfer_params.do_remote_decode: lease capacity in use (at most ",
+                 wc.max_leases, " leases and ", max_blocks, " blocks)"));
+    }
+
     // The lease runs on the engine clock (time_scale x wall time).
     spec.remote_decode_lease =
         static_cast<Nanos>(static_cast<double>(lease_ms * kMs) * shared_.config.time_scale);

@@ -48,6 +48,13 @@ absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::create(asio::io_cont
     if (ao.token.empty()) {
       if (const char* env = std::getenv("KVF_WORKER_TOKEN"); env != nullptr) ao.token = env;
     }
+    ao.insecure = wc.insecure;
+    if (ao.token.empty() && !wc.insecure) {
+      return absl::InvalidArgumentError(
+          "worker.token: the worker API needs the cluster's token (worker.token or env "
+          "KVF_WORKER_TOKEN); set worker.insecure: true to run it unauthenticated (test only)");
+    }
+    impl->http_side.setTransferAuth(protocol::transferAuthKey(ao.token));
     ao.max_push_blocks = static_cast<size_t>(wc.max_push_blocks);
     ao.connect_timeout = std::chrono::milliseconds(wc.push_deadline_cap_ms);
     ao.metric_labels = {{"model_name", c.served_model_name}};
@@ -161,6 +168,12 @@ void EngineServer::Impl::registerPushMetrics() {
     l.emplace_back(key, value);
     return l;
   };
+  m.kv_transfer_refused = &registry.counter(
+      "kvfabric_engine_kv_transfer_params_refused_total",
+      "Requests whose kv_transfer_params were not signed by the router (403)", labels);
+  m.leases_refused = &registry.counter(
+      "kvfabric_engine_leases_refused_total",
+      "do_remote_decode requests refused because the lease bounds were reached (429)", labels);
   const char* fetches = "kvfabric_engine_kv_push_fetches_total";
   const char* fetch_help = "Remote-KV fetches by outcome (ok, partial, fallback)";
   m.fetch_ok = &registry.counter(fetches, fetch_help, with("outcome", "ok"));

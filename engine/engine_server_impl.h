@@ -24,10 +24,12 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "common/http_server.h"
+#include "common/log.h"
 #include "common/metrics.h"
 #include "common/steady_time.h"
 #include "engine/engine_server.h"
 #include "engine/openai_api.h"
+#include "protocol/transfer_auth.h"
 #include "worker/agent.h"
 #include "worker/engine_adapter.h"
 #include "worker/kv_event_publisher.h"
@@ -98,6 +100,8 @@ struct EngineShared {
     metrics::Counter *fetch_ok = nullptr, *fetch_partial = nullptr, *fetch_fallback = nullptr;
     metrics::Counter *tokens_in = nullptr, *bytes_in = nullptr;
     metrics::Histogram* fetch_seconds = nullptr;
+    // kv_transfer_params refused: not signed by the router; do_remote_decode over the bounds.
+    metrics::Counter *kv_transfer_refused = nullptr, *leases_refused = nullptr;
   } m;
 
   Nanos engineNow(Nanos wall) const {
@@ -186,6 +190,9 @@ class EngineHttpSide {
   // Binds the HTTP port (after the core exists: the limits come from it).
   absl::Status bind();
   void connect(worker::WorkerAgent* agent, worker::KvEventPublisher* publisher);
+  // The key that authenticates the router's kv_transfer_params (protocol/transfer_auth.h);
+  // empty (an insecure worker): they are accepted unsigned. Before start().
+  void setTransferAuth(std::string key);
   void start();
   void stop();
   uint16_t port() const { return server_->port(); }
@@ -206,7 +213,12 @@ class EngineHttpSide {
   asio::awaitable<void> handleTokenize(const http::Request& req, http::ResponseWriter& w);
   asio::awaitable<void> handleModels(const http::Request& req, http::ResponseWriter& w);
   // kv_transfer_params of an API request -> the spec (receiver or remote decode).
-  absl::Status applyKvTransfer(const KvTransferParams& params, RequestSpec& spec) const;
+  // `raw`: the params object as the request carried it (what the router signed).
+  absl::Status applyKvTransfer(const KvTransferParams& params, const boost::json::value& raw,
+                               const http::Request& req, RequestSpec& spec);
+  // OK when the params come from the router (signed), or when this engine runs insecure.
+  absl::Status authenticateKvTransfer(const boost::json::value& raw, const http::Request& req);
+  int64_t promptBlocks(const RequestSpec& spec) const;
   boost::json::value leaseParams(const detail::Pending& p) const;
   void recordFinished(const RequestOutput& out, Nanos end);
 
@@ -220,6 +232,12 @@ class EngineHttpSide {
   absl::flat_hash_map<std::string, std::shared_ptr<detail::Pending>> pending_;
   absl::flat_hash_map<std::string, detail::FetchOptions> fetch_options_;
   uint64_t next_request_ = 0;
+  std::optional<protocol::TransferAuthVerifier> transfer_auth_;
+  // Remote-decode requests admitted and not finished: their prompts' blocks count against the
+  // lease bounds before they become leases.
+  int64_t pending_lease_requests_ = 0;
+  int64_t pending_lease_blocks_ = 0;
+  log::RateLimitedLog refused_log_;
 };
 
 // Members are destroyed in reverse: the agent (and its transport, which registered the core's

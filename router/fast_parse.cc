@@ -93,7 +93,8 @@ class TokenCompletionScanner {
                      : key == "prompt"     ? kPrompt
                                            : 0u;
     if (field == 0) {
-      if (key == "kv_transfer_params") out.has_kv_transfer_params = true;
+      // Keys are plain text here (readPlainString declines escapes), so this is exact.
+      if (key == protocol::kKvTransferParamsKey) out.has_kv_transfer_params = true;
       // Fields that change the prompt's hashes: the DOM path reads and validates them.
       if (key == "cache_salt" || key == kMmItemsField) return false;
       return skipValue(1);
@@ -322,7 +323,6 @@ std::optional<ParsedRequest> fastParseTokenCompletion(std::string_view body,
   if (prefetch != nullptr) prefetch->used_ = scanner.used_prefetch;
   ParsedRequest out = std::move(scanner.out);
   out.has_token_ids = true;
-  if (!out.has_kv_transfer_params.has_value()) out.has_kv_transfer_params = false;  // scanned: none
   out.prompt_tokens = static_cast<int64_t>(out.token_ids.size());
   return out;
 }

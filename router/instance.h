@@ -65,6 +65,9 @@ struct Instance {
   metrics::Counter* kv_decode_errors = nullptr;
   metrics::Counter* kv_lost = nullptr;
   metrics::Counter* unpredicted_hit_tokens = nullptr;
+  // After removal: the instance's series, out of the exposition but alive for requests still
+  // in flight that update them.
+  std::shared_ptr<const void> retired_metrics;
 
   bool hasEvents() const { return !config.kv_events.endpoint.empty(); }
   bool pushCapable() const { return !config.worker_url.empty(); }

@@ -25,10 +25,10 @@ std::optional<size_t> afterOpeningBrace(std::string_view body) {
 
 }  // namespace
 
-absl::StatusOr<std::string> withKvTransferParams(std::string_view body,
+absl::StatusOr<std::string> withKvTransferParams(std::string_view body, bool client_params,
                                                  const KvTransferParams* params) {
   // The common case: the client sent none, so the body is spliced, not re-serialized.
-  if (body.find(kParamsKey) == std::string_view::npos) {
+  if (!client_params) {
     if (params == nullptr) return std::string(body);
     auto at = afterOpeningBrace(body);
     if (!at) return absl::InvalidArgumentError("request body must be a JSON object");

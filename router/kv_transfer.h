@@ -26,9 +26,11 @@ using protocol::TransferOutcome;
 inline constexpr size_t kMaxTransferBlockHashes = size_t{1} << 20;
 inline constexpr size_t kMaxLeaseIdBytes = 256;
 
-// The request body with any client `kv_transfer_params` removed and, if `params` is given,
-// ours added. `body` must be a JSON object (parseRequest checked it).
-absl::StatusOr<std::string> withKvTransferParams(std::string_view body,
+// The request body with the client's `kv_transfer_params` removed (`client_params`: the parse
+// found the member, ParsedRequest::has_kv_transfer_params) and, if `params` is given, ours
+// added. Removal works on the parsed document, never on the text: a key spelled with escapes
+// is the same key to the engine's parser. `body` must be a JSON object (parseRequest checked).
+absl::StatusOr<std::string> withKvTransferParams(std::string_view body, bool client_params,
                                                  const KvTransferParams* params);
 
 // The prefill half of an offload: non-streaming, max_tokens 1 (max_completion_tokens,

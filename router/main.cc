@@ -56,6 +56,11 @@ int main(int argc, char** argv) {
   std::string path = absl::GetFlag(FLAGS_config);
   if (path.empty()) kvf::cli::failUsage("kvf-router", "--config is required");
   auto config = kvf::router::loadRouterConfig(path);
+  if (config.ok() && config->worker_token.empty()) {
+    if (const char* env = std::getenv("KVF_WORKER_TOKEN"); env != nullptr) {
+      config->worker_token = env;
+    }
+  }
   if (!config.ok()) {
     std::cerr << "kvf-router: " << config.status().message() << "\n";
     return kvf::cli::kExitUsage;

@@ -6,6 +6,7 @@
 #include "common/http_client.h"
 #include "common/log.h"
 #include "common/strings.h"
+#include "protocol/transfer_auth.h"
 #include "router/router.h"
 #include "router/router_internal.h"
 
@@ -29,13 +30,12 @@ asio::awaitable<std::optional<std::string>> Router::upstreamBody(RequestContext&
     with_params = co_await remotePrefill(ctx, request, &params);
   }
   // No parameters to add and none from the client to strip: the body goes as it came.
-  bool client_params = ctx.parsed.has_kv_transfer_params
-                           ? *ctx.parsed.has_kv_transfer_params
-                           : request.body.find("kv_transfer_params") != std::string::npos;
+  const bool client_params = ctx.parsed.has_kv_transfer_params;
+  ctx.transfer_auth = with_params ? signTransfer(params, ctx.id) : std::string();
   if (!with_params && !client_params) {
     co_return std::nullopt;
   }
-  auto body = withKvTransferParams(request.body, with_params ? &params : nullptr);
+  auto body = withKvTransferParams(request.body, client_params, with_params ? &params : nullptr);
   // parseRequest accepted the body as a JSON object, so this cannot fail; be safe anyway.
   if (!body.ok()) co_return std::nullopt;
   co_return std::move(*body);
@@ -73,7 +73,14 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
   call.method = "POST";
   call.target = request.target;
   call.body = std::move(*body);
-  call.headers.emplace_back("x-request-id", ctx.id + "-prefill");
+  std::string prefill_id = ctx.id + "-prefill";
+  KvTransferParams prefill_params;
+  prefill_params.do_remote_decode = true;
+  prefill_params.lease_ms = terms.lease_ms;
+  call.headers.emplace_back("x-request-id", prefill_id);
+  if (std::string auth = signTransfer(prefill_params, prefill_id); !auth.empty()) {
+    call.headers.emplace_back(std::string(protocol::kTransferAuthHeader), std::move(auth));
+  }
   if (auto auth = request.header("authorization"); !auth.empty()) {
     call.headers.emplace_back("authorization", std::string(auth));
   }
@@ -95,6 +102,16 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
   // P now caches the prompt's blocks too (its KV events will confirm).
   core_->predictPeer(ctx.route, clock_.now());
   co_return fail("ok", "");
+}
+
+std::string Router::signTransfer(const KvTransferParams& params,
+                                 const std::string& request_id) const {
+  if (transfer_key_.empty()) return {};
+  const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::system_clock::now().time_since_epoch())
+                             .count();
+  return protocol::signKvTransfer(transfer_key_, params, request_id, now_ms,
+                                  protocol::randomNonce());
 }
 
 void Router::recordTransferOutcome(const RequestContext& ctx) {

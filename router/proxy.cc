@@ -11,6 +11,7 @@
 #include "common/log.h"
 #include "common/sse.h"
 #include "common/strings.h"
+#include "protocol/transfer_auth.h"
 #include "router/fast_parse.h"
 #include "router/router.h"
 #include "router/router_internal.h"
@@ -208,6 +209,10 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
     upstream_request.body_view = request.body;  // `request` outlives this call
   }
   upstream_request.headers.emplace_back("x-request-id", ctx.id);
+  if (!ctx.transfer_auth.empty()) {
+    upstream_request.headers.emplace_back(std::string(protocol::kTransferAuthHeader),
+                                          ctx.transfer_auth);
+  }
   if (auto auth = request.header("authorization"); !auth.empty()) {
     upstream_request.headers.emplace_back("authorization", std::string(auth));
   }
@@ -380,10 +385,12 @@ void Router::finishRequest(RequestContext& ctx) {
 }
 
 void Router::recordUpstreamFailure(Instance& instance, std::string_view kind) {
-  registry_
-      .counter("kvfabric_router_upstream_errors_total", "Upstream failures by instance and kind",
-               {{"instance", instance.config.id}, {"kind", std::string(kind)}})
-      .inc();
+  if (!instance.removed) {  // a removed instance's series are retired: do not bring them back
+    registry_
+        .counter("kvfabric_router_upstream_errors_total", "Upstream failures by instance and kind",
+                 {{"instance", instance.config.id}, {"kind", std::string(kind)}})
+        .inc();
+  }
   // A removed instance's slot may already belong to a new one.
   if (instance.removed || !core_->upstreamFailure(instance.slot, clock_.now())) return;
   instance.circuit_opens->inc();

@@ -209,6 +209,7 @@ absl::StatusOr<ParsedRequest> parseRequestDom(ApiKind kind, const http::Request&
   bj::monotonic_resource arena(std::min<size_t>(request.body.size() * 3 + 4096, 64u << 20));
   KVF_ASSIGN_OR_RETURN(bj::object body, json::parseObject(request.body, 64, &arena));
   ParsedRequest out;
+  out.has_kv_transfer_params = body.contains(protocol::kKvTransferParamsKey);
   auto model = json::getString(body, "model");
   if (!model.ok()) {
     if (absl::IsNotFound(model.status())) return InvalidArgumentError("missing field \"model\"");

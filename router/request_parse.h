@@ -38,9 +38,10 @@ struct ParsedRequest {
   // multimodal items (the kvfabric_mm_items extension field) and, set by the router from its
   // lora_adapters list, the LoRA adapter's name (docs/vllm.md).
   protocol::ExtraKeyInputs extra_keys;
-  // Whether the body has a top-level "kv_transfer_params" member, when the parse knows (the
-  // single-pass path); nullopt: search the body.
-  std::optional<bool> has_kv_transfer_params;
+  // Whether the body has a top-level "kv_transfer_params" member, as a JSON parser reads the
+  // key (escapes decoded: "kv_transfer\u005fparams" is the same key). Clients never reach the
+  // KV plane: the router strips the member whenever this is set (docs/security.md).
+  bool has_kv_transfer_params = false;
 };
 
 inline constexpr int64_t kBytesPerTokenEstimate = 4;

@@ -11,13 +11,18 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "protocol/transfer_auth.h"
 #include "router/membership.h"
 #include "router/router_internal.h"
 
 namespace kvf::router {
 
 Router::Router(asio::io_context& ioc, RouterConfig config, const Clock& clock)
-    : ioc_(ioc), config_(std::move(config)), clock_(clock), slots_(policy::kMaxInstances) {
+    : ioc_(ioc),
+      config_(std::move(config)),
+      transfer_key_(protocol::transferAuthKey(config_.worker_token)),
+      clock_(clock),
+      slots_(policy::kMaxInstances) {
   std::random_device random;
   request_prefix_ = fmt::format("{:08x}", random());
 }
@@ -188,6 +193,9 @@ void Router::removeInstance(const std::shared_ptr<Instance>& instance) {
   instance->subscribers.clear();
   core_->removeInstance(instance->slot);
   slots_[instance->slot] = nullptr;
+  // Its series leave /metrics (a cluster that churns instances would otherwise grow them
+  // without bound); an instance re-added under the same id starts new ones.
+  instance->retired_metrics = registry_.retire("instance", instance->config.id);
   log::info("instance removed", "id", instance->config.id);
 }
 

@@ -109,6 +109,9 @@ class Router : public std::enable_shared_from_this<Router> {
   // The prefill half of an offload on ctx.peer; false when D must prefill locally.
   asio::awaitable<bool> remotePrefill(RequestContext& ctx, const http::Request& request,
                                       KvTransferParams* params);
+  // The x-kvf-transfer-auth header for `params` sent with x-request-id `request_id` (""
+  // without a worker token: the params go unsigned).
+  std::string signTransfer(const KvTransferParams& params, const std::string& request_id) const;
   // Counts the transfer outcome of a finished push-migrate / offload attempt.
   void recordTransferOutcome(const RequestContext& ctx);
   void recordUpstreamFailure(Instance& instance, std::string_view kind);
@@ -145,6 +148,7 @@ class Router : public std::enable_shared_from_this<Router> {
 
   asio::io_context& ioc_;
   RouterConfig config_;
+  std::string transfer_key_;  // signs kv_transfer_params (protocol/transfer_auth.h)
   const Clock& clock_;
   metrics::Registry registry_;
   std::unique_ptr<http::HttpServer> server_;

@@ -36,7 +36,8 @@ struct RequestContext {
   int status = 0;
   // What the decode instance reported about the transfer (push-migrate, offload).
   std::optional<KvTransferResult> transfer;
-  Nanos first_byte = 0;  // when the first response body bytes arrived (0: not yet)
+  std::string transfer_auth;  // x-kvf-transfer-auth for the params added to this attempt's body
+  Nanos first_byte = 0;       // when the first response body bytes arrived (0: not yet)
 };
 
 struct Router::Metrics {

@@ -40,7 +40,12 @@ absl::StatusOr<std::unique_ptr<WorkerAgent>> WorkerAgent::create(
   }
   impl->limits.max_blocks = impl->options.max_push_blocks;
   if (impl->options.token.empty()) {
-    log::warn("worker control server has no bearer token: any peer may push and pull");
+    if (!impl->options.insecure) {
+      return absl::InvalidArgumentError(
+          "token: the worker API needs a bearer token (any peer could otherwise push into and "
+          "pull from this engine's KV memory); set insecure to run it without one (test only)");
+    }
+    log::warn("worker control server runs WITHOUT authentication (insecure: test only)");
   }
   KVF_ASSIGN_OR_RETURN(impl->pool_region,
                        impl->transport->registerMemory(region.data, region.length));
@@ -102,15 +107,17 @@ std::vector<BlockHash> WorkerAgent::holdLease(const std::string& lease_id,
 void WorkerAgent::adoptLease(const std::string& lease_id, Lease lease) {
   std::vector<BlockHash> replaced = impl_->leases.take(lease_id, std::move(lease));
   if (!replaced.empty()) impl_->adapter.unpin(replaced);
-  impl_->lease_count.store(impl_->leases.size());
+  impl_->publishLeaseCounts();
 }
 
 size_t WorkerAgent::leaseCount() const { return impl_->lease_count.load(); }
 
+size_t WorkerAgent::leasedBlocks() const { return impl_->leased_blocks.load(); }
+
 void WorkerAgent::Impl::releaseLease(const std::string& lease_id) {
   std::optional<std::vector<BlockHash>> hashes = leases.release(lease_id);
   if (hashes && !hashes->empty()) adapter.unpin(*hashes);
-  lease_count.store(leases.size());
+  publishLeaseCounts();
 }
 
 asio::awaitable<void> WorkerAgent::Impl::leaseLoop() {
@@ -124,7 +131,7 @@ asio::awaitable<void> WorkerAgent::Impl::leaseLoop() {
         if (!lease.hashes.empty()) adapter.unpin(lease.hashes);
         m.leases_expired->inc();
       }
-      lease_count.store(leases.size());
+      publishLeaseCounts();
     });
   }
 }
@@ -166,14 +173,24 @@ void WorkerAgent::Impl::registerMetrics(metrics::Registry& registry) {
 }
 
 void WorkerAgent::Impl::registerRoutes() {
-  server->route("GET", "/kv/info",
-                [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
-                  co_await handleKvInfo(r, w);
-                });
-  server->route("POST", "/kv/push",
-                [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
-                  co_await handleKvPush(r, w);
-                });
+  // The token is checked on the request head, before any body byte is read: an
+  // unauthenticated peer costs no body buffer (a push body may be megabytes).
+  http::HeadCheck auth = [this](const http::Request& head) {
+    return authorized(head) ? absl::OkStatus()
+                            : absl::UnauthenticatedError("missing or wrong bearer token");
+  };
+  server->route(
+      "GET", "/kv/info",
+      [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
+        co_await handleKvInfo(r, w);
+      },
+      nullptr, auth);
+  server->route(
+      "POST", "/kv/push",
+      [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
+        co_await handleKvPush(r, w);
+      },
+      nullptr, auth);
   server->route("GET", "/health",
                 [](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
                   std::string empty;  // named: GCC 12 mishandles temporaries inside co_await
@@ -199,12 +216,8 @@ void WorkerAgent::Impl::addAuth(http::ClientRequest& req) const {
   if (!options.token.empty()) req.headers.emplace_back("authorization", "Bearer " + options.token);
 }
 
-asio::awaitable<void> WorkerAgent::Impl::handleKvInfo(const http::Request& req,
+asio::awaitable<void> WorkerAgent::Impl::handleKvInfo(const http::Request&,
                                                       http::ResponseWriter& w) {
-  if (!authorized(req)) {
-    co_await w.sendError(401, "missing or wrong bearer token");
-    co_return;
-  }
   protocol::WorkerInfo info;
   info.instance_id = options.instance_id;
   info.transport_address = transport::base64Encode(transport->workerAddress());
@@ -217,10 +230,6 @@ asio::awaitable<void> WorkerAgent::Impl::handleKvInfo(const http::Request& req,
 
 asio::awaitable<void> WorkerAgent::Impl::handleKvPush(const http::Request& req,
                                                       http::ResponseWriter& w) {
-  if (!authorized(req)) {
-    co_await w.sendError(401, "missing or wrong bearer token");
-    co_return;
-  }
   auto parsed = protocol::parsePushRequest(req.body, limits);
   if (parsed.ok() && parsed->block_bytes != geometry.block_bytes) {
     parsed =

@@ -37,8 +37,10 @@ struct AgentOptions {
   std::string instance_id = "worker";  // in /kv/info, logs and transport metrics
   std::string host = "127.0.0.1";      // control server address
   uint16_t port = 0;                   // 0 picks a free port
-  // Bearer token required on /kv/* and sent to peers; empty: no authentication (logged).
+  // Bearer token required on /kv/* and sent to peers. create() refuses an empty token unless
+  // `insecure` is set.
   std::string token;
+  bool insecure = false;           // allow an empty token: no authentication at all (test only)
   size_t max_push_blocks = 65536;  // blocks per push, both directions
   // Connect timeout towards a holder (its deadline bounds the rest of a fetch).
   std::chrono::milliseconds connect_timeout{1000};
@@ -98,8 +100,9 @@ class WorkerAgent {
                                    Nanos ttl);
   // Engine thread: takes over a lease whose blocks the engine pinned already.
   void adoptLease(const std::string& lease_id, Lease lease);
-  // Any thread: leases held now.
+  // Any thread: leases held now, and the blocks they pin.
   size_t leaseCount() const;
+  size_t leasedBlocks() const;
 
   struct Impl;
 

@@ -83,7 +83,12 @@ struct WorkerAgent::Impl {
 
   // Engine thread.
   LeaseTable leases;
-  std::atomic<size_t> lease_count{0};  // leases.size(), for any thread
+  std::atomic<size_t> lease_count{0};    // leases.size(), for any thread
+  std::atomic<size_t> leased_blocks{0};  // leases.blocks(), for any thread
+  void publishLeaseCounts() {
+    lease_count.store(leases.size());
+    leased_blocks.store(leases.blocks());
+  }
   std::atomic<int64_t> unresolved_landings{0};
 
   struct Metrics {

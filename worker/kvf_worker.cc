@@ -234,6 +234,7 @@ kvf_status kvf_worker_create(const kvf_worker_config* c, const kvf_worker_callba
     ao.host = kw::orDefault(c->host, "127.0.0.1");
     ao.port = c->port;
     ao.token = kw::orDefault(c->token, "");
+    ao.insecure = c->insecure != 0;
     if (c->max_push_blocks > 0) ao.max_push_blocks = c->max_push_blocks;
     kvf::transport::TransportOptions to;
     to.name = ao.instance_id;

@@ -70,7 +70,8 @@ typedef struct kvf_worker_config {
   const char* instance_id; /* NULL: "worker" */
   const char* host;        /* control server address; NULL: "127.0.0.1" */
   uint16_t port;           /* 0 picks a free port */
-  const char* token;       /* bearer token for the /kv/ routes and towards peers; NULL/"": none */
+  const char* token;       /* bearer token for the /kv/ routes and towards peers; NULL/"" is
+                              refused unless insecure is set */
   const char* transports;  /* UCX transports: "shm", "tcp", "rdma", "all"; NULL: "shm" */
   const char* net_devices; /* UCX network devices for tcp/rdma, e.g. "lo"; NULL: all */
   int64_t block_size;      /* tokens per block */
@@ -83,6 +84,8 @@ typedef struct kvf_worker_config {
   const char* kv_events_endpoint;
   const char* kv_events_replay_endpoint; /* NULL/"": no replay socket */
   const char* kv_events_topic;           /* NULL: "kv-events" */
+  /* Non-zero: run the /kv/ routes without a token (no authentication at all; test only). */
+  int32_t insecure;
 } kvf_worker_config;
 
 /* Creates and starts the agent. On success *out owns it (kvf_worker_destroy). */

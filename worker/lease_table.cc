@@ -8,6 +8,7 @@ std::vector<BlockHash> LeaseTable::take(const std::string& id, Lease lease) {
   auto [it, inserted] = leases_.try_emplace(id);
   std::vector<BlockHash> replaced;
   if (!inserted) replaced = std::move(it->second.hashes);
+  blocks_ = blocks_ - replaced.size() + lease.hashes.size();
   it->second = std::move(lease);
   return replaced;
 }
@@ -23,6 +24,7 @@ std::optional<Lease> LeaseTable::detach(const std::string& id) {
   if (it == leases_.end()) return std::nullopt;
   Lease lease = std::move(it->second);
   leases_.erase(it);
+  blocks_ -= lease.hashes.size();
   return lease;
 }
 
@@ -31,6 +33,7 @@ std::vector<Lease> LeaseTable::expire(Nanos now) {
   if (leases_.empty()) return due;
   for (auto it = leases_.begin(); it != leases_.end();) {
     if (it->second.expires_at <= now) {
+      blocks_ -= it->second.hashes.size();
       due.push_back(std::move(it->second));
       leases_.erase(it++);
     } else {

@@ -34,10 +34,13 @@ class LeaseTable {
   std::vector<Lease> expire(Nanos now);
   std::optional<Nanos> nextExpiry() const;
   size_t size() const { return leases_.size(); }
+  // Blocks pinned by all leases together.
+  size_t blocks() const { return blocks_; }
   bool empty() const { return leases_.empty(); }
 
  private:
   absl::flat_hash_map<std::string, Lease> leases_;
+  size_t blocks_ = 0;
 };
 
 }  // namespace kvf::worker

@@ -41,7 +41,9 @@ def write_config(tmp, layerwise):
     profile = os.path.join(ROOT, "engine/profiles/qwen3-coder-30b-a3b-h20.yaml")
     text = re.sub(r"^profile:.*$", "profile: " + profile, text, flags=re.M)
     text = re.sub(r"^kv_events:\n(  .*\n)*", "kv_events: {enabled: false}\n", text, flags=re.M)
-    text += "worker: {token: bench, layerwise: %s}\n" % ("true" if layerwise else "false")
+    # The bench plays the router and sends kv_transfer_params straight to the engines, unsigned:
+    # insecure workers accept them (loopback only; docs/security.md).
+    text += "worker: {insecure: true, layerwise: %s}\n" % ("true" if layerwise else "false")
     path = os.path.join(tmp, "engine.yaml")
     open(path, "w").write(text)
     return path
@@ -55,7 +57,7 @@ class Engine:
             [binary, "--config", config, "--port", str(self.port), "--instance_id", name,
              "--worker_port", str(self.worker_port), "--time_scale", "1"],
             stdout=open(self.log, "w"), stderr=subprocess.STDOUT, start_new_session=True,
-            env=dict(os.environ, KVF_WORKER_TOKEN="bench"))
+            env={k: v for k, v in os.environ.items() if k != "KVF_WORKER_TOKEN"})
         deadline = time.time() + 30
         while "kvf-engine ready" not in open(self.log).read():
             if time.time() > deadline or self.proc.poll() is not None:

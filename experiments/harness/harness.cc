@@ -19,6 +19,7 @@
 #include "experiments/replay/replayer.h"
 #include "experiments/report/prom_text.h"
 #include "experiments/report/report.h"
+#include "protocol/transfer_auth.h"
 #include "trace/reader.h"
 #include "trace/token_synth.h"
 #include "trace/writer.h"
@@ -177,8 +178,12 @@ std::string tail(const std::string& path, size_t bytes = 2000) {
   return text.size() > bytes ? text.substr(text.size() - bytes) : text;
 }
 
-// Copies the engine config with the time scale set and the profile path made absolute.
-absl::Status writeEngineConfig(const ClusterConfig& cluster, const std::string& out_path) {
+// Copies the engine config with the time scale set and the profile path made absolute. With
+// workers, the cluster's worker token (the config's worker.token, else a fresh random one) is
+// written to it and returned in `worker_token` for the router, which signs kv_transfer_params
+// with it.
+absl::Status writeEngineConfig(const ClusterConfig& cluster, const std::string& out_path,
+                               std::string* worker_token) {
   YAML::Node node;
   try {
     node = YAML::LoadFile(cluster.engine_config);
@@ -190,6 +195,15 @@ absl::Status writeEngineConfig(const ClusterConfig& cluster, const std::string& 
       }
     }
     node["time_scale"] = cluster.engine_time_scale;
+    if (cluster.workers) {
+      YAML::Node worker = node["worker"];
+      if (worker["token"] && !worker["token"].as<std::string>().empty()) {
+        *worker_token = worker["token"].as<std::string>();
+      } else {
+        *worker_token = protocol::randomNonce();
+        node["worker"]["token"] = *worker_token;
+      }
+    }
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(strCat(cluster.engine_config, ": ", e.what()));
   }
@@ -199,9 +213,10 @@ absl::Status writeEngineConfig(const ClusterConfig& cluster, const std::string& 
 }
 
 absl::Status writeRouterConfig(const ExperimentConfig& config, const ArmConfig& arm, uint16_t port,
-                               const std::vector<EnginePorts>& engines,
-                               const std::string& rep_dir) {
+                               const std::vector<EnginePorts>& engines, const std::string& rep_dir,
+                               const std::string& worker_token) {
   YAML::Node root = config.router.IsMap() ? YAML::Clone(config.router) : YAML::Node();
+  if (!worker_token.empty()) root["worker_token"] = worker_token;
   root["listen"]["host"] = "127.0.0.1";
   root["listen"]["port"] = port;
   for (size_t i = 0; i < engines.size(); ++i) {
@@ -269,7 +284,8 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
     }
   }
   KVF_ASSIGN_OR_RETURN(uint16_t router_port, pickFreePort());
-  KVF_RETURN_IF_ERROR(writeEngineConfig(config_.cluster, rep_dir + "/engine.yaml"));
+  std::string worker_token;
+  KVF_RETURN_IF_ERROR(writeEngineConfig(config_.cluster, rep_dir + "/engine.yaml", &worker_token));
 
   std::vector<std::unique_ptr<Process>> engines;
   for (size_t i = 0; i < ports.size(); ++i) {
@@ -300,7 +316,7 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
     KVF_RETURN_IF_ERROR(writeFile(strCat(rep_dir, "/engine_", i, ".before.prom"), before));
     KVF_RETURN_IF_ERROR(checkCold(before, strCat("engine ", i)));
   }
-  KVF_RETURN_IF_ERROR(writeRouterConfig(config_, arm, router_port, ports, rep_dir));
+  KVF_RETURN_IF_ERROR(writeRouterConfig(config_, arm, router_port, ports, rep_dir, worker_token));
   KVF_ASSIGN_OR_RETURN(
       auto router, Process::spawn({bin_dir_ + "/kvf-router", "--config", rep_dir + "/router.yaml"},
                                   logTo(rep_dir + "/logs/router.log")));

@@ -192,6 +192,7 @@ void parseRoot(config::ConfigMap& root, RouterConfig* out, const policy::PolicyR
     r->rejectUnknownKeys();
   }
   root.get("decision_log", &out->decision_log);
+  root.get("worker_token", &out->worker_token);
   if (auto a = root.map("admin")) {
     a->get("token", &out->admin_token);
     a->rejectUnknownKeys();

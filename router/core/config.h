@@ -97,6 +97,10 @@ struct RouterConfig {
   int64_t default_max_tokens = 0;
   int64_t max_tokens_limit = 0;
   int64_t max_model_len = 0;
+  // The cluster's worker token (`worker_token`; empty: env KVF_WORKER_TOKEN, read in main).
+  // The router signs the kv_transfer_params it sends with a key derived from it; engines act
+  // only on signed params (docs/security.md). Empty: sent unsigned (insecure engines only).
+  std::string worker_token;
   // io.busy_poll_us: after handling an event, the io thread polls without sleeping for this
   // long before it blocks (0: block at once). See docs/router.md ("io").
   Nanos busy_poll = 0;

@@ -113,5 +113,23 @@ TEST(Metrics, ExpositionPassesPromtool) {
   EXPECT_EQ(output, "") << output;
 }
 
+// Retiring a label value removes its series from the exposition; a holder of a retired metric
+// may keep updating it until the handle goes.
+TEST(MetricsTest, RetireDropsSeriesOfALabelValue) {
+  Registry r;
+  Counter& gone = r.counter("requests_total", "Requests", {{"instance", "a"}});
+  r.counter("requests_total", "Requests", {{"instance", "b"}}).inc(2);
+  r.histogram("latency_seconds", "Latency", {1.0}, {{"instance", "a"}, {"kind", "x"}});
+  r.callback("depth", "Depth", MetricType::kGauge, {{"instance", "a"}}, [] { return 1.0; });
+  auto handle = r.retire("instance", "a");
+  gone.inc();  // still alive
+  std::string text = r.exposition();
+  EXPECT_EQ(text.find("instance=\"a\""), std::string::npos) << text;
+  EXPECT_NE(text.find("requests_total{instance=\"b\"} 2"), std::string::npos) << text;
+  // The same series asked for again starts from zero.
+  EXPECT_EQ(r.counter("requests_total", "Requests", {{"instance", "a"}}).value(), 0);
+  handle.reset();
+}
+
 }  // namespace
 }  // namespace kvf::metrics

@@ -45,9 +45,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     KVF_FUZZ_CHECK(dom->has_token_ids, "token prompt");
     auto object = kvf::json::parseObject(body);
     KVF_FUZZ_CHECK(object.ok(), "the scanner accepted invalid JSON");
-    KVF_FUZZ_CHECK(
-        fast->has_kv_transfer_params == std::optional<bool>(object->contains("kv_transfer_params")),
-        "kv_transfer_params detection");
+    KVF_FUZZ_CHECK(fast->has_kv_transfer_params == object->contains("kv_transfer_params") &&
+                       dom->has_kv_transfer_params == fast->has_kv_transfer_params,
+                   "kv_transfer_params detection");
   }
   if (dom.ok()) {
     KVF_FUZZ_CHECK(dom->max_tokens >= 0 && dom->max_tokens <= kMaxClientTokens,

@@ -12,23 +12,23 @@ namespace {
 TEST(KvTransferTest, SplicesParamsIntoTheBody) {
   KvTransferParams p;
   p.source = "http://127.0.0.1:9001";
-  auto body = withKvTransferParams(R"( {"model":"m","prompt":[1,2]})", &p);
+  auto body = withKvTransferParams(R"( {"model":"m","prompt":[1,2]})", false, &p);
   ASSERT_TRUE(body.ok()) << body.status();
   auto obj = json::parseObject(*body);
   ASSERT_TRUE(obj.ok()) << *body;
   EXPECT_EQ((*obj)["kv_transfer_params"].as_object()["source"].as_string(), p.source);
   EXPECT_FALSE((*obj)["kv_transfer_params"].as_object().contains("block_hashes"));
   EXPECT_EQ((*obj)["prompt"].as_array().size(), 2u);
-  auto empty = withKvTransferParams("{}", &p);
+  auto empty = withKvTransferParams("{}", false, &p);
   ASSERT_TRUE(empty.ok());
   EXPECT_TRUE(json::parseObject(*empty).ok()) << *empty;
   // Nothing to add and nothing to strip: unchanged.
-  EXPECT_EQ(*withKvTransferParams(R"({"model":"m"})", nullptr), R"({"model":"m"})");
+  EXPECT_EQ(*withKvTransferParams(R"({"model":"m"})", false, nullptr), R"({"model":"m"})");
 }
 
 TEST(KvTransferTest, ClientParamsAreReplacedOrStripped) {
   std::string body = R"({"model":"m","kv_transfer_params":{"source":"http://evil:1"}})";
-  auto stripped = withKvTransferParams(body, nullptr);
+  auto stripped = withKvTransferParams(body, true, nullptr);
   ASSERT_TRUE(stripped.ok());
   EXPECT_EQ(stripped->find("evil"), std::string::npos);
   KvTransferParams p;
@@ -36,7 +36,7 @@ TEST(KvTransferTest, ClientParamsAreReplacedOrStripped) {
   p.block_hashes = std::vector<protocol::EngineBlockHash>{
       protocol::EngineBlockHash(1), protocol::EngineBlockHash(18446744073709551615ull)};
   p.lease_id = "lease-9";
-  auto replaced = withKvTransferParams(body, &p);
+  auto replaced = withKvTransferParams(body, true, &p);
   ASSERT_TRUE(replaced.ok());
   auto obj = json::parseObject(*replaced);
   ASSERT_TRUE(obj.ok());

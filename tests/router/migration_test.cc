@@ -290,6 +290,38 @@ TEST_F(MigrationTest, ClientKvTransferParamsAreStripped) {
   EXPECT_EQ(lastBody(engineIndex(served))["max_tokens"].as_int64(), 4);
 }
 
+// The key spelled with JSON escapes is the same key to every JSON parser (the engine's too): a
+// text search misses it, so stripping must work on the parsed document, on every parse path.
+TEST_F(MigrationTest, EscapedClientKvTransferParamsAreStripped) {
+  workers_ = true;
+  start(2, "{kind: round_robin}");
+  const std::string evil = R"("source":"http://127.0.0.1:1","do_remote_decode":false)";
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"/v1/completions",  // token ids: the single-pass parse declines escaped keys
+       tokenPrompt(0, 64, false, ",\"kv_transfer\\u005fparams\":{" + evil + "}")},
+      {"/v1/completions",  // text prompt
+       R"({"model":"fake-model","max_tokens":4,"prompt":"hello","kv_transfer\u005Fparams":{)" +
+           evil + "}}"},
+      {"/v1/completions",  // every character escaped
+       R"({"model":"fake-model","max_tokens":4,"prompt":[1,2,3],)"
+       R"("\u006b\u0076\u005f\u0074\u0072\u0061\u006e\u0073\u0066\u0065\u0072)"
+       R"(\u005f\u0070\u0061\u0072\u0061\u006d\u0073":{)" +
+           evil + "}}"},
+      {"/v1/chat/completions",
+       R"({"model":"fake-model","max_tokens":4,"messages":[{"role":"user","content":"hi"}],)"
+       R"("kv\u005ftransfer_params":{)" +
+           evil + "}}"},
+  };
+  for (const auto& [target, body] : cases) {
+    auto r = call(post(target, body));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->status, 200) << body;
+    std::string served(r->header("x-kvf-instance"));
+    ASSERT_GE(engineIndex(served), 0);
+    EXPECT_TRUE(lastParams(engineIndex(served)).empty()) << target << " " << body;
+  }
+}
+
 TEST_F(MigrationTest, PushFallbackOnTheDecoderIsCounted) {
   workers_ = true;
   start(2, "{kind: unified}");

@@ -188,6 +188,44 @@ TEST_F(ProxyTest, AdminApiNeedsTokenAndManagesInstances) {
   EXPECT_EQ((*obj)["decisions"].as_array().size(), 4u);
 }
 
+// A removed instance's series leave /metrics: a cluster that churns instances must not grow
+// the exposition (and the router's memory) without bound.
+TEST_F(ProxyTest, RemovedInstancesLeaveNoMetricSeries) {
+  start(1, "{kind: round_robin}", false);
+  http::Headers auth = {{"Authorization", "Bearer s3cret"}};
+  for (int i = 0; i < 300; ++i) {
+    std::string id = "churn-" + std::to_string(i);
+    auto add =
+        call(post("/admin/instances",
+                  R"({"id": ")" + id + R"(", "url": ")" + engines_[0]->url() + R"("})", auth));
+    ASSERT_TRUE(add.ok());
+    ASSERT_EQ(add->status, 201) << add->body;
+    if (i == 0) {  // one of them served a request and failed one, so every kind of series exists
+      auto drain = call(post("/admin/instances/e0/drain", "", auth));
+      ASSERT_EQ(drain->status, 200);
+      auto r = call(post("/v1/completions", tokenPrompt(0, 32)));
+      ASSERT_TRUE(r.ok());
+      EXPECT_EQ(r->header("x-kvf-instance"), id);
+      auto undrain = call(post("/admin/instances/e0/undrain", "", auth));
+      ASSERT_EQ(undrain->status, 200);
+    }
+    auto remove = call(http::ClientRequest{"DELETE", "/admin/instances/" + id, auth, "",
+                                           "application/json", std::nullopt});
+    ASSERT_EQ(remove->status, 200);
+  }
+  auto m = call(get("/metrics"));
+  ASSERT_TRUE(m.ok());
+  EXPECT_EQ(m->body.find("churn-"), std::string::npos);
+  EXPECT_NE(m->body.find("instance=\"e0\""), std::string::npos);  // the live one stays
+  // The router still serves, and a re-added id starts fresh series.
+  auto again = call(post("/admin/instances",
+                         R"({"id": "churn-0", "url": ")" + engines_[0]->url() + R"("})", auth));
+  EXPECT_EQ(again->status, 201);
+  m = call(get("/metrics"));
+  EXPECT_NE(m->body.find("kvfabric_router_instance_requests_total{instance=\"churn-0\"} 0"),
+            std::string::npos);
+}
+
 TEST_F(ProxyTest, BadInputGets4xxJsonAndRouterKeepsServing) {
   start(1, "{kind: hybrid}", false, "listen: {port: 0, max_body_bytes: 65536}\n");
   struct Case {

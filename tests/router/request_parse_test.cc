@@ -392,14 +392,34 @@ TEST(RequestParseTest, PrefetchLeavesValidityToTheFinalParse) {
 TEST(RequestParseTest, SinglePassReportsClientKvTransferParams) {
   auto with = fastParseTokenCompletion(R"({"model":"m","prompt":[1],"kv_transfer_params":{}})");
   ASSERT_TRUE(with.has_value());
-  EXPECT_EQ(with->has_kv_transfer_params, std::optional<bool>(true));
+  EXPECT_TRUE(with->has_kv_transfer_params);
   auto nested =
       fastParseTokenCompletion(R"({"model":"m","prompt":[1],"x":{"kv_transfer_params":1}})");
   ASSERT_TRUE(nested.has_value());
-  EXPECT_EQ(nested->has_kv_transfer_params, std::optional<bool>(false));
+  EXPECT_FALSE(nested->has_kv_transfer_params);
   auto dom = parseRequest(ApiKind::kCompletions, post(R"({"model":"m\"","prompt":[1]})"));
   ASSERT_TRUE(dom.ok());
-  EXPECT_FALSE(dom->has_kv_transfer_params.has_value());  // unknown: the caller searches
+  EXPECT_FALSE(dom->has_kv_transfer_params);
+}
+
+// Every parse path decodes the key as the engine's JSON parser does: an escaped spelling is
+// the same member and must be reported (a text search for the key misses it).
+TEST(RequestParseTest, EscapedKvTransferParamsKeyIsReportedOnEveryPath) {
+  const char* bodies[] = {
+      R"({"model":"m","prompt":[1],"kv_transfer\u005fparams":{}})",
+      R"({"model":"m","prompt":"text","kv\u005Ftransfer_params":{"source":"http://x:1"}})",
+      R"({"model":"m","prompt":[[1,2]],"\u006bv_transfer_params":null})",
+  };
+  for (const char* body : bodies) {
+    auto parsed = parseRequest(ApiKind::kCompletions, post(body));
+    ASSERT_TRUE(parsed.ok()) << body;
+    EXPECT_TRUE(parsed->has_kv_transfer_params) << body;
+  }
+  auto chat =
+      parseRequest(ApiKind::kChat, post(R"({"model":"m","messages":[{"role":"user",)"
+                                        R"("content":"x"}],"kv_transfer_param\u0073":{}})"));
+  ASSERT_TRUE(chat.ok());
+  EXPECT_TRUE(chat->has_kv_transfer_params);
 }
 
 TEST(RequestParseTest, SinglePassAppliesSessionHeaderAndBound) {

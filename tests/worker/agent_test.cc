@@ -439,12 +439,34 @@ TEST(AgentCreateTest, RegistrationFailureIsAnError) {
   FakeEngineAdapter engine(kBlockSize, kBlockBytes, kBlocks);
   testing::IoThread io;
   fabric.inject(1, Fault::kFail);
+  AgentOptions o;
+  o.token = "t";
   auto agent = io.run([&]() -> asio::awaitable<absl::StatusOr<std::unique_ptr<WorkerAgent>>> {
-    co_return WorkerAgent::create(io.context(), engine, fabric.context("C"), AgentOptions{},
-                                  nullptr);
+    co_return WorkerAgent::create(io.context(), engine, fabric.context("C"), o, nullptr);
   });
   EXPECT_FALSE(agent.ok());
   EXPECT_NE(agent.status().message().find("register"), std::string::npos) << agent.status();
+}
+
+// Without a token anyone who reaches the port could write into the engine's KV memory: the
+// agent refuses to run open unless told so explicitly.
+TEST(AgentCreateTest, RefusesToRunWithoutATokenUnlessInsecure) {
+  FakeFabric fabric;
+  FakeEngineAdapter engine(kBlockSize, kBlockBytes, kBlocks);
+  testing::IoThread io;
+  auto create = [&](AgentOptions o, const char* name) {
+    return io.run([&]() -> asio::awaitable<absl::StatusOr<std::unique_ptr<WorkerAgent>>> {
+      co_return WorkerAgent::create(io.context(), engine, fabric.context(name), o, nullptr);
+    });
+  };
+  auto open = create(AgentOptions{}, "A");
+  ASSERT_FALSE(open.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(open.status()));
+  EXPECT_NE(open.status().message().find("token"), std::string::npos) << open.status();
+  AgentOptions insecure;
+  insecure.insecure = true;
+  auto explicit_open = create(insecure, "B");
+  EXPECT_TRUE(explicit_open.ok()) << explicit_open.status();
 }
 
 }  // namespace

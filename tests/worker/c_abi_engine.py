@@ -70,7 +70,7 @@ class Config(ctypes.Structure):
                 ("region_bytes", ctypes.c_uint64), ("max_push_blocks", ctypes.c_uint64),
                 ("kv_events_endpoint", ctypes.c_char_p),
                 ("kv_events_replay_endpoint", ctypes.c_char_p),
-                ("kv_events_topic", ctypes.c_char_p)]
+                ("kv_events_topic", ctypes.c_char_p), ("insecure", ctypes.c_int32)]
 
 
 class Engine:

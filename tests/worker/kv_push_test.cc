@@ -5,6 +5,8 @@
 // deadline + 100 ms (+ the modelled prefill at time_scale 50), and nothing hangs.
 #include <gtest/gtest.h>
 
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +20,7 @@
 #include "common/http_client.h"
 #include "common/json.h"
 #include "common/process.h"
+#include "protocol/transfer_auth.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/io_thread.h"
 
@@ -83,8 +86,23 @@ class KvPushTest : public ::testing::Test {
     return *engines_.back();
   }
 
+  // The x-kvf-transfer-auth header the router would send with `body`'s kv_transfer_params
+  // (signed under the cluster token "s3cret"), or "" when it has none.
+  static std::string routerSignature(const std::string& body, const std::string& request_id,
+                                     const std::string& key = "s3cret") {
+    auto o = json::parseObject(body);
+    if (!o.ok() || !o->contains("kv_transfer_params")) return {};
+    const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::system_clock::now().time_since_epoch())
+                               .count();
+    return protocol::signKvTransfer(protocol::transferAuthKey(key), o->at("kv_transfer_params"),
+                                    request_id, now_ms, protocol::randomNonce());
+  }
+
+  // POSTs to /v1/* carry the router's signature on their kv_transfer_params unless `headers`
+  // is given (then exactly those are sent).
   http::Response call(int port, std::string method, std::string target, std::string body = {},
-                      std::string token = {}) {
+                      std::string token = {}, std::optional<http::Headers> headers = std::nullopt) {
     return io_.run([&]() -> asio::awaitable<http::Response> {
       auto client =
           http::HttpClient::create(io_.executor(), "127.0.0.1", static_cast<uint16_t>(port));
@@ -92,6 +110,15 @@ class KvPushTest : public ::testing::Test {
       req.method = method;
       req.target = target;
       req.body = body;
+      if (headers) {
+        req.headers = *headers;
+      } else if (method == "POST" && target.starts_with("/v1/")) {
+        std::string id = "test-" + std::to_string(next_request_++);
+        req.headers.emplace_back("x-request-id", id);
+        if (std::string sig = routerSignature(body, id); !sig.empty()) {
+          req.headers.emplace_back(std::string(protocol::kTransferAuthHeader), sig);
+        }
+      }
       if (!token.empty()) req.headers.emplace_back("authorization", "Bearer " + token);
       auto r = co_await client->request(std::move(req));
       EXPECT_TRUE(r.ok()) << r.status();
@@ -146,6 +173,7 @@ class KvPushTest : public ::testing::Test {
   static bj::object& result(bj::object& o) { return o["kv_transfer_result"].as_object(); }
 
   std::string source_, bin_;
+  int next_request_ = 0;
   fs::path dir_;
   IoThread io_;
   std::vector<std::unique_ptr<Engine>> engines_;
@@ -252,6 +280,149 @@ TEST_F(KvPushTest, OffloadLeaseIsPushedThenReleasedOrExpires) {
            R"(, "kv_transfer_params": {"do_remote_decode": true, "lease_ms": 300})");
   EXPECT_EQ(metric(p, "kvfabric_engine_kv_push_leases"), 1);
   EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, std::chrono::seconds(3)));
+}
+
+// A listening socket that never accepts: what an engine sends it waits in the backlog.
+struct Listener {
+  int fd = -1;
+  int port = 0;
+  Listener() {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(a);
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), len) == 0 && ::listen(fd, 16) == 0 &&
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
+      port = ntohs(a.sin_port);
+    }
+  }
+  ~Listener() { ::close(fd); }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(port); }
+  // Everything received on connections made so far.
+  std::string received() {
+    std::string all;
+    for (int c; (c = ::accept(fd, nullptr, nullptr)) >= 0;) {
+      char buf[4096];
+      ssize_t n;
+      while ((n = ::recv(c, buf, sizeof(buf), MSG_DONTWAIT)) > 0) all.append(buf, n);
+      all += "<connection>";
+      ::close(c);
+    }
+    return all;
+  }
+};
+
+// A client of the engine's public port is not the router: kv_transfer_params it sends are
+// refused (403) whether unsigned, signed under another key, or a replay, and the engine never
+// contacts the source it named (which would receive the cluster's worker token).
+TEST_F(KvPushTest, UnsignedKvTransferParamsAreRefusedAndTheTokenNeverLeaves) {
+  Engine& d = start("D");
+  Listener evil;
+  ASSERT_GT(evil.port, 0);
+  const std::string body = R"({"prompt": )" + tokens(600, 9) +
+                           R"(, "max_tokens": 2, "kv_transfer_params": {"source": ")" + evil.url() +
+                           R"("}})";
+  const std::string lease_body =
+      R"({"prompt": )" + tokens(600, 10) +
+      R"(, "max_tokens": 2, "kv_transfer_params": {"do_remote_decode": true, "lease_ms": 60000}})";
+  auto post = [&](const std::string& b, http::Headers h) {
+    return call(d.port, "POST", "/v1/completions", b, {}, std::move(h));
+  };
+  EXPECT_EQ(post(body, {}).status, 403);
+  EXPECT_EQ(post(lease_body, {}).status, 403);
+  EXPECT_EQ(metric(d, "kvfabric_engine_kv_push_leases"), 0);
+  std::string forged = routerSignature(body, "r1", "not-the-cluster-token");
+  EXPECT_EQ(post(body, {{"x-request-id", "r1"}, {"x-kvf-transfer-auth", forged}}).status, 403);
+  // Signed for another request id.
+  std::string other = routerSignature(body, "r2");
+  EXPECT_EQ(post(body, {{"x-request-id", "r3"}, {"x-kvf-transfer-auth", other}}).status, 403);
+  // Signed by the router for other params: a client cannot swap in its own source.
+  std::string signed_lease = routerSignature(lease_body, "r4");
+  EXPECT_EQ(post(body, {{"x-request-id", "r4"}, {"x-kvf-transfer-auth", signed_lease}}).status,
+            403);
+  EXPECT_GE(metric(d, "kvfabric_engine_kv_transfer_params_refused_total"), 5);
+  EXPECT_EQ(evil.received(), "");
+  // The router's own request is served once; the same header again is a replay.
+  http::Headers router = {{"x-request-id", "r5"},
+                          {"x-kvf-transfer-auth", routerSignature(lease_body, "r5")}};
+  EXPECT_EQ(post(lease_body, router).status, 200);
+  EXPECT_EQ(post(lease_body, router).status, 403);
+  // Without any kv_transfer_params the public API is as open as before.
+  EXPECT_EQ(post(R"({"prompt": )" + tokens(100, 11) + R"(, "max_tokens": 2})", {}).status, 200);
+}
+
+// Remote-decode leases are bounded in duration, number and blocks on the engine itself.
+TEST_F(KvPushTest, LeasesAreBoundedServerSide) {
+  Engine& p = start("P", ", max_leases: 2, max_lease_ms: 5000");
+  auto lease = [&](int n, int salt, int lease_ms) {
+    std::string body = R"({"prompt": )" + tokens(n, salt) +
+                       R"(, "max_tokens": 2, "kv_transfer_params": {"do_remote_decode": true, )" +
+                       R"("lease_ms": )" + std::to_string(lease_ms) + "}}";
+    return call(p.port, "POST", "/v1/completions", body).status;
+  };
+  EXPECT_EQ(lease(200, 20, 600000), 400);  // longer than max_lease_ms
+  // 4000 blocks, at most a quarter leased: 1001 blocks in one prompt is too many.
+  EXPECT_EQ(lease(16016, 21, 5000), 429);
+  EXPECT_EQ(lease(200, 22, 5000), 200);
+  EXPECT_EQ(lease(200, 23, 5000), 200);
+  EXPECT_EQ(lease(200, 24, 5000), 429);  // max_leases
+  EXPECT_GE(metric(p, "kvfabric_engine_leases_refused_total"), 2);
+  EXPECT_EQ(metric(p, "kvfabric_engine_kv_push_leases"), 2);
+  // Expired leases give the capacity back.
+  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, std::chrono::seconds(8)));
+  EXPECT_EQ(lease(200, 25, 5000), 200);
+}
+
+// The worker API checks the token on the request head: an unauthenticated peer that announces
+// a large body gets its 401 at once, without the server waiting for (or buffering) the body.
+TEST_F(KvPushTest, WorkerApiRefusesBeforeReadingTheBody) {
+  Engine& c = start("C");
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = htons(static_cast<uint16_t>(c.worker_port));
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  timeval tv{2, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  std::string head =
+      "POST /kv/push HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+      "Content-Length: 4000000\r\n\r\n";
+  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
+  char buf[512];
+  ssize_t n = ::recv(fd, buf, sizeof(buf), 0);  // within 2 s, with no body byte sent
+  ::close(fd);
+  ASSERT_GT(n, 0) << "no answer before the body arrived";
+  EXPECT_TRUE(std::string(buf, static_cast<size_t>(n)).starts_with("HTTP/1.1 401"))
+      << std::string(buf, static_cast<size_t>(n));
+}
+
+// The worker API never runs open by accident: without a token the engine refuses to start.
+TEST_F(KvPushTest, EngineWithoutWorkerTokenRefusesToStart) {
+  fs::path config = dir_ / "open.yaml";
+  std::ofstream(config) << "instance_id: open\nport: 0\n"
+                        << "profile: " << source_
+                        << "/engine/profiles/qwen3-coder-30b-a3b-h20.yaml\n"
+                        << "kv_events: {enabled: false}\nworker: {port: 0}\n";
+  unsetenv("KVF_WORKER_TOKEN");
+  auto proc = startLogged({bin_ + "/kvf-engine", "--config", config.string(), "--worker_port",
+                           std::to_string(pickFreePort().value_or(0))},
+                          (dir_ / "open.log").string());
+  auto exit = proc->wait(std::chrono::seconds(20));
+  ASSERT_TRUE(exit.has_value()) << readLog(*proc);
+  EXPECT_NE(readLog(*proc).find("worker.token"), std::string::npos) << readLog(*proc);
+  // Explicitly insecure, it starts.
+  fs::path open = dir_ / "insecure.yaml";
+  std::string text = readFile(config.string());
+  text.replace(text.find("worker: {port: 0}"), 17, "worker: {insecure: true}");
+  std::ofstream(open) << text;
+  auto insecure = startLogged({bin_ + "/kvf-engine", "--config", open.string(), "--worker_port",
+                               std::to_string(pickFreePort().value_or(0))},
+                              (dir_ / "insecure.log").string());
+  EXPECT_TRUE(waitForLog(*insecure, "kvf-engine ready", std::chrono::seconds(20)))
+      << readLog(*insecure);
+  insecure->kill();
 }
 
 TEST_F(KvPushTest, EvictedOnTheHolderFallsBackAtOnce) {
