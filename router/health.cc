@@ -81,6 +81,7 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
         }
         core_->reportEngineLoad(instance->slot, waiting,
                                 sampleValue(metrics->body, "vllm:kv_cache_usage_perc"));
+        drainQueue();
       }
     }
     timer.expires_after(interval);

@@ -249,6 +249,7 @@ struct Push {
   std::vector<worker::BlockHash> pinned;  // pinned on the holder, unpinned at the end
   size_t blocks = 0;                      // leading landing blocks the holder fills
   std::string lease_id;                   // released on the holder after the push (offload)
+  Nanos started = 0;
 };
 
 // One engine instance: its core and the router's view of it.

@@ -29,6 +29,9 @@ struct OverloadConfig {
   double max_kv_usage = 1.0;  // KV usage (its /metrics); 1.0: not a signal (a full cache
                               // of idle blocks is no queue)
   int64_t max_running = 0;    // requests in flight on it; 0: no bound
+  // Offer the policy only unsaturated instances while there are any. Off: the queue only
+  // gates when a request is decided, and the policy still weighs a saturated cache holder.
+  bool steer = false;
   // The router-side queue.
   int64_t max_queue = 4096;               // queued requests; past it new ones are shed (queue_full)
   int64_t max_per_session = 64;           // one session's queued requests (session_share)

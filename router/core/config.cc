@@ -98,6 +98,7 @@ void parseOverload(config::ConfigMap& map, OverloadConfig* out) {
   map.get("max_waiting", &out->max_waiting, 1, 1'000'000);
   map.get("max_kv_usage", &out->max_kv_usage, 0.01, 1.0);
   map.get("max_running", &out->max_running, 0, 1'000'000);
+  map.get("steer", &out->steer);
   map.get("max_queue", &out->max_queue, 0, 10'000'000);
   map.get("max_per_session", &out->max_per_session, 1, 10'000'000);
   getSeconds(map, "max_wait_s", &out->max_wait, 0.001, 86400);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
+#include <limits>
 
 #include "common/strings.h"
 
@@ -204,6 +206,7 @@ bool RoutingCore::decide(RequestRoute& r, Nanos now) {
   r.predicted_ = false;
   r.offload_outcome_ = {};
   r.engine_prompt_tokens_ = 0;
+  r.measured_move_s_ = std::numeric_limits<double>::quiet_NaN();
   r.peer_id_.clear();
   index_.expire(now);
   const auto n = static_cast<size_t>(slot_end_);
@@ -215,10 +218,10 @@ bool RoutingCore::decide(RequestRoute& r, Nanos now) {
   }
   const auto bs = static_cast<int64_t>(config_.index.block_size);
   snapshots_.resize(n);
-  // In overload control, saturated instances are hidden from the policy while any other can
+  // With overload.steer, saturated instances are hidden from the policy while any other can
   // take the request (a retry may find none: then every admitted instance is offered).
   bool hide_saturated = false;
-  if (config_.overload.enabled) {
+  if (config_.overload.enabled && config_.overload.steer) {
     for (size_t i = 0; i < n && !hide_saturated; ++i) {
       const int slot = static_cast<int>(i);
       hide_saturated = admitted(slot, now) && (r.excluded_ & (policy::InstanceMask{1} << i)) == 0 &&
@@ -309,6 +312,13 @@ void RoutingCore::predictPeer(RequestRoute& r, Nanos now) {
   index_.addSoft(r.peer_, r.hashes, now, !s.has_events || !r.exact);
 }
 
+void RoutingCore::reportMove(RequestRoute& r, double measured_s) {
+  if (r.peer_ < 0 || r.instance_ < 0 || std::isnan(r.decision_.move_model_s)) return;
+  if (ledger_->instances[static_cast<size_t>(r.peer_)].generation != r.peer_generation_) return;
+  r.measured_move_s_ = measured_s;
+  ledger_->policy->moveMeasured(r.peer_, r.instance_, r.decision_.move_model_s, measured_s);
+}
+
 void RoutingCore::reportPromptTokens(RequestRoute& r, int64_t engine_prompt_tokens) const {
   if (r.exact || engine_prompt_tokens <= 0) return;
   r.engine_prompt_tokens_ = engine_prompt_tokens;
@@ -343,6 +353,9 @@ void RoutingCore::fillRecord(const RequestRoute& r, DecisionRecord* out) const {
                           {"prefill_offload", d.predicted.offload},
                           {"chosen", d.predicted.chosen}};
   out->offload_prefill = std::string(r.offload_outcome_);
+  out->move_model_s = d.move_model_s;
+  out->move_s = d.move_s;
+  out->move_measured_s = r.measured_move_s_;
 }
 
 }  // namespace kvf::router

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -72,6 +73,9 @@ class RequestRoute {
   // P failed (or gave nothing usable): the instance prefills all it does not hold itself.
   void peerFailed(std::string_view outcome);
   void peerSucceeded() { offload_outcome_ = "ok"; }
+  // The attempt's move (push-migrate or offload) was measured: its KV took `seconds` to move.
+  // The core hands it to the policy (RoutingCore::reportMove); kept for the decision record.
+  double measuredMoveSeconds() const { return measured_move_s_; }
   // Gives the policy's offload slot back.
   void releaseOffload() { offload_.release(); }
   // The attempt's instance is not tried again for this request.
@@ -96,6 +100,7 @@ class RequestRoute {
   policy::InstanceMask excluded_ = 0;
   bool predicted_ = false;
   std::string_view offload_outcome_;
+  double measured_move_s_ = std::numeric_limits<double>::quiet_NaN();
   LoadLease load_;
   LoadLease peer_load_;
   OffloadLease offload_;
@@ -182,6 +187,10 @@ class RoutingCore {
   void predict(RequestRoute& route, Nanos now);
   // The same for the offload's P once it prefilled the prompt.
   void predictPeer(RequestRoute& route, Nanos now);
+  // The attempt's move took `measured_s` (from D's report, or the simulator's link): the
+  // policy's cost feedback learns from it against the move time it predicted, and the record
+  // carries both. Ignored for a local attempt or a peer slot reused since.
+  void reportMove(RequestRoute& route, double measured_s);
   // The engine's own count of the prompt's tokens (its usage report). A text prompt's length
   // was only estimated, so its prediction is capped again: at most the full blocks of the
   // engine's prompt_tokens - 1, as for a token-id prompt; the record then gives the engine's

@@ -56,13 +56,15 @@ struct Prompt {
 TEST(OverloadConfigTest, ParsesAndRejectsOutOfRange) {
   RouterConfig c = overloadConfig(
       "{enabled: true, max_pending_prefill_tokens: 1000, max_waiting: 3, max_kv_usage: 0.9, "
-      "max_running: 5, max_queue: 10, max_per_session: 2, max_wait_s: 2.5, quantum_tokens: 64, "
+      "max_running: 5, steer: true, max_queue: 10, max_per_session: 2, max_wait_s: 2.5, "
+      "quantum_tokens: 64, "
       "retry_after_s: 7}");
   EXPECT_TRUE(c.overload.enabled);
   EXPECT_EQ(c.overload.max_pending_prefill_tokens, 1000);
   EXPECT_EQ(c.overload.max_waiting, 3);
   EXPECT_DOUBLE_EQ(c.overload.max_kv_usage, 0.9);
   EXPECT_EQ(c.overload.max_running, 5);
+  EXPECT_TRUE(c.overload.steer);
   EXPECT_EQ(c.overload.max_queue, 10);
   EXPECT_EQ(c.overload.max_per_session, 2);
   EXPECT_EQ(c.overload.max_wait, Nanos{2500} * 1000 * 1000);
@@ -88,6 +90,9 @@ TEST(OverloadTest, SaturationFollowsEachSignal) {
   EXPECT_TRUE(core->saturated(0));
   core->reportEngineLoad(0, 3, 0.5);
   EXPECT_FALSE(core->saturated(0));
+  auto full_ok = coreFor(overloadConfig("{enabled: true}"));
+  full_ok->reportEngineLoad(0, 0, 1.0);  // a full cache of idle blocks is no queue
+  EXPECT_FALSE(full_ok->saturated(0));
   // The router's own accounting: a decided prompt of 100 uncached tokens saturates at once.
   Prompt p(100);
   RequestRoute r;
@@ -113,7 +118,7 @@ TEST(OverloadTest, DisabledAlwaysDispatches) {
 // Every instance saturated: requests wait in the router instead of going to a busy engine, and
 // leave in order as capacity returns; a saturated instance is not offered to the policy.
 TEST(OverloadTest, QueuesWhileSaturatedAndSendsToTheInstanceThatFreesUp) {
-  auto core = coreFor(overloadConfig("{enabled: true, max_waiting: 2}"));
+  auto core = coreFor(overloadConfig("{enabled: true, max_waiting: 2, steer: true}"));
   core->reportEngineLoad(0, 2, std::nullopt);
   core->reportEngineLoad(1, 2, std::nullopt);
   Prompt a(64, 1), b(64, 5000);
@@ -148,7 +153,7 @@ TEST(OverloadTest, QueuesWhileSaturatedAndSendsToTheInstanceThatFreesUp) {
 }
 
 TEST(OverloadTest, NothingQueuesWhileAnInstanceHasRoom) {
-  auto core = coreFor(overloadConfig("{enabled: true, max_waiting: 2}"));
+  auto core = coreFor(overloadConfig("{enabled: true, max_waiting: 2, steer: true}"));
   core->reportEngineLoad(0, 5, std::nullopt);
   Prompt p(64);
   RequestRoute r;
@@ -160,9 +165,23 @@ TEST(OverloadTest, NothingQueuesWhileAnInstanceHasRoom) {
   EXPECT_EQ(core->overloadStats().admitted_at_once, 1u);
 }
 
-// A retry that excluded the only unsaturated instance still finds a saturated one.
+// Without steer the policy still sees a saturated instance (round robin starts at the
+// saturated instance 0); with it, a retry that excluded the only unsaturated instance still
+// finds a saturated one.
+TEST(OverloadTest, WithoutSteerThePolicySeesSaturatedInstances) {
+  auto core = coreFor(overloadConfig("{enabled: true, max_waiting: 2}", 2, "{kind: round_robin}"));
+  core->reportEngineLoad(0, 5, std::nullopt);
+  Prompt p(64);
+  RequestRoute r;
+  p.into(r);
+  ShedReason why{};
+  EXPECT_EQ(core->admit(r, 1, 0, &why), RoutingCore::Admission::kDispatch);
+  ASSERT_TRUE(core->decide(r, 0));
+  EXPECT_EQ(r.instance(), 0);
+}
+
 TEST(OverloadTest, RetryFallsBackToSaturatedInstances) {
-  auto core = coreFor(overloadConfig("{enabled: true, max_waiting: 2}"));
+  auto core = coreFor(overloadConfig("{enabled: true, max_waiting: 2, steer: true}"));
   core->reportEngineLoad(0, 5, std::nullopt);
   Prompt p(64);
   RequestRoute r;
