@@ -16,7 +16,6 @@ namespace {
 using unified::hits;
 using unified::prefillSeconds;
 using unified::queueSeconds;
-using unified::transferSeconds;
 
 struct ElasticParams final : PolicyParams {
   int64_t max_concurrent_offloads = 4;         // offloads whose prefill phase is in flight
@@ -45,7 +44,8 @@ class ElasticPolicy final : public Policy {
   explicit ElasticPolicy(const PolicyConfig& c)
       : params_(c.params<ElasticParams>("elastic")),
         model_(c.params<UnifiedParams>("unified")),
-        base_(hybrid::create(c)) {}
+        base_(hybrid::create(c)),
+        feedback_(unified::feedbackConfig(model_)) {}
   std::string_view name() const override { return "elastic"; }
   bool movesKv() const override { return true; }
   OffloadTerms offloadTerms() const override {
@@ -53,6 +53,9 @@ class ElasticPolicy final : public Policy {
   }
   void offloadFinished() override { in_flight_ = std::max<int64_t>(0, in_flight_ - 1); }
   int64_t offloadsInFlight() const override { return in_flight_; }
+  void moveMeasured(int source, int dest, double model_s, double measured_s) override {
+    feedback_.record(source, dest, model_s, measured_s);
+  }
 
   Decision decide(const RouteRequest& r, std::span<const InstanceSnapshot> inst,
                   Nanos now) override {
@@ -73,9 +76,12 @@ class ElasticPolicy final : public Policy {
       size_t p = (cursor_ + k) % inst.size();
       if (static_cast<int>(p) == d.instance || !fits(inst, p)) continue;
       any_fit = true;
-      double cost = queueSeconds(inst[p], m) +
-                    prefillSeconds(r.prompt_tokens - hits(r, inst[p]), m) +
-                    transferSeconds(r.prompt_tokens - hits(r, decode), m);
+      // P's queue and prefill, then the move of D's missing blocks with P's own decode load,
+      // corrected by what P's moves to D measured.
+      double move_model = unified::moveSeconds(r.prompt_tokens - hits(r, decode), inst[p], m);
+      double move = move_model * feedback_.factor(static_cast<int>(p), d.instance);
+      double cost =
+          queueSeconds(inst[p], m) + prefillSeconds(r.prompt_tokens - hits(r, inst[p]), m) + move;
       if (std::isnan(d.predicted.offload) || cost < d.predicted.offload) {
         d.predicted.offload = cost;
       }
@@ -86,6 +92,8 @@ class ElasticPolicy final : public Policy {
       d.prefill_instance = static_cast<int>(p);
       d.predicted.offload = cost;
       d.predicted.chosen = cost;
+      d.move_model_s = move_model;
+      d.move_s = move;
       d.predicted_cached_tokens = r.prompt_tokens;  // D receives every full block from P
       d.reason = "heavy_offload";
       return d;
@@ -108,6 +116,7 @@ class ElasticPolicy final : public Policy {
   ElasticParams params_;
   UnifiedParams model_;
   std::unique_ptr<Policy> base_;
+  MoveFeedback feedback_;
   size_t cursor_ = 0;
   int64_t in_flight_ = 0;
 };

@@ -69,6 +69,11 @@ struct Decision {
     double offload = std::numeric_limits<double>::quiet_NaN();  // prefill on P, decode on D
     double chosen = std::numeric_limits<double>::quiet_NaN();
   } predicted;
+  // kPushMigrate / kPrefillOffload: the predicted time of the move itself (the KV transfer
+  // from the peer with the peer's own load), as the cost model gives it before and after the
+  // measured correction (MoveFeedback). NaN for local decisions.
+  double move_model_s = std::numeric_limits<double>::quiet_NaN();
+  double move_s = std::numeric_limits<double>::quiet_NaN();
 };
 
 struct ClassifyConfig {
@@ -154,6 +159,11 @@ class Policy {
   // prefill phase has ended, so a concurrency cap admits the next one.
   virtual void offloadFinished() {}
   virtual int64_t offloadsInFlight() const { return 0; }
+  // A move this policy decided has been measured: the KV of the move from `source` to `dest`
+  // took `measured_s`, where the model (Decision::move_model_s) predicted `model_s`. Policies
+  // that price moves learn from it (closed loop); the default ignores it.
+  virtual void moveMeasured(int /*source*/, int /*dest*/, double /*model_s*/,
+                            double /*measured_s*/) {}
 };
 
 }  // namespace kvf::policy

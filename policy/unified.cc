@@ -23,6 +23,22 @@ double unified::queueSeconds(const InstanceSnapshot& s, const UnifiedParams& m) 
          static_cast<double>(s.waiting) * m.waiting_request_s;
 }
 
+double unified::moveSeconds(int64_t tokens, const InstanceSnapshot& source,
+                            const UnifiedParams& m) {
+  const auto running = static_cast<double>(std::max<int64_t>(0, source.running));
+  return transferSeconds(tokens, m) * (1.0 + m.source_share_per_request * running) +
+         (running > 0 ? m.source_step_s : 0.0);
+}
+
+MoveFeedbackConfig unified::feedbackConfig(const UnifiedParams& m) {
+  MoveFeedbackConfig c;
+  c.weight = m.feedback_weight;
+  c.min_samples = m.feedback_min_samples;
+  c.max_factor = m.feedback_max_factor;
+  c.min_factor = 1.0 / m.feedback_max_factor;
+  return c;
+}
+
 double unified::prefillSeconds(int64_t tokens, const UnifiedParams& m) {
   return static_cast<double>(std::max<int64_t>(0, tokens)) / m.prefill_tokens_per_s;
 }
@@ -48,14 +64,22 @@ std::shared_ptr<const PolicyParams> parse(config::ConfigMap& block) {
   block.get("waiting_request_s", &p->waiting_request_s, 0.0, 600.0);
   block.get("affinity_factor", &p->affinity_factor, 1.0, 1e6);
   block.get("min_push_tokens", &p->min_push_tokens, 1, int64_t{1} << 40);
+  block.get("source_step_s", &p->source_step_s, 0.0, 60.0);
+  block.get("source_share_per_request", &p->source_share_per_request, 0.0, 100.0);
+  block.get("move_margin", &p->move_margin, 0.0, 0.99);
+  block.get("feedback_weight", &p->feedback_weight, 0.001, 1.0);
+  block.get("feedback_min_samples", &p->feedback_min_samples, 1, 1'000'000);
+  block.get("feedback_max_factor", &p->feedback_max_factor, 1.0, 1000.0);
   return p;
 }
 
 // The cheapest way to serve the request on one target instance.
 struct Option {
   double cost = kNaN;
-  int source = -1;     // holder pushing to the target; -1: local
-  int64_t cached = 0;  // prompt tokens that will not be prefilled on the target
+  int source = -1;           // holder pushing to the target; -1: local
+  int64_t cached = 0;        // prompt tokens that will not be prefilled on the target
+  double move_model = kNaN;  // a push: the model's move seconds, and with the correction
+  double move = kNaN;
 };
 
 class UnifiedPolicy final : public Policy {
@@ -63,9 +87,13 @@ class UnifiedPolicy final : public Policy {
   explicit UnifiedPolicy(const PolicyConfig& c)
       : classify_(c.classify),
         model_(c.params<UnifiedParams>("unified")),
-        sessions_(c.session_ttl, c.max_sessions) {}
+        sessions_(c.session_ttl, c.max_sessions),
+        feedback_(unified::feedbackConfig(model_)) {}
   std::string_view name() const override { return "unified"; }
   bool movesKv() const override { return true; }
+  void moveMeasured(int source, int dest, double model_s, double measured_s) override {
+    feedback_.record(source, dest, model_s, measured_s);
+  }
 
   Decision decide(const RouteRequest& r, std::span<const InstanceSnapshot> inst,
                   Nanos now) override {
@@ -103,6 +131,8 @@ class UnifiedPolicy final : public Policy {
       d.predicted_cached_tokens = o.cached;
       d.request_class = classify(r.prompt_tokens - o.cached, classify_);
       d.predicted.chosen = o.cost;
+      d.move_model_s = o.move_model;
+      d.move_s = o.move;
     }
     return d;
   }
@@ -126,7 +156,8 @@ class UnifiedPolicy final : public Policy {
   }
 
   // Local with the target's own hits, or a push from the holder that minimises
-  // queue + transfer(extra tokens) + prefill(rest). Also folds the costs into `costs`.
+  // queue + move(extra tokens, holder's load) x measured correction + prefill(rest), taken only
+  // when it beats local by move_margin. Also folds the costs into `costs`.
   // push cost = const + (transfer - prefill seconds per token) x held: while moving a token is
   // cheaper than computing it, the holder with the longest run is best, so only the top two
   // holders are candidates (O(n) per decision); otherwise every holder is looked at.
@@ -136,7 +167,8 @@ class UnifiedPolicy final : public Policy {
     const InstanceSnapshot& t = inst[i];
     double queue = queueSeconds(t, m);
     int64_t own = hits(r, t);
-    Option best{queue + prefillSeconds(r.prompt_tokens - own, m), -1, own};
+    const double local = queue + prefillSeconds(r.prompt_tokens - own, m);
+    Option best{local, -1, own};
     double& mode_cost = own > 0 ? costs->local : costs->cold;
     if (std::isnan(mode_cost) || best.cost < mode_cost) mode_cost = best.cost;
     if (!t.push_capable) return best;
@@ -147,10 +179,14 @@ class UnifiedPolicy final : public Policy {
       if (h == i || !holder.push_capable || !holder.reachable || held - own < m.min_push_tokens) {
         return;
       }
-      double cost =
-          queue + transferSeconds(held - own, m) + prefillSeconds(r.prompt_tokens - held, m);
+      double move_model = unified::moveSeconds(held - own, holder, m);
+      double move = move_model * feedback_.factor(static_cast<int>(h), static_cast<int>(i));
+      double cost = queue + move + prefillSeconds(r.prompt_tokens - held, m);
       if (std::isnan(costs->push) || cost < costs->push) costs->push = cost;
-      if (cost < best.cost) best = Option{cost, static_cast<int>(h), held};
+      // Only a clear gain over computing on the target itself pays for a move's risk.
+      if (cost < best.cost && cost <= (1.0 - m.move_margin) * local) {
+        best = Option{cost, static_cast<int>(h), held, move_model, move};
+      }
     };
     bool moving_is_cheaper =
         m.kv_bytes_per_token * 8.0 / (m.link_bandwidth_gbps * 1e9) < 1.0 / m.prefill_tokens_per_s;
@@ -166,6 +202,7 @@ class UnifiedPolicy final : public Policy {
   ClassifyConfig classify_;
   UnifiedParams model_;
   SessionTable sessions_;
+  MoveFeedback feedback_;
   size_t cursor_ = 0;
 };
 

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "policy/move_feedback.h"
 #include "policy/policy.h"
 
 namespace kvf::policy {
@@ -17,6 +18,17 @@ struct UnifiedParams final : PolicyParams {
   double waiting_request_s = 0;        // queue added per request the engine reports waiting
   double affinity_factor = 2.0;        // keep the session's instance within factor x best
   int64_t min_push_tokens = 256;       // holders with fewer extra tokens never push
+  // Full cost of a move: the source finishes the step it is running (its own decode load)
+  // before its blocks are read, and every request it runs shares its link.
+  double source_step_s = 0.03;          // a source with running requests: one step first
+  double source_share_per_request = 0;  // transfer slowed by this fraction per request it runs
+  // A move is made only when its predicted time to first token beats computing locally on the
+  // same target by this fraction.
+  double move_margin = 0.1;
+  // Closed loop on measured move times (policy/move_feedback.h).
+  double feedback_weight = 0.2;
+  int64_t feedback_min_samples = 5;
+  double feedback_max_factor = 8;
 };
 
 namespace unified {
@@ -28,6 +40,12 @@ double transferSeconds(int64_t tokens, const UnifiedParams& model);
 double queueSeconds(const InstanceSnapshot& s, const UnifiedParams& model);
 // Seconds to prefill `tokens` tokens (0 for none).
 double prefillSeconds(int64_t tokens, const UnifiedParams& model);
+// The model's seconds for moving `tokens` tokens of KV out of `source` (before the measured
+// correction): transferSeconds slowed by the source's running requests, plus one of its steps
+// when it is running any.
+double moveSeconds(int64_t tokens, const InstanceSnapshot& source, const UnifiedParams& model);
+// The feedback loop's settings from the `unified:` block.
+MoveFeedbackConfig feedbackConfig(const UnifiedParams& model);
 // The request's cached tokens on `s`, within [0, prompt].
 int64_t hits(const RouteRequest& r, const InstanceSnapshot& s);
 

@@ -98,6 +98,7 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
         core_->reportEngineLoad(instance->slot, waiting,
                                 sampleValue(metrics->body, "vllm:kv_cache_usage_perc"));
         learnKvCapacity(*instance, metrics->body);
+        drainQueue();
       }
     }
     if (ok && config_.max_model_len == 0 && learned_max_model_len_ == 0) {

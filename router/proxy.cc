@@ -4,6 +4,9 @@
 #include <chrono>
 #include <cmath>
 
+#include <boost/asio/as_tuple.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/use_awaitable.hpp>
 #include <boost/json.hpp>
 
 #include "common/http_client.h"
@@ -99,6 +102,7 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
   route.max_tokens = ctx.parsed.max_tokens;
   route.exact = ctx.parsed.has_token_ids;
   route.tokens = ctx.parsed.token_ids;
+  if (!(co_await admit(ctx, writer))) co_return;
   while (route.attempt() < config_.max_attempts) {
     if (!decide(ctx)) {
       if (route.attempt() > 1) break;  // earlier attempts failed: that is the upstream's error
@@ -122,6 +126,58 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
   ctx.status = 502;
   std::string message = strCat("upstream unavailable after ", config_.max_attempts, " attempts");
   co_await writer.sendError(502, message);
+}
+
+struct Router::QueuedWait {
+  explicit QueuedWait(asio::any_io_executor executor) : timer(std::move(executor)) {}
+  asio::steady_timer timer;
+  bool dispatched = false;
+};
+
+asio::awaitable<bool> Router::admit(RequestContext& ctx, http::ResponseWriter& writer) {
+  const uint64_t ticket = next_ticket_++;
+  ShedReason why = ShedReason::kQueueFull;
+  RoutingCore::Admission admission = core_->admit(ctx.route, ticket, clock_.now(), &why);
+  if (admission == RoutingCore::Admission::kQueued) {
+    QueuedWait wait(writer.executor());
+    wait.timer.expires_after(std::chrono::nanoseconds(config_.overload.max_wait));
+    queued_[ticket] = &wait;
+    const Nanos queued_at = clock_.now();
+    co_await wait.timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    queued_.erase(ticket);
+    std::vector<double> bounds(OverloadStats::kWaitBuckets.begin(),
+                               OverloadStats::kWaitBuckets.end());
+    registry_
+        .histogram("kvfabric_router_queue_wait_seconds",
+                   "Time requests waited in the router's queue", std::move(bounds))
+        .observe(nanosToSeconds(clock_.now() - queued_at));
+    if (wait.dispatched) co_return true;
+    // Woken by the deadline (or the router stopping): still queued, so it is shed.
+    if (!core_->expireQueued(ticket, clock_.now())) core_->cancelQueued(ticket);
+    why = ShedReason::kWaitTimeout;
+  } else if (admission == RoutingCore::Admission::kDispatch) {
+    co_return true;
+  }
+  ctx.status = 429;
+  const int retry_after = config_.overload.retry_after_s;
+  std::string body = json::errorBody(
+      strCat("router overloaded (", shedReasonName(why), "); retry after ", retry_after, " s"),
+      json::errorTypeForStatus(429), 429);
+  http::Headers headers;
+  headers.emplace_back("Retry-After", strCat(retry_after));
+  co_await writer.sendJson(429, std::move(body), headers);
+  co_return false;
+}
+
+void Router::drainQueue() {
+  if (core_->queueDepth() == 0) return;
+  const Nanos now = clock_.now();
+  while (std::optional<uint64_t> ticket = core_->nextDispatch(now)) {
+    auto it = queued_.find(*ticket);
+    if (it == queued_.end()) continue;
+    it->second->dispatched = true;
+    it->second->timer.cancel();
+  }
 }
 
 asio::awaitable<bool> Router::tokenize(RequestContext& ctx, const http::Request& request) {
@@ -349,11 +405,13 @@ void Router::endPrefillPhase(RequestContext& ctx) {
   ctx.route.endPrefill();
   // The offload's cap is held until D's first bytes: until then the pushed blocks are not in.
   ctx.route.releaseOffload();
+  drainQueue();
 }
 
 void Router::finishRequest(RequestContext& ctx) {
   Instance* instance = ctx.instance.get();
   ctx.route.endAttempt();
+  drainQueue();
   recordTransferOutcome(ctx);
   int64_t predicted = ctx.route.predictedCachedTokens();
   if (instance != nullptr && ctx.actual_cached_tokens) {

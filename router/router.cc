@@ -100,6 +100,24 @@ absl::Status Router::init() {
              "Prefill offloads whose prefill phase is in flight (against elastic's cap)",
              metrics::MetricType::kGauge, {},
              [this] { return static_cast<double>(core_->policy().offloadsInFlight()); });
+  // Overload control (the core's queue): the same names as the simulator's router.metrics.
+  r.callback("kvfabric_router_queue_depth", "Requests waiting in the router's queue",
+             metrics::MetricType::kGauge, {},
+             [this] { return static_cast<double>(core_->queueDepth()); });
+  r.callback("kvfabric_router_queued_total", "Requests that waited in the queue",
+             metrics::MetricType::kCounter, {},
+             [this] { return static_cast<double>(core_->overloadStats().queued); });
+  r.callback("kvfabric_router_queue_dispatched_total",
+             "Requests that left the queue for an instance", metrics::MetricType::kCounter, {},
+             [this] { return static_cast<double>(core_->overloadStats().dispatched); });
+  for (int reason = 0; reason < kShedReasons; ++reason) {
+    r.callback(
+        "kvfabric_router_shed_total", "Requests answered 429 by overload control",
+        metrics::MetricType::kCounter,
+        {{"reason", std::string(shedReasonName(static_cast<ShedReason>(reason)))}}, [this, reason] {
+          return static_cast<double>(core_->overloadStats().shed[static_cast<size_t>(reason)]);
+        });
+  }
   r.callback("kvfabric_router_index_blocks",
              "Distinct block hashes an instance holds exactly (from KV events)",
              metrics::MetricType::kGauge, {},

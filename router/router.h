@@ -10,6 +10,7 @@
 #include <array>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <boost/asio/io_context.hpp>
@@ -82,6 +83,13 @@ class Router : public std::enable_shared_from_this<Router> {
   bool decide(RequestContext& ctx);
   // Whether `model` names a LoRA adapter (config lora_adapters).
   bool isLoraAdapter(std::string_view model) const;
+  // Overload control: a request the core queues waits here (its coroutine suspended, nothing
+  // blocked) until drainQueue() lets it go; false when it was shed (the 429 with Retry-After
+  // and an OpenAI-style body is sent).
+  asio::awaitable<bool> admit(RequestContext& ctx, http::ResponseWriter& writer);
+  // Wakes every queued request the core lets go now: after a first byte, an end, an engine's
+  // load report.
+  void drainQueue();
   // Replaces a text prompt by the engine's token ids (POST /tokenize); false when unavailable.
   asio::awaitable<bool> tokenize(RequestContext& ctx, const http::Request& request);
   enum class ForwardResult { kDone, kRetry };
@@ -172,6 +180,10 @@ class Router : public std::enable_shared_from_this<Router> {
   };
   std::vector<DecisionCounter> decision_counters_;
   bool stopped_ = false;
+  // Requests waiting in the core's queue, by ticket: the flag and timer their coroutine waits on.
+  struct QueuedWait;
+  std::unordered_map<uint64_t, QueuedWait*> queued_;
+  uint64_t next_ticket_ = 1;
 
   struct Metrics;
   std::unique_ptr<Metrics> metrics_;

@@ -186,6 +186,9 @@ void Sim::dispatch(const Event& e) {
     case Ev::kPrefillTimeout:
       onPrefillTimeout(e.a, e.t);
       break;
+    case Ev::kQueueTimeout:
+      onQueueTimeout(e.a, e.t);
+      break;
   }
 }
 
@@ -279,6 +282,7 @@ void Sim::promptKeys(Flight& f, const trace::Request& r) {
 void Sim::onTimeout(uint32_t index, Nanos t) {
   Flight* f = flights_[index].get();
   if (f == nullptr) return;
+  core_->cancelQueued(index);  // the client left while its request waited in the router
   // The client closes the stream: the router stops forwarding and the engine aborts the request.
   if (f->in_engine) {
     SimEngine& e = engines_[f->route.instance()];

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "common/prefetch.h"
+#include "common/status.h"
 #include "common/strings.h"
 #include "experiments/sim/sim_internal.h"
 
@@ -257,6 +258,7 @@ void Sim::onHealthTick(int instance, Nanos t) {
   if (e.up && h.scrape_metrics) {
     core_->reportEngineLoad(instance, e.published_waiting, e.published_usage);
   }
+  drainQueue(t);
   if (unfinished_ > 0) push(t + h.interval, Ev::kHealthTick, static_cast<uint32_t>(instance));
 }
 
@@ -336,6 +338,19 @@ void Sim::onEngineUp(int instance, Nanos t) {
        static_cast<uint32_t>(instance));
 }
 
+namespace {
+
+absl::Status writeText(const std::string& path, const std::string& text) {
+  std::FILE* out = std::fopen(path.c_str(), "wb");
+  if (!out) return absl::InternalError(strCat("cannot write ", path));
+  bool ok = std::fwrite(text.data(), 1, text.size(), out) == text.size();
+  ok = std::fclose(out) == 0 && ok;
+  if (!ok) return absl::InternalError(strCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status Sim::writeMetrics(const std::string& rep_dir) const {
   const std::string& model = setup_.engine.served_model_name;
   for (size_t i = 0; i < engines_.size(); ++i) {
@@ -367,12 +382,11 @@ absl::Status Sim::writeMetrics(const std::string& rep_dir) const {
            static_cast<double>(s.num_preemptions));
     metric("vllm:request_success_total", "counter", "Finished requests",
            static_cast<double>(e.finished));
-    std::string path = fmt::format("{}/engine_{}.metrics", rep_dir, i);
-    std::FILE* out = std::fopen(path.c_str(), "wb");
-    if (!out) return absl::InternalError(strCat("cannot write ", path));
-    bool ok = std::fwrite(text.data(), 1, text.size(), out) == text.size();
-    ok = std::fclose(out) == 0 && ok;
-    if (!ok) return absl::InternalError(strCat("cannot write ", path));
+    KVF_RETURN_IF_ERROR(writeText(fmt::format("{}/engine_{}.metrics", rep_dir, i), text));
+  }
+  if (setup_.router.overload.enabled) {
+    KVF_RETURN_IF_ERROR(writeText(rep_dir + "/router.metrics",
+                                  core_->overloadStats().prometheusText(core_->queueDepth())));
   }
   return absl::OkStatus();
 }

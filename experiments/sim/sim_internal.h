@@ -45,6 +45,7 @@ enum class Ev : uint8_t {
   kFaultStart,      // a = engine, b = index in sim.failures: a failure other than kDown begins
   kFaultEnd,        // a = engine, b = index in sim.failures: it ends
   kPrefillTimeout,  // a = request: the router gives up on an offload's P (prefill_timeout)
+  kQueueTimeout,    // a = request: it has waited overload.max_wait in the router's queue
 };
 
 struct Event {
@@ -248,6 +249,7 @@ struct Push {
   std::vector<worker::BlockHash> pinned;  // pinned on the holder, unpinned at the end
   size_t blocks = 0;                      // leading landing blocks the holder fills
   std::string lease_id;                   // released on the holder after the push (offload)
+  Nanos started = 0;
 };
 
 // One engine instance: its core and the router's view of it.
@@ -300,6 +302,11 @@ class Sim {
 
   // Router (sim_router.cc).
   void onRoute(uint32_t index, Nanos t);
+  // Decides and sends a request admitted by the core's overload control.
+  void routeAdmitted(uint32_t index, Nanos t);
+  // Sends on every queued request the core lets go now (after an event that may free capacity).
+  void drainQueue(Nanos t);
+  void onQueueTimeout(uint32_t index, Nanos t);
   bool decide(Flight& f, Nanos t);
   void finishAttempt(Flight& f, Nanos t);
   void onFirstToken(uint32_t index, Nanos t);
@@ -360,6 +367,7 @@ class Sim {
   std::vector<char> results_buffer_;
   std::map<uint64_t, Push> pushes_;
   uint64_t next_push_ = 0;
+  bool draining_queue_ = false;
   std::vector<uint32_t> step_flights_;  // onStepEnd: the flight index of each output
   std::string scratch_;
   SimStats stats_;

@@ -22,6 +22,42 @@ bool Sim::decide(Flight& f, Nanos t) {
 void Sim::onRoute(uint32_t index, Nanos t) {
   Flight* f = flights_[index].get();
   if (f == nullptr) return;  // timed out before reaching the router
+  router::ShedReason why{};
+  switch (core_->admit(f->route, index, t, &why)) {
+    case router::RoutingCore::Admission::kDispatch:
+      routeAdmitted(index, t);
+      return;
+    case router::RoutingCore::Admission::kQueued:
+      push(t + core_->overloadConfig().max_wait, Ev::kQueueTimeout, index);
+      return;
+    case router::RoutingCore::Admission::kShed:
+      f->status = 429;
+      failAtClient(*f, t + ms(setup_.sim.overheads.response_ms), 429,
+                   strCat("HTTP 429: overloaded (", router::shedReasonName(why), ")"));
+      return;
+  }
+}
+
+void Sim::drainQueue(Nanos t) {
+  if (draining_queue_ || core_->queueDepth() == 0) return;
+  draining_queue_ = true;  // a request sent on may free capacity again: this loop takes it
+  while (std::optional<uint64_t> ticket = core_->nextDispatch(t)) {
+    routeAdmitted(static_cast<uint32_t>(*ticket), t);
+  }
+  draining_queue_ = false;
+}
+
+void Sim::onQueueTimeout(uint32_t index, Nanos t) {
+  Flight* f = flights_[index].get();
+  if (f == nullptr || !core_->expireQueued(index, t)) return;
+  f->status = 429;
+  failAtClient(*f, t + ms(setup_.sim.overheads.response_ms), 429,
+               "HTTP 429: overloaded (wait_timeout)");
+}
+
+void Sim::routeAdmitted(uint32_t index, Nanos t) {
+  Flight* f = flights_[index].get();
+  if (f == nullptr) return;
   const router::RouterConfig& rc = setup_.router;
   const Overheads& o = setup_.sim.overheads;
   Nanos back = t + ms(o.response_ms);
@@ -74,6 +110,7 @@ void Sim::finishAttempt(Flight& f, Nanos t) {
     f.route.releaseOffload();
   }
   f.route.endAttempt();
+  drainQueue(t);
   if (!decisions_) return;
   router::DecisionRecord record;
   core_->fillRecord(f.route, &record);
@@ -85,8 +122,9 @@ void Sim::finishAttempt(Flight& f, Nanos t) {
   decisions_->write(std::move(record));
 }
 
-void Sim::onFirstToken(uint32_t index, Nanos) {
+void Sim::onFirstToken(uint32_t index, Nanos t) {
   if (Flight* f = flights_[index].get()) f->route.endPrefill();
+  drainQueue(t);
 }
 
 void Sim::onFinish(uint32_t index, Nanos t) {

@@ -134,6 +134,7 @@ void Sim::startFetches(int instance, std::vector<engine::RemoteKvFetch>& fetches
         }
       }
     }
+    p.started = t;
     uint64_t id = next_push_++;
     pushes_.emplace(id, std::move(p));
     push(t + duration, Ev::kKvPushDone, static_cast<uint32_t>(instance), id);
@@ -152,6 +153,12 @@ void Sim::onKvPushDone(uint64_t push_id, Nanos t) {
   }
   SimEngine& d = engines_[p.dest];
   if (!d.up || d.incarnation != p.dest_incarnation) return;
+  if (uint32_t index = indexOf(p.id); holder_alive && p.blocks > 0 && index < flights_.size()) {
+    Flight* f = flights_[index].get();
+    if (f != nullptr && f->route.peer() == p.holder && f->route.instance() == p.dest) {
+      core_->reportMove(f->route, nanosToSeconds(t - p.started));
+    }
+  }
   size_t filled = holder_alive ? p.blocks : 0;
   absl::Status s = filled > 0 ? d.core->completeRemoteKv(p.id, filled, engineTime(t))
                               : d.core->failRemoteKv(p.id, engineTime(t), false);

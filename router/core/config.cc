@@ -110,6 +110,21 @@ void parseHealth(config::ConfigMap& map, HealthConfig* out) {
   map.rejectUnknownKeys();
 }
 
+void parseOverload(config::ConfigMap& map, OverloadConfig* out) {
+  map.get("enabled", &out->enabled);
+  map.get("max_pending_prefill_tokens", &out->max_pending_prefill_tokens, 1, int64_t{1} << 40);
+  map.get("max_waiting", &out->max_waiting, 1, 1'000'000);
+  map.get("max_kv_usage", &out->max_kv_usage, 0.01, 1.0);
+  map.get("max_running", &out->max_running, 0, 1'000'000);
+  map.get("steer", &out->steer);
+  map.get("max_queue", &out->max_queue, 0, 10'000'000);
+  map.get("max_per_session", &out->max_per_session, 1, 10'000'000);
+  getSeconds(map, "max_wait_s", &out->max_wait, 0.001, 86400);
+  map.get("quantum_tokens", &out->quantum_tokens, 1, int64_t{1} << 30);
+  map.get("retry_after_s", &out->retry_after_s, 1, 86400);
+  map.rejectUnknownKeys();
+}
+
 void parseRoot(config::ConfigMap& root, RouterConfig* out, const policy::PolicyRegistry& policies) {
   if (auto listen = root.map("listen")) {
     listen->get("host", &out->host);
@@ -158,6 +173,7 @@ void parseRoot(config::ConfigMap& root, RouterConfig* out, const policy::PolicyR
   }
   if (auto i = root.map("index")) parseIndex(*i, &out->index);
   if (auto h = root.map("health")) parseHealth(*h, &out->health);
+  if (auto o = root.map("overload")) parseOverload(*o, &out->overload);
   if (auto u = root.map("upstream")) {
     u->get("max_attempts", &out->max_attempts, 1, 10);
     u->get("circuit_failure_threshold", &out->circuit_failure_threshold, 1, 1000);

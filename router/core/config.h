@@ -15,6 +15,7 @@
 #include "policy/cache_index.h"
 #include "policy/policy.h"
 #include "policy/registry.h"
+#include "router/core/admission.h"
 
 namespace kvf::router {
 
@@ -70,6 +71,7 @@ struct RouterConfig {
   policy::PolicyConfig policy;
   policy::CacheIndexConfig index;
   HealthConfig health;
+  OverloadConfig overload;            // saturation, the router-side queue and shedding
   int max_attempts = 3;               // connection attempts per request (first + retries)
   int circuit_failure_threshold = 5;  // consecutive request failures -> circuit open
   Nanos circuit_open = 10 * kNanosPerSecond;

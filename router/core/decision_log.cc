@@ -62,6 +62,22 @@ std::string decisionToJson(const DecisionRecord& r) {
                                {"pushed_tokens", r.pushed_tokens},
                                {"pushed_bytes", r.pushed_bytes}};
   }
+  if (std::isnan(r.move_s)) {
+    o["move"] = nullptr;
+  } else {
+    double local = std::numeric_limits<double>::quiet_NaN();
+    double chosen = std::numeric_limits<double>::quiet_NaN();
+    for (const auto& [key, value] : r.predicted_costs) {
+      if (key == "local") local = value;
+      if (key == "chosen") chosen = value;
+    }
+    const double predicted_gain = local - chosen;
+    o["move"] = numbers({{"model_s", r.move_model_s},
+                         {"predicted_s", r.move_s},
+                         {"measured_s", r.move_measured_s},
+                         {"predicted_gain_s", predicted_gain},
+                         {"realised_gain_s", predicted_gain - (r.move_measured_s - r.move_s)}});
+  }
   return bj::serialize(o);
 }
 

@@ -48,6 +48,12 @@ struct DecisionRecord {
   std::string transfer_status;
   int64_t pushed_tokens = 0;
   int64_t pushed_bytes = 0;
+  // A move's time: the cost model's, with the measured correction, and as measured (NaN:
+  // none). Gains against local follow: predicted local - chosen, and that less the move's
+  // error (measured - predicted).
+  double move_model_s = std::numeric_limits<double>::quiet_NaN();
+  double move_s = std::numeric_limits<double>::quiet_NaN();
+  double move_measured_s = std::numeric_limits<double>::quiet_NaN();
 };
 
 std::string decisionToJson(const DecisionRecord& record);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
+#include <limits>
 
 #include "common/strings.h"
 
@@ -119,6 +121,78 @@ bool RoutingCore::admitted(int slot, Nanos now) const {
   return reachable(slot, now) && !ledger_->instances[static_cast<size_t>(slot)].draining;
 }
 
+bool RoutingCore::saturated(int slot) const {
+  const InstanceState& s = ledger_->instances[static_cast<size_t>(slot)];
+  const OverloadConfig& o = config_.overload;
+  return s.pending_prefill_tokens >= o.max_pending_prefill_tokens || s.waiting >= o.max_waiting ||
+         (o.max_kv_usage < 1.0 && s.kv_usage >= o.max_kv_usage) ||
+         (o.max_running > 0 && s.running >= o.max_running);
+}
+
+bool RoutingCore::hasCapacity(Nanos now) const {
+  for (int i = 0; i < slot_end_; ++i) {
+    if (admitted(i, now) && !saturated(i)) return true;
+  }
+  return false;
+}
+
+int64_t RoutingCore::uncachedEstimate(RequestRoute& r, Nanos now) {
+  index_.expire(now);
+  matched_.resize(static_cast<size_t>(slot_end_));
+  if (r.hashes_complete) {
+    index_.matchLengths(r.hashes, matched_);
+  } else {
+    index_.hashAndMatch(r.tokens, &r.hashes, matched_);
+  }
+  int64_t best = 0;
+  for (int i = 0; i < slot_end_; ++i) {
+    if (admitted(i, now)) best = std::max<int64_t>(best, matched_[static_cast<size_t>(i)]);
+  }
+  const auto bs = static_cast<int64_t>(config_.index.block_size);
+  return std::max<int64_t>(0, r.prompt_tokens - best * bs);
+}
+
+RoutingCore::Admission RoutingCore::admit(RequestRoute& r, uint64_t ticket, Nanos now,
+                                          ShedReason* why) {
+  if (!config_.overload.enabled) return Admission::kDispatch;
+  // Nobody overtakes the queue: a request goes at once only when none waits.
+  if (queue_.empty() && hasCapacity(now)) {
+    ++overload_stats_.admitted_at_once;
+    return Admission::kDispatch;
+  }
+  if (std::optional<ShedReason> shed =
+          queue_.push(ticket, r.session, uncachedEstimate(r, now), now)) {
+    ++overload_stats_.shed[static_cast<size_t>(*shed)];
+    *why = *shed;
+    return Admission::kShed;
+  }
+  ++overload_stats_.queued;
+  overload_stats_.max_depth = std::max(overload_stats_.max_depth, queue_.size());
+  return Admission::kQueued;
+}
+
+std::optional<uint64_t> RoutingCore::nextDispatch(Nanos now) {
+  if (queue_.empty() || !hasCapacity(now)) return std::nullopt;
+  std::optional<AdmissionQueue::Popped> p = queue_.pop();
+  ++overload_stats_.dispatched;
+  overload_stats_.recordWait(now - p->queued_at);
+  return p->ticket;
+}
+
+bool RoutingCore::cancelQueued(uint64_t ticket) {
+  if (!queue_.remove(ticket)) return false;
+  ++overload_stats_.cancelled;
+  return true;
+}
+
+bool RoutingCore::expireQueued(uint64_t ticket, Nanos now) {
+  std::optional<Nanos> queued_at = queue_.remove(ticket);
+  if (!queued_at) return false;
+  ++overload_stats_.shed[static_cast<size_t>(ShedReason::kWaitTimeout)];
+  overload_stats_.recordWait(now - *queued_at);
+  return true;
+}
+
 int64_t RoutingCore::cacheableTokens(int64_t prompt_tokens) const {
   // Engines compute at least the last prompt token, so at most the full blocks of the first
   // prompt_tokens - 1 tokens can be reported cached.
@@ -132,6 +206,7 @@ bool RoutingCore::decide(RequestRoute& r, Nanos now) {
   r.predicted_ = false;
   r.offload_outcome_ = {};
   r.engine_prompt_tokens_ = 0;
+  r.measured_move_s_ = std::numeric_limits<double>::quiet_NaN();
   r.peer_id_.clear();
   index_.expire(now);
   const auto n = static_cast<size_t>(slot_end_);
@@ -143,11 +218,22 @@ bool RoutingCore::decide(RequestRoute& r, Nanos now) {
   }
   const auto bs = static_cast<int64_t>(config_.index.block_size);
   snapshots_.resize(n);
+  // With overload.steer, saturated instances are hidden from the policy while any other can
+  // take the request (a retry may find none: then every admitted instance is offered).
+  bool hide_saturated = false;
+  if (config_.overload.enabled && config_.overload.steer) {
+    for (size_t i = 0; i < n && !hide_saturated; ++i) {
+      const int slot = static_cast<int>(i);
+      hide_saturated = admitted(slot, now) && (r.excluded_ & (policy::InstanceMask{1} << i)) == 0 &&
+                       !saturated(slot);
+    }
+  }
   for (size_t i = 0; i < n; ++i) {
     const InstanceState& s = ledger_->instances[i];
     policy::InstanceSnapshot& snap = snapshots_[i];
     const int slot = static_cast<int>(i);
-    snap.healthy = admitted(slot, now) && (r.excluded_ & (policy::InstanceMask{1} << i)) == 0;
+    snap.healthy = admitted(slot, now) && (r.excluded_ & (policy::InstanceMask{1} << i)) == 0 &&
+                   !(hide_saturated && saturated(slot));
     snap.running = s.running;
     snap.waiting = s.waiting;
     snap.pending_prefill_tokens = s.pending_prefill_tokens;
@@ -226,6 +312,13 @@ void RoutingCore::predictPeer(RequestRoute& r, Nanos now) {
   index_.addSoft(r.peer_, r.hashes, now, !s.has_events || !r.exact);
 }
 
+void RoutingCore::reportMove(RequestRoute& r, double measured_s) {
+  if (r.peer_ < 0 || r.instance_ < 0 || std::isnan(r.decision_.move_model_s)) return;
+  if (ledger_->instances[static_cast<size_t>(r.peer_)].generation != r.peer_generation_) return;
+  r.measured_move_s_ = measured_s;
+  ledger_->policy->moveMeasured(r.peer_, r.instance_, r.decision_.move_model_s, measured_s);
+}
+
 void RoutingCore::reportPromptTokens(RequestRoute& r, int64_t engine_prompt_tokens) const {
   if (r.exact || engine_prompt_tokens <= 0) return;
   r.engine_prompt_tokens_ = engine_prompt_tokens;
@@ -260,6 +353,9 @@ void RoutingCore::fillRecord(const RequestRoute& r, DecisionRecord* out) const {
                           {"prefill_offload", d.predicted.offload},
                           {"chosen", d.predicted.chosen}};
   out->offload_prefill = std::string(r.offload_outcome_);
+  out->move_model_s = d.move_model_s;
+  out->move_s = d.move_s;
+  out->move_measured_s = r.measured_move_s_;
 }
 
 }  // namespace kvf::router

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <span>
@@ -21,6 +22,7 @@
 #include "common/clock.h"
 #include "policy/cache_index.h"
 #include "policy/policy.h"
+#include "router/core/admission.h"
 #include "router/core/config.h"
 #include "router/core/decision_log.h"
 #include "router/core/ledger.h"
@@ -71,6 +73,9 @@ class RequestRoute {
   // P failed (or gave nothing usable): the instance prefills all it does not hold itself.
   void peerFailed(std::string_view outcome);
   void peerSucceeded() { offload_outcome_ = "ok"; }
+  // The attempt's move (push-migrate or offload) was measured: its KV took `seconds` to move.
+  // The core hands it to the policy (RoutingCore::reportMove); kept for the decision record.
+  double measuredMoveSeconds() const { return measured_move_s_; }
   // Gives the policy's offload slot back.
   void releaseOffload() { offload_.release(); }
   // The attempt's instance is not tried again for this request.
@@ -95,6 +100,7 @@ class RequestRoute {
   policy::InstanceMask excluded_ = 0;
   bool predicted_ = false;
   std::string_view offload_outcome_;
+  double measured_move_s_ = std::numeric_limits<double>::quiet_NaN();
   LoadLease load_;
   LoadLease peer_load_;
   OffloadLease offload_;
@@ -149,6 +155,31 @@ class RoutingCore {
   // Predicted cached tokens are at most the full blocks of prompt_tokens - 1 (an engine always
   // computes the last prompt token). False when no instance is admitted.
   bool decide(RequestRoute& route, Nanos now);
+  // Overload control (config.overload, docs/router.md "overload"). Every new request passes
+  // admit() before its first decide(): kDispatch: decide it now; kQueued: the core holds
+  // `ticket` (the driver's id for the request, unique while queued) until nextDispatch() hands
+  // it out or the driver cancels or expires it; kShed: answer 429 with Retry-After
+  // (overloadConfig().retry_after_s), `*why` says why. Disabled: always kDispatch. With it
+  // enabled, decide() offers the policy only unsaturated instances while there are any.
+  enum class Admission { kDispatch, kQueued, kShed };
+  Admission admit(RequestRoute& route, uint64_t ticket, Nanos now, ShedReason* why);
+  // The next queued ticket that may go now (some admitted instance is unsaturated), removed
+  // from the queue; the driver decides it at once. Call after every event that may free
+  // capacity (a first token, an end, an engine's load report, an instance admitted) until it
+  // gives nullopt.
+  std::optional<uint64_t> nextDispatch(Nanos now);
+  // The client left while queued: true when the ticket was queued (it is removed).
+  bool cancelQueued(uint64_t ticket);
+  // The ticket has waited max_wait: true when it was still queued (removed and counted shed).
+  bool expireQueued(uint64_t ticket, Nanos now);
+  // The instance cannot start another request soon (config.overload's thresholds).
+  bool saturated(int slot) const;
+  // Some admitted instance is not saturated.
+  bool hasCapacity(Nanos now) const;
+  int64_t queueDepth() const { return queue_.size(); }
+  const OverloadStats& overloadStats() const { return overload_stats_; }
+  const OverloadConfig& overloadConfig() const { return config_.overload; }
+
   // Finishes route.hashes (every full block of the prompt).
   void completeHashes(RequestRoute& route) const;
   // Writes the attempt's routed (soft) entries for its instance, once per attempt: predicted
@@ -156,6 +187,10 @@ class RoutingCore {
   void predict(RequestRoute& route, Nanos now);
   // The same for the offload's P once it prefilled the prompt.
   void predictPeer(RequestRoute& route, Nanos now);
+  // The attempt's move took `measured_s` (from D's report, or the simulator's link): the
+  // policy's cost feedback learns from it against the move time it predicted, and the record
+  // carries both. Ignored for a local attempt or a peer slot reused since.
+  void reportMove(RequestRoute& route, double measured_s);
   // The engine's own count of the prompt's tokens (its usage report). A text prompt's length
   // was only estimated, so its prediction is capped again: at most the full blocks of the
   // engine's prompt_tokens - 1, as for a token-id prompt; the record then gives the engine's
@@ -171,7 +206,13 @@ class RoutingCore {
   RoutingCore(const RouterConfig& config, std::unique_ptr<policy::Policy> policy);
   int64_t cacheableTokens(int64_t prompt_tokens) const;
 
+  // The request's estimated uncached prompt tokens: its prompt less the longest match among
+  // admitted instances (the queue's charge).
+  int64_t uncachedEstimate(RequestRoute& route, Nanos now);
+
   RouterConfig config_;
+  AdmissionQueue queue_{config_.overload};
+  OverloadStats overload_stats_;
   policy::CacheIndex index_;
   std::shared_ptr<Ledger> ledger_;
   int slot_end_ = 0;

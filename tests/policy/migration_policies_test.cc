@@ -177,7 +177,8 @@ TEST(UnifiedTest, ChoiceIsTheArgminOverAllPairs) {
   std::mt19937_64 rng(7);
   UnifiedParams m;
   for (int round = 0; round < 500; ++round) {
-    auto p = createPolicy(configFor("unified"));
+    // Without the margin a move must win by, the choice is the plain argmin.
+    auto p = createPolicy(parsePolicy("kind: unified\nunified: {move_margin: 0}"));
     int n = 2 + static_cast<int>(rng() % 9);
     std::vector<InstanceSnapshot> inst(n);
     int64_t prompt = 1 + static_cast<int64_t>(rng() % 60000);
@@ -214,6 +215,57 @@ TEST(UnifiedTest, ChoiceIsTheArgminOverAllPairs) {
       EXPECT_GE(d.predicted_cached_tokens - std::min(inst[d.instance].matched_tokens, prompt), 256);
     }
   }
+}
+
+// The busy holder over a 20 Gbps link: push C->D predicts 0 + 0.983090 + 3000/7000 = 1.411661
+// against D computing everything itself in 4 s.
+TEST(UnifiedTest, MovesOnlyWhenTheGainBeatsTheMargin) {
+  auto moved = createPolicy(
+      parsePolicy("kind: unified\nunified: {link_bandwidth_gbps: 20, move_margin: 0.5}"));
+  auto d = moved->decide(request(28000), busyHolder(), 0);
+  EXPECT_EQ(d.mode, Mode::kPushMigrate);
+  EXPECT_EQ(d.instance, 1);
+  EXPECT_NEAR(d.move_model_s, 0.98309, 1e-6);
+  EXPECT_NEAR(d.move_s, 0.98309, 1e-6);  // no measurements yet: no correction
+  // 1.41 s is 35% of D's 4 s: a margin of 0.7 wants it under 1.2 s, so D computes (cold).
+  auto kept = createPolicy(
+      parsePolicy("kind: unified\nunified: {link_bandwidth_gbps: 20, move_margin: 0.7}"));
+  d = kept->decide(request(28000), busyHolder(), 0);
+  EXPECT_EQ(d.mode, Mode::kLocal);
+  EXPECT_EQ(d.instance, 1);
+  EXPECT_NEAR(d.predicted.chosen, 4.0, 1e-9);
+  EXPECT_TRUE(std::isnan(d.move_s));
+}
+
+// The full cost: a source running requests finishes its step first and shares its link.
+TEST(UnifiedTest, MoveCostIncludesTheSourcesOwnLoad) {
+  auto p = createPolicy(
+      parsePolicy("kind: unified\nunified: {source_step_s: 0.05, source_share_per_request: 0.5}"));
+  auto inst = busyHolder();
+  inst[0].running = 2;  // transfer x (1 + 0.5 x 2), plus one 50 ms step
+  auto d = p->decide(request(28000), inst, 0);
+  EXPECT_EQ(d.mode, Mode::kPushMigrate);
+  EXPECT_NEAR(d.move_model_s, 2 * 0.098354 + 0.05, 1e-6);
+  EXPECT_NEAR(d.predicted.chosen, d.move_model_s + 3000.0 / 7000, 1e-6);
+}
+
+// Measured moves from C take 10x the prediction: after the minimum samples the correction
+// (capped at 8x) prices C's pushes above computing on D, and D computes.
+TEST(UnifiedTest, MeasuredCostsTurnABiasedSourceOff) {
+  auto p = createPolicy(
+      parsePolicy("kind: unified\nunified: {link_bandwidth_gbps: 20, feedback_min_samples: 3}"));
+  auto d = p->decide(request(28000), busyHolder(), 0);
+  ASSERT_EQ(d.mode, Mode::kPushMigrate);
+  p->moveMeasured(0, 1, d.move_model_s, 10 * d.move_model_s);
+  p->moveMeasured(0, 1, d.move_model_s, 10 * d.move_model_s);
+  d = p->decide(request(28000), busyHolder(), 0);
+  EXPECT_EQ(d.mode, Mode::kPushMigrate);  // two samples: not yet
+  p->moveMeasured(0, 1, d.move_model_s, 10 * d.move_model_s);
+  d = p->decide(request(28000), busyHolder(), 0);
+  EXPECT_EQ(d.mode, Mode::kLocal);
+  EXPECT_EQ(d.instance, 1);
+  // The push it turned down was priced at 8 x the model (the cap).
+  EXPECT_NEAR(d.predicted.push, 8 * 0.98309 + 3000.0 / 7000, 1e-5);
 }
 
 PolicyConfig elasticConfig() {
@@ -305,7 +357,8 @@ TEST(ElasticTest, SkipsOverloadedPeersAndSlowOffloads) {
   EXPECT_EQ(d.instance, 0);
   EXPECT_EQ(d.mode, Mode::kLocal);
   EXPECT_EQ(d.reason, "offload_too_slow");
-  EXPECT_NEAR(d.predicted.offload, 40000.0 / 7000 + 4.285714 + 0.1180148, 1e-5);
+  // P runs a request: its blocks leave after its current step (unified.source_step_s 0.03).
+  EXPECT_NEAR(d.predicted.offload, 40000.0 / 7000 + 4.285714 + 0.1180148 + 0.03, 1e-5);
   slow[1].pending_prefill_tokens = 70000;  // now over the pending cap: no peer at all
   d = q->decide(request(30000), slow, 0);
   EXPECT_EQ(d.reason, "offload_no_peer");
