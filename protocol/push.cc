@@ -171,6 +171,10 @@ absl::StatusOr<PushResponse> parsePushResponse(std::string_view body, const Push
   KVF_ASSIGN_OR_RETURN(r.put_issued, json::getBoolOr(o, "put_issued", true));
   KVF_ASSIGN_OR_RETURN(r.error, stringField(o, "error", limits.max_string_bytes * 4, false));
   KVF_ASSIGN_OR_RETURN(uint64_t us, u64Field(o, "elapsed_us", false));
+  // A day in microseconds: far past any push deadline, and inside int64_t, so the value
+  // keeps its sign when the response is written again.
+  constexpr uint64_t kMaxElapsedUs = 86'400ull * 1'000'000ull;
+  if (us > kMaxElapsedUs) return invalid("elapsed_us", strCat("exceeds ", kMaxElapsedUs));
   r.elapsed_us = static_cast<int64_t>(us);
   return r;
 }

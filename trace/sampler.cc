@@ -6,18 +6,14 @@
 #include <fmt/format.h>
 
 #include "absl/container/flat_hash_map.h"
+#include "common/splitmix.h"
 #include "common/status.h"
 
 namespace kvf::trace {
 
 namespace {
 
-uint64_t mix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ULL;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ULL;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBULL;
-  return x ^ (x >> 31);
-}
+uint64_t mix64(uint64_t x) { return splitmix64(x); }
 
 uint64_t hashText(std::string_view s, uint64_t seed) {
   uint64_t h = mix64(seed ^ 0x5A17ULL);

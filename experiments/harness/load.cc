@@ -9,6 +9,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "common/splitmix.h"
 #include "common/strings.h"
 
 namespace kvf::experiments {
@@ -16,12 +17,7 @@ namespace kvf::experiments {
 namespace {
 
 // splitmix64: a seeded, well-mixed 64-bit hash of a session key's FNV-1a digest.
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+uint64_t mix(uint64_t x) { return splitmix64(x); }
 
 uint64_t keyHash(const std::string& key, uint64_t seed) {
   uint64_t h = 1469598103934665603ULL;

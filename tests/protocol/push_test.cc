@@ -76,6 +76,9 @@ TEST(PushProtocolTest, ResponseAndInfoRoundTrip) {
   ASSERT_TRUE(minimal.ok());
   EXPECT_TRUE(minimal->put_issued);
   EXPECT_FALSE(parsePushResponse(R"({"pushed_hashes": [1], "checksums": [1, 2]})", {}).ok());
+  // An elapsed time past int64_t would turn negative when written again (found by fuzzing).
+  EXPECT_FALSE(
+      parsePushResponse(R"({"pushed_hashes": [], "elapsed_us": 18446744073709551615})", {}).ok());
 
   WorkerInfo info{"c", "QUJD", "sm", 16, 256};
   auto i = parseWorkerInfo(serializeWorkerInfo(info), {});
