@@ -290,6 +290,10 @@ void CacheIndex::clearInstance(int instance) {
   state.own_blocks = 0;
 }
 
+void CacheIndex::clearSoft(int instance) {
+  if (validInstance(instance)) soft_.clearInstance(instance);
+}
+
 void CacheIndex::addSoft(int instance, std::span<const BlockHash> hashes, Nanos now,
                          bool approximate) {
   if (!validInstance(instance)) return;

@@ -94,6 +94,9 @@ class CacheIndex {
   // The same for one stream (one data-parallel rank) of an instance; its other streams keep
   // theirs (a block they also hold stays held).
   void clearStream(int instance, int stream);
+  // Drops the instance's soft (routed) entries only: its engine said it holds nothing
+  // (AllBlocksCleared), so what was routed to it before cannot be there either.
+  void clearSoft(int instance);
   // Bounds what one stream of `instance` may hold exactly: its engine's KV capacity in blocks
   // (0: only config().max_blocks_per_instance). A store past it is rejected and counted.
   void setCapacity(int instance, size_t blocks);

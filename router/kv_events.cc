@@ -211,6 +211,7 @@ void Router::applyKvUpdate(int slot, uint64_t generation, int stream, KvUpdate& 
         break;
       case KvEventKind::kAllBlocksCleared:
         core_->index().clearStream(slot, stream);
+        core_->index().clearSoft(slot);
         instance->kv_last_reset = "all_blocks_cleared";
         instance->kv_resets->inc();
         break;

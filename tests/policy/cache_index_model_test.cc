@@ -1,5 +1,6 @@
 // CacheIndex against a reference model written with ordered std containers straight from the
-// documented semantics (exact entries via an engine->ours map; soft entries per (block,
+// documented semantics (exact entries via an engine->ours map, a holder kept while any engine
+// hash or copy of one maps to the block; soft entries per (block,
 // instance) with the latest expiry routed, independent of the exact ones, at most
 // max_soft_entries distinct blocks). Random operations on a few instances, shared prefixes,
 // reused engine hashes and both TTLs exercise the index's representation (exact holders in the
@@ -39,19 +40,29 @@ class ModelIndex {
       parent = hashBlockKey(parent, keys[i]);
       seen_.insert(parent);  // off the key tree when the parent was a reused engine hash
       auto [it, inserted] = map.try_emplace(engine[i], parent);
-      if (inserted && map.size() > config_.max_blocks_per_instance) {
-        map.erase(it);
-        ++stats_.stored_events_rejected;
-        return false;
-      }
-      if (!inserted && it->second != parent) {
-        clearExact(it->second, inst);
+      if (inserted) {
+        if (map.size() > config_.max_blocks_per_instance) {
+          map.erase(it);
+          ++stats_.stored_events_rejected;
+          if (!own_.contains(inst)) ++stats_.over_capacity;
+          return false;
+        }
+        ++refs_[{parent, inst}];
+      } else if (it->second != parent) {
+        // A reused engine hash: the old block loses this reference with all its copies.
+        release(it->second, inst);
+        copies_[inst].erase(engine[i]);
         it->second = parent;
+        ++refs_[{parent, inst}];
+      } else if (!own_.contains(inst)) {
+        ++copies_[inst][engine[i]];  // the same block cached again (own hashes: held once)
       }
-      exact_.insert({parent, inst});
     }
     return true;
   }
+  // The instance's engine hashes are ours (setEngineHashesAreOurs): a block is held or not,
+  // with no count of copies.
+  void setOwn(int inst) { own_.insert(inst); }
   void remove(int inst, const std::vector<uint64_t>& engine) {
     auto& map = e2o_[inst];
     for (uint64_t e : engine) {
@@ -60,13 +71,21 @@ class ModelIndex {
         ++stats_.removed_unknown;
         continue;
       }
-      clearExact(it->second, inst);
+      auto copy = copies_[inst].find(e);
+      if (copy != copies_[inst].end()) {
+        if (--copy->second == 0) copies_[inst].erase(copy);
+        continue;
+      }
+      release(it->second, inst);
       map.erase(it);
     }
   }
   void clearInstance(int inst) {
-    for (auto& [e, ours] : e2o_[inst]) clearExact(ours, inst);
+    for (auto it = refs_.begin(); it != refs_.end();) {
+      it = it->first.second == inst ? refs_.erase(it) : std::next(it);
+    }
     e2o_[inst].clear();
+    copies_[inst].clear();
     for (auto it = soft_.begin(); it != soft_.end();) {
       it = it->first.second == inst ? eraseSoft(it) : std::next(it);
     }
@@ -100,14 +119,20 @@ class ModelIndex {
     }
   }
   InstanceMask holders(BlockHash h) const { return exactHolders(h) | softHolders(h); }
-  InstanceMask exactHolders(BlockHash h) const { return mask(exact_, h); }
+  InstanceMask exactHolders(BlockHash h) const {
+    InstanceMask m = 0;
+    for (auto it = refs_.lower_bound({h, 0}); it != refs_.end() && it->first.first == h; ++it) {
+      m |= InstanceMask{1} << it->first.second;
+    }
+    return m;
+  }
   size_t instanceBlocks(int inst) const {
     auto it = e2o_.find(inst);
     return it == e2o_.end() ? 0 : it->second.size();
   }
   CacheIndexStats stats() const {
     CacheIndexStats s = stats_;
-    s.exact_entries = exact_.size();
+    s.exact_entries = refs_.size();
     s.soft_entries = soft_.size();
     s.soft_blocks = soft_blocks_.size();
     s.blocks = 0;
@@ -131,7 +156,11 @@ class ModelIndex {
     if (--b->second == 0) soft_blocks_.erase(b);
     return soft_.erase(it);
   }
-  void clearExact(BlockHash h, int inst) { exact_.erase({h, inst}); }
+  // One engine hash fewer maps to `h` on `inst`; the holder goes with the last one.
+  void release(BlockHash h, int inst) {
+    auto it = refs_.find({h, inst});
+    if (it != refs_.end() && --it->second == 0) refs_.erase(it);
+  }
   InstanceMask softHolders(BlockHash h) const {
     InstanceMask m = 0;
     for (auto it = soft_.lower_bound({h, 0}); it != soft_.end() && it->first.first == h; ++it) {
@@ -139,17 +168,14 @@ class ModelIndex {
     }
     return m;
   }
-  static InstanceMask mask(const std::set<Key>& s, BlockHash h) {
-    InstanceMask m = 0;
-    for (auto it = s.lower_bound({h, 0}); it != s.end() && it->first == h; ++it) {
-      m |= InstanceMask{1} << it->second;
-    }
-    return m;
-  }
 
   CacheIndexConfig config_;
   std::map<int, std::map<uint64_t, BlockHash>> e2o_;
-  std::set<Key> exact_;
+  // Per (block, instance): how many engine hashes map to it; an engine hash cached more than
+  // once counts its extra copies in copies_ and leaves with its last copy.
+  std::map<Key, int> refs_;
+  std::map<int, std::map<uint64_t, int>> copies_;
+  std::set<int> own_;
   std::map<Key, Nanos> soft_;
   std::map<BlockHash, int> soft_blocks_;  // soft holders per block
   std::map<BlockHash, std::vector<BlockHash>> chains_;
@@ -164,6 +190,7 @@ void expectSame(const CacheIndex& index, const ModelIndex& model, int step) {
   ASSERT_EQ(a.soft_entries, b.soft_entries) << "step " << step;
   ASSERT_EQ(a.stored_events_rejected, b.stored_events_rejected) << "step " << step;
   ASSERT_EQ(a.removed_unknown, b.removed_unknown) << "step " << step;
+  ASSERT_EQ(a.over_capacity, b.over_capacity) << "step " << step;
   ASSERT_EQ(a.soft_expired, b.soft_expired) << "step " << step;
   ASSERT_EQ(a.soft_blocks, b.soft_blocks) << "step " << step;
   for (BlockHash h : model.seen()) {
@@ -220,6 +247,7 @@ TEST_P(CacheIndexModelTest, AgreesWithReferenceModelUnderRandomOperations) {
     CacheIndex index(config);
     if (own_hashes) index.setEngineHashesAreOurs(2, true);
     ModelIndex model(config);
+    if (own_hashes) model.setOwn(2);
     std::mt19937_64 rng(seed);
     const int instances[] = {0, 1, 2, 63};
     Nanos now = 0;

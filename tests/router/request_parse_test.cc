@@ -45,7 +45,8 @@ TEST(RequestParseTest, TextPromptAndChatUseBodyUser) {
                {"role":"user","content":[{"type":"text","text":"hi"}]}]})"));
   ASSERT_TRUE(chat.ok()) << chat.status();
   EXPECT_EQ(chat->text, "<|system|>be brief<|user|>hi");
-  EXPECT_EQ(chat->max_tokens, 256);
+  // No max_tokens: vLLM decides (the rest of the context for chat), see effectiveMaxTokens().
+  EXPECT_FALSE(chat->max_tokens_given);
 }
 
 TEST(RequestParseTest, BatchPromptsRouteByFirstAndCountAll) {
