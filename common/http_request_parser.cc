@@ -50,11 +50,18 @@ RequestParser::RequestParser(const RequestLimits& limits, std::string spare_body
   parser_.header_limit(static_cast<std::uint32_t>(
       std::min<size_t>(limits_.max_header_bytes, std::numeric_limits<std::uint32_t>::max())));
   parser_.body_limit(limits_.max_body_bytes);
-  on_chunk_ = [this](std::uint64_t, std::string_view extensions, boost::system::error_code& ec) {
+  on_chunk_ = [this](std::uint64_t size, std::string_view extensions,
+                     boost::system::error_code& ec) {
     if (extensions.size() > limits_.max_chunk_extension_bytes) {
       chunk_extension_too_long_ = true;
       ec = bhttp::error::bad_chunk_extension;
+      return;
     }
+    if (size > limits_.max_body_bytes - chunked_body_bytes_) {  // no wrap: sum <= limit
+      ec = bhttp::error::body_limit;
+      return;
+    }
+    chunked_body_bytes_ += size;
   };
   parser_.on_chunk_header(on_chunk_);
 }
@@ -161,6 +168,10 @@ void RequestParser::onHead() {
     return;
   }
   if (parser_.chunked()) {
+    // Beast takes a chunk's size off its body limit before it knows the chunk line is
+    // complete, and again on every retry while the line's extensions wait for more bytes, so
+    // its limit would depend on how the bytes arrived; the chunk callback counts instead.
+    parser_.body_limit(boost::none);
     parser_.eager(true);
     state_ = State::kBody;
     return;

@@ -117,6 +117,18 @@ TEST(RequestParserTest, ChunkFramingCountsAgainstTheBodyLimit) {
   EXPECT_EQ(p.state, State::kFailed);
   EXPECT_EQ(p.status, 413) << p.message;
 
+  // A chunk announcing more than the limit fails at its line, and a size near 2^64 cannot wrap
+  // the running sum.
+  EXPECT_EQ(parse(head + "3e9\r\n", limits).status, 413);
+  EXPECT_EQ(
+      parse(head + "10\r\n" + std::string(16, 'x') + "\r\nfffffffffffffff0\r\n", limits).status,
+      413);
+  // A quoted extension cut by the line's end waits for more bytes; the outcome (and the limit)
+  // is the same whether the bytes come at once or one by one.
+  std::string quoted = head + "8;c=\"d e\r\n" + std::string(900, 'x') + "\"z";
+  EXPECT_EQ(parse(quoted, limits).status, 400);
+  EXPECT_EQ(parse(quoted, limits, 1).status, 400);
+
   // One extension past its cap, and a chunk line past the header limit however it arrives.
   limits.max_body_bytes = 1 << 20;
   limits.max_chunk_extension_bytes = 64;
