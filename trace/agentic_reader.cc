@@ -19,6 +19,10 @@ namespace bj = boost::json;
 constexpr int kIdShift = 40;
 constexpr HashId kMaxLocalId = HashId{1} << kIdShift;
 constexpr int kMaxSubagentDepth = 8;
+// Bounds that keep every time and length inside int64_t nanoseconds and tokens, nested
+// sub-agents' offsets included: about 115 days per time, 2^40 tokens per request.
+constexpr double kMaxSeconds = 1e7;
+constexpr double kMaxTokens = 1099511627776.0;
 
 // A problem in one conversation file, with the JSON path of the field at fault.
 struct FieldError {
@@ -51,7 +55,9 @@ class ConversationParser {
       const bj::object* obj = reqs[i].if_object();
       if (obj == nullptr) return FieldError{field, "not an object"};
       auto t = numberOf(obj->if_contains("t"));
-      if (!t || *t < 0 || !std::isfinite(*t)) return FieldError{field + ".t", "missing or bad"};
+      if (!t || !(*t >= 0 && *t <= kMaxSeconds)) {
+        return FieldError{field + ".t", strCat("missing or outside [0, ", kMaxSeconds, "] s")};
+      }
       Nanos at = offset + secondsToNanos(*t);
       const bj::value* type = obj->if_contains("type");
       if (type != nullptr && type->is_string() && type->as_string() == "subagent") {
@@ -88,14 +94,17 @@ class ConversationParser {
                                         Request* r) {
     auto in = numberOf(obj.if_contains("in"));
     auto out = numberOf(obj.if_contains("out"));
-    if (!in || *in < 0 || *in != std::floor(*in))
-      return FieldError{field + ".in", "missing or bad"};
-    if (!out || *out < 0 || *out != std::floor(*out)) {
-      return FieldError{field + ".out", "missing or bad"};
-    }
+    auto tokens = [](std::optional<double> v) {
+      return v && *v >= 0 && *v <= kMaxTokens && *v == std::floor(*v);
+    };
+    if (!tokens(in)) return FieldError{field + ".in", "missing, not an integer or past 2^40"};
+    if (!tokens(out)) return FieldError{field + ".out", "missing, not an integer or past 2^40"};
     r->input_length = static_cast<int64_t>(*in);
     r->output_length = static_cast<int64_t>(*out);
-    if (auto think = numberOf(obj.if_contains("think_time")); think && *think >= 0) {
+    if (auto think = numberOf(obj.if_contains("think_time")); think) {
+      if (!(*think >= 0 && *think <= kMaxSeconds)) {
+        return FieldError{field + ".think_time", strCat("outside [0, ", kMaxSeconds, "] s")};
+      }
       r->think_time = secondsToNanos(*think);
     }
     const bj::value* ids = obj.if_contains("hash_ids");

@@ -112,6 +112,27 @@ TEST(AgenticReader, MalformedConversationStopsOrIsSkipped) {
   EXPECT_EQ((*reader)->skipped(), 2);
 }
 
+// Times and lengths past what fits in int64_t nanoseconds and tokens are errors naming their
+// field, not an overflowing conversion (found by fuzzing the reader).
+TEST(AgenticReader, TimesAndLengthsOutOfRangeNameTheirField) {
+  const std::pair<const char*, const char*> cases[] = {
+      {R"("t": 1e33, "in": 4, "out": 1)", "requests[0].t"},
+      {R"("t": 0, "in": 1e30, "out": 1)", "requests[0].in"},
+      {R"("t": 0, "in": 4, "out": 1e19)", "requests[0].out"},
+      {R"("t": 0, "in": 4, "out": 1, "think_time": 1e300)", "requests[0].think_time"},
+      {R"("t": 0, "in": 4, "out": 1, "think_time": -1)", "requests[0].think_time"},
+  };
+  for (const auto& [fields, field] : cases) {
+    TempDir dir;
+    dir.write("trace_0001.json", std::string(R"({"id": "x", "block_size": 4, "requests": [{)") +
+                                     fields + R"(, "hash_ids": [1]}]})");
+    auto all = readAll(dir.path());
+    ASSERT_FALSE(all.ok()) << fields;
+    EXPECT_THAT(std::string(all.status().message()), HasSubstr(std::string("'") + field + "'"))
+        << all.status();
+  }
+}
+
 // Files are parsed when the merge reaches their conversation's start, not on open: with
 // conversations 100 s apart, the first one's requests come out before the broken second file
 // is even read.
