@@ -43,7 +43,12 @@ struct WorkerConfig {
   // the first prefill step (it ends at max(step, transfer + step / layers)). false: the
   // request waits for the whole modelled transfer before it is scheduled.
   bool layerwise = true;
-  int64_t default_lease_ms = 30000;  // do_remote_decode without lease_ms
+  // Which dialect of kv_transfer_params this engine answers: "kvfabric" (source/lease_id, the
+  // holder pushes) or "nixl" (vLLM's NixlConnector: P returns remote_* fields, D reads).
+  std::string kv_connector = "kvfabric";
+  std::string engine_id;  // nixl: P's remote_engine_id; empty: the instance id
+  // do_remote_decode without lease_ms; nixl: vLLM's kv_lease_duration (heartbeats extend it)
+  int64_t default_lease_ms = 30000;
   int64_t max_lease_ms = 600000;
   // TEST ONLY fault injection on the holder side: "" (none), "corrupt" (push damaged bytes
   // with the checksums of the good ones), "corrupt_content" (damaged bytes, matching

@@ -158,6 +158,12 @@ void WorkerAgent::Impl::registerMetrics(metrics::Registry& registry) {
                                         metrics::exponentialBuckets(1e-4, 2, 16), labels);
   m.leases_expired = &registry.counter("kvfabric_worker_leases_expired_total",
                                        "Remote-decode leases that expired unused", labels);
+  m.nixl_meta_served = &registry.counter(
+      "kvfabric_worker_nixl_meta_total",
+      "NixlConnector side-channel metadata requests answered (each one a lease heartbeat)", labels);
+  m.nixl_notified =
+      &registry.counter("kvfabric_worker_nixl_notify_total",
+                        "NixlConnector read notifications that ended a lease", labels);
   registry.callback("kvfabric_worker_unresolved_landings",
                     "Fetches whose landing a late write may still reach",
                     metrics::MetricType::kGauge, labels,
@@ -173,6 +179,14 @@ void WorkerAgent::Impl::registerRoutes() {
   server->route("POST", "/kv/push",
                 [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
                   co_await handleKvPush(r, w);
+                });
+  server->route("POST", "/kv/nixl/meta",
+                [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
+                  co_await handleNixlMeta(r, w);
+                });
+  server->route("POST", "/kv/nixl/notify",
+                [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
+                  co_await handleNixlNotify(r, w);
                 });
   server->route("GET", "/health",
                 [](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
