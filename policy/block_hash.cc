@@ -21,7 +21,7 @@ namespace {
 constexpr uint64_t kTokenSeed = 0x9e3779b97f4a7c15ULL;
 constexpr uint64_t kTextSeed = 0xc2b2ae3d27d4eb4fULL;
 constexpr uint64_t kEngineSeed = 0x165667b19e3779f9ULL;
-constexpr BlockHash kTextRoot = 0x6b7666746578742dULL;
+constexpr BlockHash kTextRoot{0x6b7666746578742dULL};
 constexpr uint64_t kBlockKeySeed = 0x6b76662d6b657973ULL;
 constexpr uint64_t kChainParentKey = 0x27d4eb2f165667c5ULL;
 constexpr uint64_t kChainContentKey = 0x85ebca77c2b2ae63ULL;
@@ -29,7 +29,7 @@ constexpr uint64_t kChainContentKey = 0x85ebca77c2b2ae63ULL;
 // The chain step: XXH3's 16-byte mixer over (parent, content hash). Its latency (~5 cycles) is
 // the only serial part, so the content hashes of consecutive blocks overlap in the CPU.
 inline BlockHash chain(BlockHash parent, uint64_t content) {
-  return XXH3_mul128_fold64(parent ^ kChainParentKey, content ^ kChainContentKey);
+  return BlockHash{XXH3_mul128_fold64(parent.value ^ kChainParentKey, content ^ kChainContentKey)};
 }
 
 // ---- Content hash of a 16-token block (docs/policies.md, "Block hashes") ----
@@ -251,7 +251,8 @@ std::vector<BlockHash> hashTextBlocks(std::string_view text, size_t bytes_per_bl
   if (bytes_per_block == 0) return out;
   BlockHash parent = kTextRoot;
   for (size_t off = 0; off + bytes_per_block <= text.size(); off += bytes_per_block) {
-    parent = XXH3_64bits_withSeed(text.data() + off, bytes_per_block, parent ^ kTextSeed);
+    parent = BlockHash{
+        XXH3_64bits_withSeed(text.data() + off, bytes_per_block, parent.value ^ kTextSeed)};
     out.push_back(parent);
   }
   return out;

@@ -5,23 +5,41 @@
 // Pure functions; safe from any thread.
 #pragma once
 
+#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "protocol/wire_types.h"
 
 namespace kvf::policy {
 
-using BlockHash = uint64_t;
+// A block hash of the router's own chain, a distinct type so that it is never mixed with an
+// engine's block hash (protocol::EngineBlockHash, from its KV events) by accident: the cache
+// index maps one to the other; where an engine hashes as we do (a simulator's engine), the
+// conversion is written out. Eight bytes, trivially copyable: no cost over a bare uint64_t.
+struct BlockHash {
+  uint64_t value;
+
+  friend constexpr bool operator==(BlockHash, BlockHash) = default;
+  friend constexpr std::strong_ordering operator<=>(BlockHash, BlockHash) = default;
+  template <class H>
+  friend H AbslHashValue(H h, BlockHash b) {
+    return H::combine(std::move(h), b.value);
+  }
+};
+static_assert(sizeof(BlockHash) == sizeof(uint64_t) && std::is_trivially_copyable_v<BlockHash>);
+
 using TokenId = protocol::TokenId;
 // Instances holding a block (bit i: instance i), as the cache index reports them.
 using InstanceMask = uint64_t;
 
 // Parent of the first block of every prompt.
-inline constexpr BlockHash kRootBlockHash = 0x6b76666162726963ULL;  // "kvfabric"
+inline constexpr BlockHash kRootBlockHash{0x6b76666162726963ULL};  // "kvfabric"
 inline constexpr size_t kDefaultBlockSize = 16;
 
 // Hash of one block given its parent's hash; `tokens` must hold exactly one block.

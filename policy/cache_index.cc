@@ -13,7 +13,7 @@ InstanceMask bit(int instance) { return InstanceMask{1} << instance; }
 bool validInstance(int instance) { return instance >= 0 && instance < kMaxInstances; }
 
 // Whether `me` holds the block exactly (from events).
-bool holdsExactly(const BlockTable::Entry* entry, InstanceMask me) {
+bool holdsExactly(const HolderTable::Entry* entry, InstanceMask me) {
   return entry != nullptr && (*entry & me) != 0;
 }
 
@@ -22,13 +22,17 @@ bool holdsExactly(const BlockTable::Entry* entry, InstanceMask me) {
 // flight instead of one at a time.
 constexpr size_t kAhead = 16;
 
-template <class Table>
-void prefetchAhead(const Table& table, std::span<const uint64_t> keys, size_t i) {
-  if (i + kAhead < keys.size()) table.prefetch(keys[i + kAhead]);
+void prefetchAhead(const FlatU64Map<BlockHash>& engine_to_ours, std::span<const uint64_t> keys,
+                   size_t i) {
+  if (i + kAhead < keys.size()) engine_to_ours.prefetch(keys[i + kAhead]);
+}
+// The same in the holder table for an engine whose hashes are ours (setEngineHashesAreOurs).
+void prefetchAhead(const HolderTable& table, std::span<const uint64_t> own, size_t i) {
+  if (i + kAhead < own.size()) table.prefetch(BlockHash{own[i + kAhead]});
 }
 // The same for runs that erase (removals): the slots after the erased one are scanned too.
-void prefetchRunAhead(const BlockTable& table, std::span<const uint64_t> keys, size_t i) {
-  if (i + kAhead < keys.size()) table.prefetchRun(keys[i + kAhead]);
+void prefetchRunAhead(const HolderTable& table, std::span<const uint64_t> own, size_t i) {
+  if (i + kAhead < own.size()) table.prefetchRun(BlockHash{own[i + kAhead]});
 }
 
 // The leading-run bookkeeping of matchLengths / hashAndMatch: which of the first out.size()
@@ -92,7 +96,7 @@ bool CacheIndex::storeChain(int instance, std::span<const uint64_t> engine_hashe
                             uint64_t engine_parent, NextHash next) {
   InstanceState& state = instances_[instance];
   if (state.hashes_are_ours)
-    return storeOwnChain(instance, engine_hashes, has_parent, engine_parent, next);
+    return storeOwnChain(instance, engine_hashes, has_parent, BlockHash{engine_parent}, next);
   BlockHash parent = kRootBlockHash;
   if (has_parent) {
     const BlockHash* ours = state.engine_to_ours.find(engine_parent);
@@ -118,7 +122,7 @@ bool CacheIndex::storeChain(int instance, std::span<const uint64_t> engine_hashe
       clearExact(*mapped, instance);
       *mapped = parent;
     }
-    BlockTable::Entry* entry = entries_.insert(parent);
+    HolderTable::Entry* entry = entries_.insert(parent);
     if (!holdsExactly(entry, me)) {
       ++stats_.exact_entries;
       *entry |= me;
@@ -127,12 +131,13 @@ bool CacheIndex::storeChain(int instance, std::span<const uint64_t> engine_hashe
   return true;
 }
 
-// storeChain() for an instance whose engine hashes are ours: the block table itself says what
+// storeChain() for an instance whose engine hashes are ours: the holder table itself says what
 // the instance holds exactly (where the mapped path asks its engine->ours map), with the same
 // outcomes: an unknown parent or a full instance rejects the event, a held block is skipped.
 template <class NextHash>
 bool CacheIndex::storeOwnChain(int instance, std::span<const uint64_t> hashes, bool has_parent,
                                BlockHash parent, NextHash next) {
+  // The engine's hashes are ours (setEngineHashesAreOurs): each is converted as it is checked.
   InstanceState& state = instances_[instance];
   const InstanceMask me = bit(instance);
   if (!has_parent) {
@@ -144,14 +149,14 @@ bool CacheIndex::storeOwnChain(int instance, std::span<const uint64_t> hashes, b
   for (size_t i = 0; i < hashes.size(); ++i) {
     prefetchAhead(entries_, hashes, i);
     parent = next(parent, i);
-    if (parent != hashes[i]) {  // not our hash after all: the instance is misdeclared
+    if (parent != BlockHash{hashes[i]}) {  // not our hash after all: the instance is misdeclared
       ++stats_.stored_events_rejected;
       return false;
     }
     // Below the cap the block may be added: find or insert in one probe (an inserted entry has
     // no holder, so it reads as not held); at the cap only look.
     const bool room = state.own_blocks + 1 <= config_.max_blocks_per_instance;
-    BlockTable::Entry* entry = room ? entries_.insert(parent) : entries_.find(parent);
+    HolderTable::Entry* entry = room ? entries_.insert(parent) : entries_.find(parent);
     if (holdsExactly(entry, me)) continue;
     if (!room) {
       ++stats_.stored_events_rejected;
@@ -169,8 +174,7 @@ void CacheIndex::removeOwnBlocks(int instance, std::span<const uint64_t> hashes)
   const InstanceMask me = bit(instance);
   for (size_t i = 0; i < hashes.size(); ++i) {
     prefetchRunAhead(entries_, hashes, i);
-    BlockHash hash = hashes[i];
-    BlockTable::Entry* entry = entries_.find(hash);
+    HolderTable::Entry* entry = entries_.find(BlockHash{hashes[i]});
     if (!holdsExactly(entry, me)) {
       ++stats_.removed_unknown;
       continue;
@@ -217,7 +221,7 @@ void CacheIndex::clearInstance(int instance) {
   if (state.hashes_are_ours) {
     const InstanceMask me = bit(instance);
     std::vector<BlockHash> held;
-    entries_.forEach([&](BlockHash hash, BlockTable::Entry e) {
+    entries_.forEach([&](BlockHash hash, HolderTable::Entry e) {
       if (e & me) held.push_back(hash);
     });
     for (BlockHash hash : held) clearExact(hash, instance);
@@ -237,7 +241,7 @@ void CacheIndex::expire(Nanos now) { soft_.expire(now); }
 
 void CacheIndex::clearExact(BlockHash hash, int instance) {
   const InstanceMask me = bit(instance);
-  BlockTable::Entry* entry = entries_.find(hash);
+  HolderTable::Entry* entry = entries_.find(hash);
   if (!holdsExactly(entry, me)) return;
   --stats_.exact_entries;
   entries_.clearBits(entry, me);
@@ -333,8 +337,8 @@ bool CacheIndex::storeOwnHashes(int instance, std::span<const uint64_t> hashes, 
     ++stats_.stored_events_rejected;
     return false;
   }
-  return storeOwnChain(instance, hashes, has_parent, parent,
-                       [&](BlockHash, size_t i) { return hashes[i]; });
+  return storeOwnChain(instance, hashes, has_parent, BlockHash{parent},
+                       [&](BlockHash, size_t i) { return BlockHash{hashes[i]}; });
 }
 
 }  // namespace kvf::policy

@@ -1,7 +1,7 @@
 // The cache index: which instances hold which blocks, keyed by our chained BlockHash. Exact
 // holders (from KV events: engine hash -> our hash through BlockStored token ids, so
 // BlockRemoved resolves; no map for a simulator's engine that hashes as we do) are an instance
-// bitmask per block (up to kMaxInstances instances) in a flat BlockTable. Soft holders are
+// bitmask per block (up to kMaxInstances instances) in a flat HolderTable. Soft holders are
 // what the router routed: short-TTL predicted entries for instances with events, which the
 // engine's BlockStored makes exact meanwhile, and approximate entries (with a longer expiry) for
 // instances without events; they are claims on routed prompts' chains in a SoftTree. A match
@@ -16,7 +16,7 @@
 #include "common/clock.h"
 #include "common/flat_u64_map.h"
 #include "policy/block_hash.h"
-#include "policy/block_table.h"
+#include "policy/holder_table.h"
 #include "policy/soft_tree.h"
 
 namespace kvf::policy {
@@ -31,9 +31,9 @@ struct CacheIndexConfig {
   // Distinct blocks with a soft holder (predicted or approximate); a routed chain past the bound
   // is recorded only as far as it fits.
   size_t max_soft_entries = 16u << 20;
-  // The block table (exact holders) doubles once more than this fraction of its 16-byte slots
+  // The holder table (exact holders) doubles once more than this fraction of its 16-byte slots
   // would be used (rounded to eighths, 0.125-0.75): 64-128 bytes per block at 0.25, half that
-  // at 0.5 (docs/benchmarks.md).
+  // at 0.5 (docs/policies.md; measured in docs/notes/2026-11-22-simulator-memory-bound.md).
   double table_max_load = 0.25;
 };
 
@@ -137,7 +137,7 @@ class CacheIndex {
   // Exact holders per block. Block hashes are already uniform 64-bit values: the table places
   // them with one multiply by a per-process odd salt, which also keeps crafted prompts from
   // aiming at one probe sequence (our hash is public).
-  BlockTable entries_;
+  HolderTable entries_;
   std::vector<InstanceState> instances_;
   SoftTree soft_;
   CacheIndexStats stats_;

@@ -2,39 +2,30 @@
 // pick an instance and a mode. Policies with memory (round-robin cursor, session pins,
 // hysteresis) keep it inside the object; the live router and the simulator both drive a
 // policy from one thread (or one strand) and pass time in, so the same inputs give the same
-// decisions. See docs/policies.md for every formula and parameter.
+// decisions. Each policy lives in its own file and is found by name in a PolicyRegistry
+// (policy/registry.h); the driver asks a policy what it can do (movesKv(), offloadTerms())
+// and never switches on its name. See docs/policies.md for every formula and parameter, and
+// docs/extending.md for adding one.
 #pragma once
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
-#include "absl/status/statusor.h"
 #include "common/clock.h"
-#include "common/config.h"
 
 namespace kvf::policy {
 
 enum class RequestClass { kWarm, kMedium, kHeavy };
 enum class Mode { kLocal, kPushMigrate, kPrefillOffload };
-enum class PolicyKind {
-  kRoundRobin,
-  kLeastRequest,
-  kLinear,
-  kLMetric,
-  kHybrid,
-  kUnified,
-  kElastic
-};
 
 std::string_view requestClassName(RequestClass c);
 std::string_view modeName(Mode m);
-std::string_view policyKindName(PolicyKind k);
 
 // What the router knows about one instance at decision time.
 struct InstanceSnapshot {
@@ -45,7 +36,7 @@ struct InstanceSnapshot {
   int64_t ongoing_tokens = 0;          // prompt + expected output tokens of in-flight requests
   double kv_usage = 0.0;               // 0..1, from the engine's metrics
   int64_t matched_tokens = 0;          // this request's leading cached tokens on the instance
-  // KV push (policies unified/elastic): the instance has a worker URL, so it can push its blocks
+  // KV push (policies that move KV): the instance has a worker URL, so it can push its blocks
   // to a peer, receive them, or prefill for a peer.
   bool push_capable = false;
   // Alive for peer traffic (health checks pass, circuit closed) even when not routable: a
@@ -70,7 +61,7 @@ struct Decision {
   int source_instance = -1;
   int prefill_instance = -1;
   // Predicted time to first token in seconds of the best option per mode (NaN: not
-  // considered or impossible) and of the chosen option; only unified and elastic fill them.
+  // considered or impossible) and of the chosen option; only cost-model policies fill them.
   struct Costs {
     double local = std::numeric_limits<double>::quiet_NaN();    // best instance, its own hits
     double cold = std::numeric_limits<double>::quiet_NaN();     // best instance without hits
@@ -87,70 +78,82 @@ struct ClassifyConfig {
 
 RequestClass classify(int64_t new_tokens, const ClassifyConfig& config);
 
+// One policy's own parameters (its YAML block, e.g. `hybrid: {...}`): each policy derives its
+// parameter struct from this and parses it itself (PolicyDefinition::parse).
+struct PolicyParams {
+  virtual ~PolicyParams() = default;
+};
+
+class PolicyRegistry;
+
+// The `policy:` section: the policy's name, the settings every policy shares, and the
+// parameter blocks, each parsed by the policy that owns it.
 struct PolicyConfig {
-  PolicyKind kind = PolicyKind::kHybrid;
+  std::string kind = "hybrid";
   ClassifyConfig classify;
   // Session memory (linear pins, hybrid hysteresis): bounded and expiring.
   Nanos session_ttl = 600 * kNanosPerSecond;
   size_t max_sessions = 1u << 20;
-  struct Linear {
-    double alpha = 1.0;            // weight of cache-hit tokens against ongoing tokens
-    double overload_factor = 2.0;  // redirect when pinned load > factor x average load
-  } linear;
-  struct Hybrid {
-    double gate_fraction = 0.5;        // an instance holding > this share of the prompt wins
-    double overload_factor = 2.0;      // ... unless its running > factor x average running
-    int64_t overload_min_running = 4;  //     and at least this many
-    double hysteresis = 0.1;           // keep the session's last instance within (1+h) x best
-  } hybrid;
-  // Cost model of unified and elastic (defaults: Qwen3-Coder-30B-A3B on H20, 200 Gbps link).
-  struct Unified {
-    double prefill_tokens_per_s = 7000;  // one instance's prefill throughput
-    double kv_bytes_per_token = 98304;   // 48 layers x 2 (K,V) x 4 kv heads x 128 x 2 B
-    double link_bandwidth_gbps = 200;    // between two instances
-    double transfer_overhead_s = 50e-6;  // per push (the engine profile's link.overhead_us)
-    double waiting_request_s = 0;        // queue added per request the engine reports waiting
-    double affinity_factor = 2.0;        // keep the session's instance within factor x best
-    int64_t min_push_tokens = 256;       // holders with fewer extra tokens never push
-  } unified;
-  struct Elastic {
-    int64_t max_concurrent_offloads = 4;         // offloads whose prefill phase is in flight
-    double overload_factor = 2.0;                // P skipped when running > factor x average ...
-    int64_t overload_min_running = 4;            // ... and at least this many
-    int64_t max_pending_prefill_tokens = 65536;  // P skipped when its queue exceeds this
-    double max_cost_ratio = 1.5;                 // offload only if predicted TTFT <= ratio x local
-    int64_t lease_ms = 30000;                    // P keeps the blocks pinned this long for D
-    double prefill_timeout_s = 60;               // router gives up on P (D prefills locally)
-  } elastic;
+  // Parameter blocks by policy name: what the YAML held, plus defaults for every other policy
+  // of the registry that has parameters (parsePolicyConfig fills them).
+  std::map<std::string, std::shared_ptr<const PolicyParams>, std::less<>> blocks;
+  // Where `kind` and the blocks' owners are looked up; null: the built-in policies. Must
+  // outlive the config (the registries are static in practice).
+  const PolicyRegistry* registry = nullptr;
+
+  // The parameters of policy `name` (its block, else its defaults), as its own type `P`. A
+  // policy reads its own block and those of the policies it builds on (elastic: hybrid's and
+  // unified's). Aborts when `name` is not a policy with parameters of type P (a programming
+  // error, not a config error).
+  template <class P>
+  P params(std::string_view name) const {
+    return *paramsAs<P>(name);
+  }
+  // Sets policy `name`'s parameters (for code that builds a config by hand, and tests).
+  template <class P>
+  void set(std::string_view name, P params) {
+    blocks[std::string(name)] = std::make_shared<const P>(std::move(params));
+  }
+
+ private:
+  template <class P>
+  const P* paramsAs(std::string_view name) const {
+    const auto* p = dynamic_cast<const P*>(find(name));
+    if (p == nullptr) wrongParams(name);
+    return p;
+  }
+  const PolicyParams* find(std::string_view name) const;
+  [[noreturn]] static void wrongParams(std::string_view name);
 };
 
-// Reads a `policy:` map: kind, classify{warm_max_new_tokens, medium_max_new_tokens},
-// session_ttl_s, max_sessions, linear{alpha, overload_factor},
-// hybrid{gate_fraction, overload_factor, overload_min_running, hysteresis},
-// unified{prefill_tokens_per_s, kv_bytes_per_token, link_bandwidth_gbps, transfer_overhead_s,
-// waiting_request_s, affinity_factor, min_push_tokens},
-// elastic{max_concurrent_offloads, overload_factor, overload_min_running,
-// max_pending_prefill_tokens, max_cost_ratio, lease_ms, prefill_timeout_s}.
-void parsePolicyConfig(config::ConfigMap& map, PolicyConfig* out);
+// When the driver runs a kPrefillOffload decision: P keeps the prompt's blocks pinned for D
+// this long (sent to P as lease_ms), and the driver gives up on P after prefill_timeout (D
+// prefills locally).
+struct OffloadTerms {
+  int64_t lease_ms = 30000;
+  Nanos prefill_timeout = 60 * kNanosPerSecond;
+};
 
 class Policy {
  public:
   virtual ~Policy() = default;
-  virtual PolicyKind kind() const = 0;
+  // The name it is registered under (`kind:`), for logs and metrics.
+  virtual std::string_view name() const = 0;
   // Picks an instance among `instances` (healthy ones only). Deterministic in the sequence of
   // calls. `now` only ages session memory.
   virtual Decision decide(const RouteRequest& request, std::span<const InstanceSnapshot> instances,
                           Nanos now) = 0;
+
+  // Capabilities, asked by the driver.
+  // Whether decide() may answer kPushMigrate or kPrefillOffload. Such a policy does nothing
+  // beyond kLocal without two instances that can push (InstanceSnapshot::push_capable).
+  virtual bool movesKv() const { return false; }
+  // The terms of its kPrefillOffload decisions (unused by a policy that never offloads).
+  virtual OffloadTerms offloadTerms() const { return {}; }
   // Called by the driver exactly once per kPrefillOffload decision when that offload's
-  // prefill phase has ended (P answered, failed or timed out, or the request was abandoned),
-  // so the concurrency cap admits the next one.
+  // prefill phase has ended, so a concurrency cap admits the next one.
   virtual void offloadFinished() {}
   virtual int64_t offloadsInFlight() const { return 0; }
 };
-
-// Seconds to move `tokens` tokens of KV over the link: bytes x 8 / bandwidth + overhead.
-double transferSeconds(int64_t tokens, const PolicyConfig::Unified& model);
-
-std::unique_ptr<Policy> createPolicy(const PolicyConfig& config);
 
 }  // namespace kvf::policy

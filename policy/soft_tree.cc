@@ -28,7 +28,7 @@ size_t SoftTree::add(int instance, std::span<const BlockHash> hashes, Nanos expi
   uint32_t node = kRoot;
   size_t i = 0;
   while (i < hashes.size()) {
-    if (const uint32_t* found = starts_.find(hashes[i])) {
+    if (const uint32_t* found = starts_.find(hashes[i].value)) {
       const uint32_t child = *found;
       const std::vector<BlockHash>& run = nodes_[child].blocks;
       if (nodes_[child].parent != node) break;  // the hash starts a run elsewhere
@@ -37,7 +37,7 @@ size_t SoftTree::add(int instance, std::span<const BlockHash> hashes, Nanos expi
       while (same < n && run[same] == hashes[i + same]) ++same;
       uint32_t id = child;
       if (same < run.size()) {
-        if (starts_.contains(run[same])) break;  // the split would start a second run there
+        if (starts_.contains(run[same].value)) break;  // the split would start a second run there
         id = splitHead(child, same);
       }
       claim(id, instance, expiry);
@@ -74,7 +74,7 @@ uint32_t SoftTree::newNode(uint32_t parent, std::span<const BlockHash> blocks) {
   n.holders = 0;
   n.claims.clear();
   ++nodes_[parent].children;
-  starts_.tryEmplace(blocks.front(), id);
+  starts_.tryEmplace(blocks.front().value, id);
   blocks_ += blocks.size();
   return id;
 }
@@ -97,8 +97,8 @@ uint32_t SoftTree::splitHead(uint32_t id, size_t at) {
   top.holders = tail.holders;
   top.claims = tail.claims;
   tail.parent = h;
-  *starts_.find(top.blocks.front()) = h;
-  starts_.tryEmplace(tail.blocks.front(), id);
+  *starts_.find(top.blocks.front().value) = h;
+  starts_.tryEmplace(tail.blocks.front().value, id);
   return h;
 }
 
@@ -132,7 +132,7 @@ void SoftTree::freeIfUnused(uint32_t id) {
     Node& n = nodes_[id];
     if (n.holders != 0 || n.children != 0) return;
     const uint32_t parent = n.parent;
-    starts_.erase(n.blocks.front());
+    starts_.erase(n.blocks.front().value);
     blocks_ -= n.blocks.size();
     n.blocks.clear();
     n.claims.clear();

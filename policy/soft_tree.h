@@ -64,7 +64,7 @@ class SoftTree {
     // At the end of node_'s run: on to the child that starts with `hash`, if any.
     InstanceMask descend(BlockHash hash) {
       if (node_ == kOut) return 0;
-      const uint32_t* child = tree_->starts_.find(hash);
+      const uint32_t* child = tree_->starts_.find(hash.value);
       if (child == nullptr || tree_->nodes_[*child].parent != node_) return leave();
       const Node& n = tree_->nodes_[*child];
       node_ = *child;
@@ -139,7 +139,7 @@ class SoftTree {
 
   std::vector<Node> nodes_;
   std::vector<uint32_t> free_;
-  FlatU64Map<uint32_t> starts_;  // a node's first hash -> the node
+  FlatU64Map<uint32_t> starts_;  // a node's first hash (its value) -> the node
   RecordQueue queues_[2];
   size_t max_blocks_;
   uint64_t claims_ = 0;

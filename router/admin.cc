@@ -91,16 +91,17 @@ std::string Router::instancesJson() const {
     o["url"] = i->config.url;
     o["slot"] = i->slot;
     o["admitted"] = admitted(*i);
-    o["health_check_ok"] = i->check_healthy;
-    o["draining"] = i->draining;
-    o["circuit_open"] = clock_.now() < i->circuit_open_until;
-    o["running"] = i->running;
-    o["waiting"] = i->waiting;
-    o["pending_prefill_tokens"] = i->pending_prefill_tokens;
-    o["kv_usage"] = i->kv_usage;
+    const InstanceState& state = core_->instance(i->slot);
+    o["health_check_ok"] = state.check_healthy;
+    o["draining"] = state.draining;
+    o["circuit_open"] = clock_.now() < state.circuit_open_until;
+    o["running"] = state.running;
+    o["waiting"] = state.waiting;
+    o["pending_prefill_tokens"] = state.pending_prefill_tokens;
+    o["kv_usage"] = state.kv_usage;
     o["kv_events"] = i->config.kv_events.endpoint;
     o["worker_url"] = i->config.worker_url;
-    o["index_blocks"] = index_.instanceBlocks(i->slot);
+    o["index_blocks"] = core_->index().instanceBlocks(i->slot);
     list.push_back(std::move(o));
   }
   bj::object out;
@@ -111,7 +112,7 @@ std::string Router::instancesJson() const {
     modes[policy::modeName(mode)] = decisions_by_mode_[static_cast<size_t>(mode)];
   }
   out["decisions_by_mode"] = std::move(modes);
-  out["offloads_in_flight"] = policy_->offloadsInFlight();
+  out["offloads_in_flight"] = core_->policy().offloadsInFlight();
   return bj::serialize(out);
 }
 
@@ -177,9 +178,9 @@ asio::awaitable<void> Router::handleAdmin(const http::Request& request,
       co_return;
     }
     if (request.method == "POST" && (action == "drain" || action == "undrain")) {
-      instance->draining = action == "drain";
-      log::info("instance drain changed", "instance", instance->config.id, "draining",
-                instance->draining);
+      bool draining = action == "drain";
+      core_->setDraining(instance->slot, draining);
+      log::info("instance drain changed", "instance", instance->config.id, "draining", draining);
       co_await writer.sendJson(200, instancesJson());
       co_return;
     }

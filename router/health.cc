@@ -52,25 +52,20 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
     auto response = co_await instance->client->request(std::move(check));
     if (instance->removed || stopped_) break;
     bool ok = response.ok() && response->status == 200;
-    if (ok) {
-      instance->check_failures = 0;
-      if (!instance->check_healthy &&
-          ++instance->check_passes >= config_.health.healthy_threshold) {
-        instance->check_healthy = true;
+    switch (core_->healthCheck(instance->slot, ok)) {
+      case RoutingCore::HealthChange::kReadmitted:
         log::info("instance re-admitted", "instance", instance->config.id);
-      }
-    } else {
-      instance->check_passes = 0;
-      if (instance->check_healthy &&
-          ++instance->check_failures >= config_.health.unhealthy_threshold) {
-        instance->check_healthy = false;
+        break;
+      case RoutingCore::HealthChange::kEjected:
         instance->ejections->inc();
         // Connections to a failed engine are stale; a restarted one gets fresh ones.
         instance->client->closeIdle();
         log::warn("instance ejected", "instance", instance->config.id, "error",
                   response.ok() ? std::to_string(response->status)
                                 : std::string(response.status().message()));
-      }
+        break;
+      case RoutingCore::HealthChange::kNone:
+        break;
     }
     if (ok && config_.health.scrape_metrics) {
       http::ClientRequest scrape;
@@ -78,13 +73,14 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
       scrape.target = "/metrics";
       scrape.read_timeout = timeout;
       auto metrics = co_await instance->client->request(std::move(scrape));
+      if (instance->removed || stopped_) break;
       if (metrics.ok() && metrics->status == 200) {
+        std::optional<int64_t> waiting;
         if (auto v = sampleValue(metrics->body, "vllm:num_requests_waiting")) {
-          instance->waiting = static_cast<int64_t>(*v);
+          waiting = static_cast<int64_t>(*v);
         }
-        if (auto v = sampleValue(metrics->body, "vllm:kv_cache_usage_perc")) {
-          instance->kv_usage = *v;
-        }
+        core_->reportEngineLoad(instance->slot, waiting,
+                                sampleValue(metrics->body, "vllm:kv_cache_usage_perc"));
       }
     }
     timer.expires_after(interval);
@@ -96,7 +92,7 @@ void Router::applyKvUpdate(int slot, uint64_t generation, KvUpdate& update) {
   std::shared_ptr<Instance> instance = slots_[slot];
   if (!instance || instance->generation != generation || instance->removed) return;
   if (update.kind == KvUpdate::Kind::kReset) {
-    index_.clearInstance(slot);
+    core_->index().clearInstance(slot);
     instance->kv_resets->inc();
     log::warn("KV index reset for instance", "instance", instance->config.id, "reason",
               update.reason);
@@ -112,17 +108,19 @@ void Router::applyKvUpdate(int slot, uint64_t generation, KvUpdate& update) {
     bool gpu = event.medium.empty() || event.medium == "GPU";
     switch (event.kind) {
       case KvEventKind::kBlockStored:
-        if (!gpu || !index_.storeBlocks(slot, event.stored)) metrics_->kv_events_ignored->inc();
+        if (!gpu || !core_->index().storeBlocks(slot, event.stored)) {
+          metrics_->kv_events_ignored->inc();
+        }
         break;
       case KvEventKind::kBlockRemoved:
         if (gpu) {
-          index_.removeBlocks(slot, event.removed);
+          core_->index().removeBlocks(slot, event.removed);
         } else {
           metrics_->kv_events_ignored->inc();
         }
         break;
       case KvEventKind::kAllBlocksCleared:
-        index_.clearInstance(slot);
+        core_->index().clearInstance(slot);
         instance->kv_resets->inc();
         break;
     }

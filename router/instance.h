@@ -1,7 +1,8 @@
-// Per-instance runtime state of the router: configuration, upstream connection pool, load
-// accounting, health and circuit state, and the KV-event subscriber. Owned by the Router
-// (shared with in-flight requests so a removed instance outlives its last request); touched
-// only on the router's io thread, except the subscriber's own thread.
+// The shell's side of one engine instance: configuration, upstream connection pool, KV-event
+// subscriber and metric handles. Its load, health and circuit state live in the routing core
+// (router/core/ledger.h) under the same slot. Owned by the Router (shared with in-flight
+// requests so a removed instance outlives its last request); touched only on the router's io
+// thread, except the subscriber's own thread.
 #pragma once
 
 #include <cstdint>
@@ -11,7 +12,7 @@
 #include "common/clock.h"
 #include "common/http_client.h"
 #include "common/metrics.h"
-#include "router/config.h"
+#include "router/core/config.h"
 #include "router/kv_subscriber.h"
 
 namespace kvf::router {
@@ -23,23 +24,6 @@ struct Instance {
   std::shared_ptr<http::HttpClient> client;
   std::unique_ptr<KvSubscriber> subscriber;
   bool removed = false;
-
-  // Load the router accounts for itself.
-  int64_t running = 0;
-  int64_t pending_prefill_tokens = 0;
-  int64_t ongoing_tokens = 0;
-  // Load the engine reports on /metrics.
-  int64_t waiting = 0;
-  double kv_usage = 0;
-
-  // Health: checks eject and re-admit; drain is an operator's choice.
-  bool check_healthy = true;
-  int check_failures = 0;
-  int check_passes = 0;
-  bool draining = false;
-  // Circuit breaker on consecutive request failures.
-  int request_failures = 0;
-  Nanos circuit_open_until = 0;
 
   // Closed loop and counters (owned by the router's registry).
   metrics::Counter* decisions = nullptr;

@@ -13,7 +13,7 @@
 #include <string>
 #include <thread>
 
-#include "router/config.h"
+#include "router/core/config.h"
 #include "router/kv_event_codec.h"
 
 namespace zmq {

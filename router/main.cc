@@ -13,7 +13,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/ready_file.h"
-#include "router/config.h"
+#include "router/core/config.h"
 #include "router/event_loop.h"
 #include "router/router.h"
 

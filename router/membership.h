@@ -13,7 +13,7 @@
 #include "absl/status/statusor.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "router/config.h"
+#include "router/core/config.h"
 
 namespace kvf::membership {
 class PrefixWatcher;

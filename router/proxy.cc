@@ -23,6 +23,18 @@ double wallSeconds() {
 
 log::RateLimitedLog upstream_log;
 
+// usage.prompt_tokens of a response body or SSE event, if it has one.
+std::optional<int64_t> usagePromptTokens(std::string_view json_text) {
+  if (json_text.find("\"usage\"") == std::string_view::npos) return std::nullopt;
+  auto body = json::parseObject(json_text);
+  if (!body.ok()) return std::nullopt;
+  const auto* usage = body->if_contains("usage");
+  if (usage == nullptr || !usage->is_object()) return std::nullopt;
+  const auto* n = usage->as_object().if_contains("prompt_tokens");
+  if (n == nullptr || !n->is_int64()) return std::nullopt;
+  return n->as_int64();
+}
+
 }  // namespace
 
 asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request& request,
@@ -44,22 +56,32 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
     co_return;
   }
   ctx.parsed = std::move(*parsed);
+  RequestRoute& route = ctx.route;
   if (read_ahead && read_ahead->prefetch() && read_ahead->prefetch()->used()) {
     // Most blocks were hashed while the body arrived; hash the rest.
-    ctx.hashes = read_ahead->takeHashes();
-    completeHashes(ctx);
-  }
-  if (!ctx.parsed.has_token_ids && config_.tokenize && !(co_await tokenize(ctx, request))) {
-    metrics_->tokenize_fallbacks->inc();
+    route.hashes = read_ahead->takeHashes();
+    route.tokens = ctx.parsed.token_ids;
+    core_->completeHashes(route);
   }
   if (!ctx.parsed.has_token_ids) {
-    ctx.hashes = requestHashes(ctx.parsed, config_.index.block_size);
-    ctx.hashes_complete = true;
+    if (!config_.tokenize) {
+      metrics_->tokenize_fallbacks_disabled->inc();
+    } else if (!(co_await tokenize(ctx, request))) {
+      metrics_->tokenize_fallbacks_failed->inc();
+    }
   }
-  ctx.excluded.assign(slots_.size(), false);
-  for (ctx.attempt = 1; ctx.attempt <= config_.max_attempts; ++ctx.attempt) {
+  if (!ctx.parsed.has_token_ids) {
+    route.hashes = requestHashes(ctx.parsed, config_.index.block_size);
+    route.hashes_complete = true;
+  }
+  route.session = ctx.parsed.session;
+  route.prompt_tokens = ctx.parsed.prompt_tokens;
+  route.max_tokens = ctx.parsed.max_tokens;
+  route.exact = ctx.parsed.has_token_ids;
+  route.tokens = ctx.parsed.token_ids;
+  while (route.attempt() < config_.max_attempts) {
     if (!decide(ctx)) {
-      if (ctx.attempt > 1) break;  // earlier attempts failed: that is the upstream's error
+      if (route.attempt() > 1) break;  // earlier attempts failed: that is the upstream's error
       metrics_->requests_unavailable->inc();
       ctx.status = 503;
       co_await writer.sendError(503, "no healthy instance available");
@@ -72,9 +94,9 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
       finishRequest(ctx);
       co_return;
     }
-    ctx.excluded[ctx.instance->slot] = true;
+    route.exclude();
     finishRequest(ctx);  // logs the failed attempt and releases its load
-    if (ctx.attempt < config_.max_attempts) metrics_->retries->inc();
+    if (route.attempt() < config_.max_attempts) metrics_->retries->inc();
   }
   metrics_->requests_upstream_error->inc();
   ctx.status = 502;
@@ -125,85 +147,25 @@ asio::awaitable<bool> Router::tokenize(RequestContext& ctx, const http::Request&
   co_return true;
 }
 
-void Router::completeHashes(RequestContext& ctx) const {
-  if (ctx.hashes_complete) return;
-  policy::completeBlockHashes(ctx.parsed.token_ids, config_.index.block_size, &ctx.hashes);
-  ctx.hashes_complete = true;
-}
-
 bool Router::decide(RequestContext& ctx) {
   Nanos now = clock_.now();
-  index_.expire(now);
-  std::vector<uint32_t> matched(slots_.size());
-  if (ctx.hashes_complete) {
-    index_.matchLengths(ctx.hashes, matched);
-  } else {
-    index_.hashAndMatch(ctx.parsed.token_ids, &ctx.hashes, matched);
-  }
-  // The policy sees a dense list of live instances; map its answer back to slots.
-  std::vector<policy::InstanceSnapshot> snaps;
-  std::vector<Instance*> live;
-  int64_t bs = static_cast<int64_t>(config_.index.block_size);
-  int64_t per_block = ctx.parsed.has_token_ids ? bs : bs * kBytesPerTokenEstimate;
-  for (auto& instance : slots_) {
-    if (!instance) continue;
-    policy::InstanceSnapshot s;
-    s.healthy = admitted(*instance) && !ctx.excluded[instance->slot];
-    s.running = instance->running;
-    s.waiting = instance->waiting;
-    s.pending_prefill_tokens = instance->pending_prefill_tokens;
-    s.ongoing_tokens = instance->ongoing_tokens;
-    s.kv_usage = instance->kv_usage;
-    s.push_capable = instance->pushCapable();
-    s.reachable =
-        !instance->removed && instance->check_healthy && now >= instance->circuit_open_until;
-    int64_t blocks = matched[instance->slot];
-    s.matched_tokens = ctx.parsed.has_token_ids ? blocks * per_block
-                                                : std::min(ctx.parsed.prompt_tokens, blocks * bs);
-    snaps.push_back(s);
-    live.push_back(instance.get());
-  }
-  policy::RouteRequest route;
-  route.session = ctx.parsed.session;
-  route.prompt_tokens = ctx.parsed.prompt_tokens;
-  ctx.decision = policy_->decide(route, snaps, now);
+  bool chosen = core_->decide(ctx.route, now);
   metrics_->decide_seconds->observe(nanosToSeconds(clock_.now() - now));
-  ctx.scores.clear();
-  for (size_t i = 0; i < live.size(); ++i) {
-    ctx.scores.emplace_back(live[i]->config.id, ctx.decision.scores[i]);
-  }
-  decisionCounter(ctx.decision).inc();
-  if (ctx.decision.instance < 0) {
-    ctx.instance = nullptr;
-    return false;
-  }
-  decisions_by_mode_[static_cast<size_t>(ctx.decision.mode)] += 1;
-  Instance* chosen = live[ctx.decision.instance];
-  ctx.instance = slots_[chosen->slot];
-  // Engines compute at least the last prompt token, so at most the full blocks of the first
-  // prompt_tokens - 1 tokens can be reported cached.
-  int64_t cacheable = std::max<int64_t>(0, route.prompt_tokens - 1) / bs * bs;
-  ctx.own_matched_tokens = std::min(snaps[ctx.decision.instance].matched_tokens, cacheable);
-  int peer = ctx.decision.mode == policy::Mode::kPushMigrate      ? ctx.decision.source_instance
-             : ctx.decision.mode == policy::Mode::kPrefillOffload ? ctx.decision.prefill_instance
-                                                                  : -1;
+  const policy::Decision& decision = ctx.route.decision();
+  decisionCounter(decision).inc();
+  ctx.instance = nullptr;
   ctx.peer = nullptr;
   ctx.transfer.reset();
-  ctx.offload_prefill.clear();
-  if (peer >= 0) holdPeer(ctx, *live[peer], snaps[peer].matched_tokens);
-  ctx.decision.predicted_cached_tokens = std::min(ctx.decision.predicted_cached_tokens, cacheable);
-  ctx.uncached_tokens = ctx.parsed.prompt_tokens - ctx.decision.predicted_cached_tokens;
-  chosen->running += 1;
-  chosen->pending_prefill_tokens += ctx.uncached_tokens;
-  chosen->ongoing_tokens += ctx.parsed.prompt_tokens + ctx.parsed.max_tokens;
-  ctx.prefill_pending = true;
-  ctx.load_held = true;
-  ctx.predicted = false;
   ctx.actual_cached_tokens.reset();
   ctx.status = 0;
-  chosen->decisions->inc();
-  chosen->prompt_tokens->inc(static_cast<double>(ctx.parsed.prompt_tokens));
-  chosen->predicted_cached_tokens->inc(static_cast<double>(ctx.decision.predicted_cached_tokens));
+  if (!chosen) return false;
+  decisions_by_mode_[static_cast<size_t>(decision.mode)] += 1;
+  ctx.instance = slots_[ctx.route.instance()];
+  if (ctx.route.peer() >= 0) ctx.peer = slots_[ctx.route.peer()];
+  ctx.instance->decisions->inc();
+  ctx.instance->prompt_tokens->inc(static_cast<double>(ctx.parsed.prompt_tokens));
+  ctx.instance->predicted_cached_tokens->inc(
+      static_cast<double>(ctx.route.predictedCachedTokens()));
   return true;
 }
 
@@ -229,22 +191,25 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
     ctx.status = 0;  // the attempt failed before response headers
     recordUpstreamFailure(*instance, "connect");
     upstream_log.warn("upstream failed before response headers", "instance", instance->config.id,
-                      "attempt", ctx.attempt, "error", std::string(opened.status().message()));
+                      "attempt", ctx.route.attempt(), "error",
+                      std::string(opened.status().message()));
     co_return ForwardResult::kRetry;
   }
   std::unique_ptr<http::ResponseStream> upstream = std::move(*opened);
   recordUpstreamSuccess(*instance);
 
+  const policy::Decision& decision = ctx.route.decision();
   http::Headers headers = {
       {"x-kvf-instance", instance->config.id},
-      {"x-kvf-decision", std::string(policy::modeName(ctx.decision.mode))},
-      {"x-kvf-mode", std::string(policy::modeName(ctx.decision.mode))},
-      {"x-kvf-reason", std::string(ctx.decision.reason)},
-      {"x-kvf-predicted-cached-tokens", std::to_string(ctx.decision.predicted_cached_tokens)},
+      {"x-kvf-decision", std::string(policy::modeName(decision.mode))},
+      {"x-kvf-mode", std::string(policy::modeName(decision.mode))},
+      {"x-kvf-reason", std::string(decision.reason)},
+      {"x-kvf-predicted-cached-tokens", std::to_string(ctx.route.predictedCachedTokens())},
       {"x-kvf-request-id", ctx.id}};
   if (ctx.peer) headers.emplace_back("x-kvf-source", ctx.peer->config.id);
-  if (!ctx.offload_prefill.empty())
-    headers.emplace_back("x-kvf-offload-prefill", ctx.offload_prefill);
+  if (!ctx.route.offloadOutcome().empty()) {
+    headers.emplace_back("x-kvf-offload-prefill", std::string(ctx.route.offloadOutcome()));
+  }
   std::string content_type(upstream->header("content-type"));
   if (content_type.empty()) content_type = "application/json";
   ctx.status = upstream->status();
@@ -272,10 +237,16 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
     metrics_->requests_upstream_error->inc();
   }
   // The usage report (cached tokens, transfer outcome) only feeds the closed loop: read it
-  // after the client has its answer, from a copy when the body is small (the usual case).
+  // after the client has its answer, from a copy when the body is small (the usual case). A
+  // text prompt's report first: its prediction is capped by the engine's prompt length.
   constexpr size_t kReportAfterSendBytes = 64 * 1024;
-  if (response_body->size() > kReportAfterSendBytes) {
+  if (response_body->size() > kReportAfterSendBytes || !ctx.route.exact) {
     applyResponseReport(ctx, *response_body);
+    for (auto& [name, value] : headers) {
+      if (name == "x-kvf-predicted-cached-tokens") {
+        value = std::to_string(ctx.route.predictedCachedTokens());
+      }
+    }
     co_await writer.send(ctx.status, content_type, std::move(*response_body), headers);
     predictHeld(ctx);
     co_return ForwardResult::kDone;
@@ -332,40 +303,29 @@ asio::awaitable<void> Router::forwardStream(RequestContext& ctx, http::ResponseS
 }
 
 void Router::predictHeld(RequestContext& ctx) {
-  if (ctx.predicted || !ctx.instance) return;
-  ctx.predicted = true;
-  Instance& instance = *ctx.instance;
-  bool approximate = !instance.hasEvents() || !ctx.parsed.has_token_ids;
-  completeHashes(ctx);
-  // A removed instance's slot may already belong to a new one.
-  if (!instance.removed) index_.addSoft(instance.slot, ctx.hashes, clock_.now(), approximate);
+  if (ctx.instance) core_->predict(ctx.route, clock_.now());
 }
 
 void Router::applyResponseReport(RequestContext& ctx, std::string_view body) {
   ResponseReport report = readResponseReport(body);
   if (report.cached_tokens) ctx.actual_cached_tokens = report.cached_tokens;
   if (report.transfer) ctx.transfer = std::move(report.transfer);
+  if (!ctx.route.exact) {
+    if (auto n = usagePromptTokens(body)) core_->reportPromptTokens(ctx.route, *n);
+  }
 }
 
 void Router::endPrefillPhase(RequestContext& ctx) {
-  if (ctx.prefill_pending && ctx.instance) {
-    ctx.instance->pending_prefill_tokens -= ctx.uncached_tokens;
-  }
-  ctx.prefill_pending = false;
-  ctx.offload_slot.reset();
+  ctx.route.endPrefill();
+  // The offload's cap is held until D's first bytes: until then the pushed blocks are not in.
+  ctx.route.releaseOffload();
 }
 
 void Router::finishRequest(RequestContext& ctx) {
   Instance* instance = ctx.instance.get();
-  endPrefillPhase(ctx);
-  releasePeer(ctx);
-  if (instance != nullptr && ctx.load_held) {
-    instance->running -= 1;
-    instance->ongoing_tokens -= ctx.parsed.prompt_tokens + ctx.parsed.max_tokens;
-    ctx.load_held = false;
-  }
+  ctx.route.endAttempt();
   recordTransferOutcome(ctx);
-  int64_t predicted = ctx.decision.predicted_cached_tokens;
+  int64_t predicted = ctx.route.predictedCachedTokens();
   if (instance != nullptr && ctx.actual_cached_tokens) {
     int64_t actual = *ctx.actual_cached_tokens;
     instance->actual_cached_tokens->inc(static_cast<double>(actual));
@@ -376,29 +336,12 @@ void Router::finishRequest(RequestContext& ctx) {
   Nanos now = clock_.now();
   metrics_->request_seconds->observe(nanosToSeconds(now - ctx.start));
   DecisionRecord record;
+  core_->fillRecord(ctx.route, &record);
   record.ts = wallSeconds() - nanosToSeconds(now - ctx.start);
   record.request_id = ctx.id;
-  record.session = ctx.parsed.session;
-  record.policy = std::string(policy::policyKindName(policy_->kind()));
-  record.instance = instance != nullptr ? instance->config.id : "";
-  record.mode = std::string(policy::modeName(ctx.decision.mode));
-  record.reason = std::string(ctx.decision.reason);
-  record.request_class = std::string(policy::requestClassName(ctx.decision.request_class));
-  record.attempt = ctx.attempt;
-  record.prompt_tokens = ctx.parsed.prompt_tokens;
-  record.predicted_cached_tokens = predicted;
   record.actual_cached_tokens = ctx.actual_cached_tokens;
   record.status = ctx.status;
   record.duration_s = nanosToSeconds(now - ctx.start);
-  record.scores = ctx.scores;
-  record.source = ctx.peer ? ctx.peer->config.id : "";
-  const auto& costs = ctx.decision.predicted;
-  record.predicted_costs = {{"local", costs.local},
-                            {"cold", costs.cold},
-                            {"push_migrate", costs.push},
-                            {"prefill_offload", costs.offload},
-                            {"chosen", costs.chosen}};
-  record.offload_prefill = ctx.offload_prefill;
   if (ctx.first_byte > 0) record.ttft_s = nanosToSeconds(ctx.first_byte - ctx.start);
   if (ctx.transfer) {
     record.transfer_status = protocol::transferOutcomeName(ctx.transfer->outcome);
@@ -413,17 +356,15 @@ void Router::recordUpstreamFailure(Instance& instance, std::string_view kind) {
       .counter("kvfabric_router_upstream_errors_total", "Upstream failures by instance and kind",
                {{"instance", instance.config.id}, {"kind", std::string(kind)}})
       .inc();
-  if (++instance.request_failures >= config_.circuit_failure_threshold &&
-      clock_.now() >= instance.circuit_open_until) {
-    instance.circuit_open_until = clock_.now() + config_.circuit_open;
-    // Half-open afterwards: one more failure reopens it.
-    instance.request_failures = config_.circuit_failure_threshold - 1;
-    instance.circuit_opens->inc();
-    log::warn("circuit opened", "instance", instance.config.id, "open_s",
-              nanosToSeconds(config_.circuit_open));
-  }
+  // A removed instance's slot may already belong to a new one.
+  if (instance.removed || !core_->upstreamFailure(instance.slot, clock_.now())) return;
+  instance.circuit_opens->inc();
+  log::warn("circuit opened", "instance", instance.config.id, "open_s",
+            nanosToSeconds(config_.circuit_open));
 }
 
-void Router::recordUpstreamSuccess(Instance& instance) { instance.request_failures = 0; }
+void Router::recordUpstreamSuccess(Instance& instance) {
+  if (!instance.removed) core_->upstreamSuccess(instance.slot);
+}
 
 }  // namespace kvf::router

@@ -15,12 +15,7 @@
 namespace kvf::router {
 
 Router::Router(asio::io_context& ioc, RouterConfig config, const Clock& clock)
-    : ioc_(ioc),
-      config_(std::move(config)),
-      clock_(clock),
-      index_(config_.index),
-      policy_(policy::createPolicy(config_.policy)),
-      slots_(policy::kMaxInstances) {}
+    : ioc_(ioc), config_(std::move(config)), clock_(clock), slots_(policy::kMaxInstances) {}
 
 Router::~Router() { stop(); }
 
@@ -32,6 +27,7 @@ absl::StatusOr<std::shared_ptr<Router>> Router::create(asio::io_context& ioc, Ro
 }
 
 absl::Status Router::init() {
+  KVF_ASSIGN_OR_RETURN(core_, RoutingCore::create(config_));
   KVF_ASSIGN_OR_RETURN(log_, DecisionLog::open(config_.decision_log));
   http::ServerOptions options;
   options.host = config_.host;
@@ -45,6 +41,14 @@ absl::Status Router::init() {
   zmq_ = std::make_shared<zmq::context_t>(1);
 
   auto& r = registry_;
+  // Every text prompt indexed approximately instead of tokenized, by why: tokenize disabled,
+  // or /tokenize failed (no admitted instance, error, bad answer).
+  auto tokenizeFallbacks = [&](std::string_view reason) {
+    return &r.counter("kvfabric_router_tokenize_fallbacks_total",
+                      "Text prompts indexed approximately instead of tokenized, by reason "
+                      "(disabled: tokenize.enabled is false; failed: POST /tokenize failed)",
+                      {{"reason", std::string(reason)}});
+  };
   auto requests = [&](std::string_view outcome) {
     return &r.counter("kvfabric_router_requests_total", "Requests by outcome",
                       {{"outcome", std::string(outcome)}});
@@ -70,39 +74,35 @@ absl::Status Router::init() {
                    metrics::exponentialBuckets(1e-4, 2, 18)),
       &r.counter("kvfabric_router_kv_events_ignored_total",
                  "KV events for media other than GPU, or unmappable to our hashes"),
-      &r.counter("kvfabric_router_tokenize_fallbacks_total",
-                 "Text prompts indexed approximately because /tokenize failed")});
+      tokenizeFallbacks("disabled"), tokenizeFallbacks("failed")});
   r.callback("kvfabric_router_offloads_in_flight",
              "Prefill offloads whose prefill phase is in flight (against elastic's cap)",
              metrics::MetricType::kGauge, {},
-             [this] { return static_cast<double>(policy_->offloadsInFlight()); });
+             [this] { return static_cast<double>(core_->policy().offloadsInFlight()); });
   r.callback("kvfabric_router_index_blocks",
              "Distinct block hashes an instance holds exactly (from KV events)",
              metrics::MetricType::kGauge, {},
-             [this] { return static_cast<double>(index_.stats().blocks); });
+             [this] { return static_cast<double>(core_->index().stats().blocks); });
   r.callback("kvfabric_router_index_soft_entries",
              "Predicted + approximate (block, instance) index entries", metrics::MetricType::kGauge,
-             {}, [this] { return static_cast<double>(index_.stats().soft_entries); });
+             {}, [this] { return static_cast<double>(core_->index().stats().soft_entries); });
   r.callback("kvfabric_router_index_soft_blocks",
              "Distinct block hashes with a predicted or approximate entry",
              metrics::MetricType::kGauge, {},
-             [this] { return static_cast<double>(index_.stats().soft_blocks); });
+             [this] { return static_cast<double>(core_->index().stats().soft_blocks); });
   r.callback("kvfabric_router_index_rejected_stores_total",
              "BlockStored events that could not be mapped to our hashes",
              metrics::MetricType::kCounter, {},
-             [this] { return static_cast<double>(index_.stats().stored_events_rejected); });
+             [this] { return static_cast<double>(core_->index().stats().stored_events_rejected); });
 
   for (const InstanceConfig& instance : config_.instances) {
     KVF_RETURN_IF_ERROR(addInstance(instance).status());
   }
-  bool moves_kv = config_.policy.kind == policy::PolicyKind::kUnified ||
-                  config_.policy.kind == policy::PolicyKind::kElastic;
   int workers = 0;
   for (const InstanceConfig& instance : config_.instances) workers += !instance.worker_url.empty();
-  if (moves_kv && workers < 2) {
+  if (core_->policy().movesKv() && workers < 2) {
     log::warn("KV-moving policy without two instances that have a worker_url: no push or offload",
-              "policy", policy::policyKindName(config_.policy.kind), "instances_with_worker",
-              workers);
+              "policy", core_->policy().name(), "instances_with_worker", workers);
   }
   if (config_.membership == MembershipSource::kEtcd) {
     membership_ = std::make_unique<EtcdMembership>(*this);
@@ -111,7 +111,7 @@ absl::Status Router::init() {
   registerRoutes();
   server_->start();
   log::info("router listening", "host", config_.host, "port", server_->port(), "policy",
-            policy::policyKindName(config_.policy.kind), "instances", config_.instances.size());
+            core_->policy().name(), "instances", config_.instances.size());
   return absl::OkStatus();
 }
 
@@ -149,15 +149,15 @@ absl::StatusOr<std::shared_ptr<Instance>> Router::addInstance(const InstanceConf
   instance->config = config;
   instance->slot = static_cast<int>(free_slot - slots_.begin());
   instance->generation = next_generation_++;
-  instance->check_healthy = admit_now;
   http::ClientOptions options;
   options.connect_timeout = std::chrono::milliseconds(config_.connect_timeout / kNanosPerMilli);
   options.read_timeout = std::chrono::milliseconds(config_.read_timeout / kNanosPerMilli);
   options.max_idle_connections = 256;
   instance->client =
       http::HttpClient::create(ioc_.get_executor(), config.host, config.port, options);
-  // A reused slot starts empty in the index.
-  index_.clearInstance(instance->slot);
+  // A reused slot starts empty in the index, healthy and without load.
+  core_->addInstance(instance->slot, config.id, instance->pushCapable(), instance->hasEvents(),
+                     admit_now);
   *free_slot = instance;
   registerInstanceMetrics(instance);
   if (instance->hasEvents()) {
@@ -184,7 +184,7 @@ absl::StatusOr<std::shared_ptr<Instance>> Router::addInstance(const InstanceConf
 void Router::removeInstance(const std::shared_ptr<Instance>& instance) {
   instance->removed = true;
   instance->subscriber.reset();
-  index_.clearInstance(instance->slot);
+  core_->removeInstance(instance->slot);
   slots_[instance->slot] = nullptr;
   log::info("instance removed", "id", instance->config.id);
 }
@@ -197,11 +197,11 @@ metrics::Counter& Router::decisionCounter(const policy::Decision& decision) {
       return *c.counter;
     }
   }
-  auto& counter = registry_.counter(
-      "kvfabric_router_decisions_total", "Routing decisions by policy, mode and reason",
-      {{"policy", std::string(policy::policyKindName(policy_->kind()))},
-       {"mode", std::string(policy::modeName(decision.mode))},
-       {"reason", std::string(decision.reason)}});
+  auto& counter = registry_.counter("kvfabric_router_decisions_total",
+                                    "Routing decisions by policy, mode and reason",
+                                    {{"policy", std::string(core_->policy().name())},
+                                     {"mode", std::string(policy::modeName(decision.mode))},
+                                     {"reason", std::string(decision.reason)}});
   decision_counters_.push_back({decision.mode, decision.reason, &counter});
   return counter;
 }
@@ -235,15 +235,18 @@ void Router::registerInstanceMetrics(const std::shared_ptr<Instance>& instance) 
     });
   };
   gauge("kvfabric_router_instance_running", "Requests in flight (router-accounted)",
-        [](const Instance& i) { return static_cast<double>(i.running); });
+        [this](const Instance& i) { return static_cast<double>(core_->instance(i.slot).running); });
   gauge("kvfabric_router_instance_pending_prefill_tokens",
-        "Uncached tokens routed and not yet past first token",
-        [](const Instance& i) { return static_cast<double>(i.pending_prefill_tokens); });
+        "Uncached tokens routed and not yet past first token", [this](const Instance& i) {
+          return static_cast<double>(core_->instance(i.slot).pending_prefill_tokens);
+        });
   gauge("kvfabric_router_instance_healthy",
         "1 when admitted (healthy, not drained, circuit closed)",
         [this](const Instance& i) { return admitted(i) ? 1.0 : 0.0; });
   gauge("kvfabric_router_instance_index_blocks", "Blocks the instance holds per its KV events",
-        [this](const Instance& i) { return static_cast<double>(index_.instanceBlocks(i.slot)); });
+        [this](const Instance& i) {
+          return static_cast<double>(core_->index().instanceBlocks(i.slot));
+        });
   gauge("kvfabric_router_instance_predicted_hit_ratio",
         "Predicted cached tokens / prompt tokens routed to the instance", [](const Instance& i) {
           double p = i.prompt_tokens->value();
@@ -252,8 +255,7 @@ void Router::registerInstanceMetrics(const std::shared_ptr<Instance>& instance) 
 }
 
 bool Router::admitted(const Instance& instance) const {
-  return !instance.removed && instance.check_healthy && !instance.draining &&
-         clock_.now() >= instance.circuit_open_until;
+  return !instance.removed && core_->admitted(instance.slot, clock_.now());
 }
 
 }  // namespace kvf::router

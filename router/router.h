@@ -1,8 +1,9 @@
-// The router: an OpenAI-compatible proxy in front of engine instances. It parses each request,
-// matches its block hashes against the cache index, asks the policy for an instance, forwards
-// the request (streaming passed through chunk by chunk), retries connection failures on the
-// next-best instance, and keeps per-instance load, health, circuit state and KV-event
-// subscribers. Threading: every piece of routing state lives on the one io_context thread that
+// The router: an OpenAI-compatible proxy in front of engine instances, the Asio shell around
+// the routing core (router/core/routing_core.h). It parses each request, has the core match it
+// against the cache index and pick an instance, forwards the request (streaming passed through
+// chunk by chunk), retries connection failures on the next-best instance, runs health checks,
+// KV-event subscribers and KV-move orchestration, and reports what happened back to the core.
+// Threading: the core and every piece of routing state live on the one io_context thread that
 // runs the router; KV-event subscriber threads post their updates to it.
 #pragma once
 
@@ -19,8 +20,9 @@
 #include "common/metrics.h"
 #include "policy/cache_index.h"
 #include "policy/policy.h"
-#include "router/config.h"
-#include "router/decision_log.h"
+#include "router/core/config.h"
+#include "router/core/decision_log.h"
+#include "router/core/routing_core.h"
 #include "router/kv_transfer.h"
 #include "router/request_parse.h"
 
@@ -56,7 +58,7 @@ class Router : public std::enable_shared_from_this<Router> {
   metrics::Registry& registry() { return registry_; }
   // Completion requests being handled now (parsed, routed or awaiting their upstream).
   int64_t requestsInFlight() const { return *in_flight_; }
-  const policy::CacheIndex& index() const { return index_; }
+  const policy::CacheIndex& index() const { return core_->index(); }
 
  private:
   friend class EtcdMembership;  // adds and removes the instances registered in etcd
@@ -74,8 +76,6 @@ class Router : public std::enable_shared_from_this<Router> {
   asio::awaitable<void> handleCompletion(ApiKind kind, const http::Request& request,
                                          http::ResponseWriter& writer);
   bool decide(RequestContext& ctx);
-  // Finishes ctx.hashes (all full blocks of the prompt) if decide() left them partial.
-  void completeHashes(RequestContext& ctx) const;
   // Replaces a text prompt by the engine's token ids (POST /tokenize); false when unavailable.
   asio::awaitable<bool> tokenize(RequestContext& ctx, const http::Request& request);
   enum class ForwardResult { kDone, kRetry };
@@ -88,15 +88,13 @@ class Router : public std::enable_shared_from_this<Router> {
   // The prefill on the chosen instance is over (first bytes arrived, or the attempt ended):
   // its pending prefill tokens and the offload cap are released.
   void endPrefillPhase(RequestContext& ctx);
-  // Writes the attempt's predicted entries (once; see RequestContext::predicted).
+  // Writes the attempt's predicted entries once the engine has answered (once per attempt),
+  // off the client's critical path.
   void predictHeld(RequestContext& ctx);
   // Usage and transfer outcome from an engine response body or SSE event, for the closed loop.
   void applyResponseReport(RequestContext& ctx, std::string_view body);
 
   // KV push and prefill offload (migration.cc).
-  // Takes the peer's load and the offload cap for a decision with a peer.
-  void holdPeer(RequestContext& ctx, Instance& peer, int64_t peer_matched_tokens);
-  void releasePeer(RequestContext& ctx);
   // The body for the decode instance: the client's (its kv_transfer_params stripped), plus
   // {source} for a push-migrate, or P's params once the offload's prefill succeeded.
   // The body to send upstream; nullopt: the client's body as it is (forwarded without a copy).
@@ -133,9 +131,8 @@ class Router : public std::enable_shared_from_this<Router> {
   std::unique_ptr<DecisionLog> log_;
   std::unique_ptr<EtcdMembership> membership_;  // membership.source: etcd
   std::shared_ptr<zmq::context_t> zmq_;
-  policy::CacheIndex index_;
-  std::unique_ptr<policy::Policy> policy_;
-  std::vector<std::shared_ptr<Instance>> slots_;  // index = cache-index instance number
+  std::unique_ptr<RoutingCore> core_;
+  std::vector<std::shared_ptr<Instance>> slots_;  // index = the core's slot
   uint64_t next_generation_ = 1;
   uint64_t next_request_ = 1;
   // Shared with every request's coroutine frame: a frame still suspended when the router is

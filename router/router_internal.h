@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,74 +10,31 @@
 
 #include "common/metrics.h"
 #include "policy/policy.h"
+#include "router/core/routing_core.h"
 #include "router/instance.h"
 #include "router/kv_transfer.h"
 #include "router/request_parse.h"
 
 namespace kvf::router {
 
-// One unit of the policy's offload cap, given back exactly once (explicitly, or when the
-// request's context goes away on any path).
-class OffloadSlot {
- public:
-  OffloadSlot() = default;
-  explicit OffloadSlot(std::function<void()> release) : release_(std::move(release)) {}
-  OffloadSlot(const OffloadSlot&) = delete;
-  OffloadSlot& operator=(const OffloadSlot&) = delete;
-  OffloadSlot& operator=(OffloadSlot&& other) noexcept {
-    reset();
-    release_ = std::move(other.release_);
-    other.release_ = nullptr;
-    return *this;
-  }
-  ~OffloadSlot() { reset(); }
-  bool held() const { return static_cast<bool>(release_); }
-  void reset() {
-    if (!release_) return;
-    auto release = std::move(release_);
-    release_ = nullptr;
-    release();
-  }
-
- private:
-  std::function<void()> release_;
-};
-
+// One client request through the shell: what was parsed, its routing in the core (attempts,
+// decision, leases, exclusions), and what the upstream answered.
 struct RequestContext {
   std::string id;
   Nanos start = 0;
   ApiKind kind = ApiKind::kCompletions;
   ParsedRequest parsed;
-  // Token-id prompts are hashed lazily: decide() hashes only as far as the index match goes
-  // (the critical path), and completeHashes() finishes the chain before soft entries are
-  // written (predictHeld), after the engine answered.
-  std::vector<policy::BlockHash> hashes;
-  bool hashes_complete = false;
-  std::vector<bool> excluded;  // per slot: failed in an earlier attempt
-  // The attempt's instance got its predicted (soft) entries for the prompt's blocks. They are
-  // written once the engine has answered, off the client's critical path: after the response
-  // was sent, or after the first streamed chunk was forwarded.
-  bool predicted = false;
-  int attempt = 0;
-
-  // The current attempt's decision and the instance it holds load on.
-  policy::Decision decision;
+  // Token-id prompts are hashed lazily: the core hashes only as far as the index match goes
+  // (the critical path), and finishes the chain before routed entries are written (after the
+  // engine answered). route.tokens points into parsed.token_ids.
+  RequestRoute route;
+  // The current attempt's instance and peer (push source or prefill instance), held so a
+  // removed instance outlives the request's use of it.
   std::shared_ptr<Instance> instance;
-  int64_t uncached_tokens = 0;
-  bool prefill_pending = false;  // pending prefill tokens still counted on `instance`
-  bool load_held = false;
+  std::shared_ptr<Instance> peer;
   std::optional<int64_t> actual_cached_tokens;
   int status = 0;
-  std::vector<std::pair<std::string, double>> scores;
-
-  // KV movement of the current attempt: the holder that pushes (push-migrate) or the instance
-  // that prefills (offload), and what the decode instance reported about the transfer.
-  std::shared_ptr<Instance> peer;
-  int64_t own_matched_tokens = 0;    // the decode instance's own cached prefix
-  int64_t peer_uncached_tokens = 0;  // prefill tokens accounted on the offload's P
-  bool peer_load_held = false;
-  OffloadSlot offload_slot;
-  std::string offload_prefill;  // P's outcome: ok, error, timeout, bad_response; "" if none
+  // What the decode instance reported about the transfer (push-migrate, offload).
   std::optional<KvTransferResult> transfer;
   Nanos first_byte = 0;  // when the first response body bytes arrived (0: not yet)
 };
@@ -97,7 +53,8 @@ struct Router::Metrics {
   metrics::Histogram* request_seconds;
   metrics::Histogram* kv_event_lag_seconds;
   metrics::Counter* kv_events_ignored;
-  metrics::Counter* tokenize_fallbacks;
+  metrics::Counter* tokenize_fallbacks_disabled;
+  metrics::Counter* tokenize_fallbacks_failed;
 };
 
 }  // namespace kvf::router

@@ -20,8 +20,6 @@ Sim::Sim(const ClusterSetup& setup, const std::vector<trace::Request>& requests)
       requests_(requests),
       jitter_rng_(setup.seed),
       flights_(requests.size()),
-      index_(setup.router.index),
-      policy_(policy::createPolicy(setup.router.policy)),
       engines_(static_cast<size_t>(setup.engines)) {}
 
 Sim::~Sim() {
@@ -66,12 +64,14 @@ absl::Status Sim::init(const std::string& rep_dir) {
   KVF_ASSIGN_OR_RETURN(trace::TokenSynthesizer synth,
                        trace::TokenSynthesizer::create(setup_.synth));
   synth_.emplace(std::move(synth));
+  KVF_ASSIGN_OR_RETURN(core_, router::RoutingCore::create(setup_.router));
   for (int i = 0; i < setup_.engines; ++i) {
     instance_ids_.push_back(std::to_string(i));
+    // Every simulated engine publishes KV events; cluster.workers gives each one a worker.
+    core_->addInstance(i, instance_ids_.back(), setup_.workers, true);
     KVF_ASSIGN_OR_RETURN(engines_[i].core, makeCore(engines_[i]));
-    if (setup_.sim.token_free) index_.setEngineHashesAreOurs(i, true);  // see makeCore
+    if (setup_.sim.token_free) core_->index().setEngineHashesAreOurs(i, true);  // see makeCore
   }
-  matched_.resize(engines_.size());
   if (setup_.sim.decision_log) {
     KVF_ASSIGN_OR_RETURN(decisions_, router::DecisionLog::open(rep_dir + "/decisions.jsonl", 1));
   }
@@ -107,13 +107,20 @@ absl::Status Sim::init(const std::string& rep_dir) {
   }
   Nanos interval = setup_.router.health.interval;
   for (uint32_t i = 0; i < engines_.size(); ++i) push(interval, Ev::kHealthTick, i);
-  for (const Failure& f : setup_.sim.failures) {
+  for (size_t k = 0; k < setup_.sim.failures.size(); ++k) {
+    const Failure& f = setup_.sim.failures[k];
     if (f.instance >= setup_.engines) {
       return absl::InvalidArgumentError(strCat("sim.failures: instance ", f.instance,
                                                " does not exist (", setup_.engines, " engines)"));
     }
-    push(f.at, Ev::kEngineDown, static_cast<uint32_t>(f.instance));
-    if (f.down_for > 0) push(f.at + f.down_for, Ev::kEngineUp, static_cast<uint32_t>(f.instance));
+    const auto i = static_cast<uint32_t>(f.instance);
+    if (f.kind == FailureKind::kDown) {
+      push(f.at, Ev::kEngineDown, i);
+      if (f.down_for > 0) push(f.at + f.down_for, Ev::kEngineUp, i);
+      continue;
+    }
+    push(f.at, Ev::kFaultStart, i, k);
+    if (f.down_for > 0) push(f.at + f.down_for, Ev::kFaultEnd, i, k);
   }
   return absl::OkStatus();
 }
@@ -172,6 +179,13 @@ void Sim::dispatch(const Event& e) {
     case Ev::kReadTimeout:
       onReadTimeout(e.a, e.t);
       break;
+    case Ev::kFaultStart:
+    case Ev::kFaultEnd:
+      onFault(static_cast<int>(e.a), setup_.sim.failures[e.b], e.kind == Ev::kFaultStart);
+      break;
+    case Ev::kPrefillTimeout:
+      onPrefillTimeout(e.a, e.t);
+      break;
   }
 }
 
@@ -217,20 +231,22 @@ void Sim::send(uint32_t index, Nanos t) {
   auto f = std::make_unique<Flight>();
   f->index = index;
   f->sent = t;
-  f->max_tokens = std::max<int64_t>(r.output_length, 1);
+  router::RequestRoute& route = f->route;
+  route.session = r.session_id;
+  route.max_tokens = std::max<int64_t>(r.output_length, 1);
   if (setup_.sim.token_free) {
     promptKeys(*f, r);
   } else {
     synth_->appendPrompt(r, index, &f->prompt);
-    f->prompt_tokens = static_cast<int64_t>(f->prompt.size());
+    route.prompt_tokens = static_cast<int64_t>(f->prompt.size());
     std::span<const uint32_t> tokens(reinterpret_cast<const uint32_t*>(f->prompt.data()),
                                      f->prompt.size());
-    policy::hashTokenBlocks(tokens, setup_.router.index.block_size, &f->hashes);
+    policy::hashTokenBlocks(tokens, setup_.router.index.block_size, &route.hashes);
   }
-  f->excluded.assign(engines_.size(), false);
+  route.hashes_complete = true;
   const Overheads& o = setup_.sim.overheads;
   double latency_ms =
-      o.request_ms + o.request_per_ktoken_ms * static_cast<double>(f->prompt_tokens) / 1000.0;
+      o.request_ms + o.request_per_ktoken_ms * static_cast<double>(route.prompt_tokens) / 1000.0;
   if (o.jitter_ms > 0) {
     latency_ms += std::uniform_real_distribution<double>(0.0, o.jitter_ms)(jitter_rng_);
   }
@@ -245,19 +261,18 @@ void Sim::send(uint32_t index, Nanos t) {
 // Token-free prompt: the engine's block keys and the router's hashes from the trace's ids (the
 // router's own keys when its block size differs from the engine's).
 void Sim::promptKeys(Flight& f, const trace::Request& r) {
-  f.prompt_tokens = std::max<int64_t>(r.input_length, 0);
+  router::RequestRoute& route = f.route;
+  route.prompt_tokens = std::max<int64_t>(r.input_length, 0);
   const int64_t engine_bs = setup_.engine.cache.block_size;
   const auto router_bs = static_cast<int64_t>(setup_.router.index.block_size);
   f.content_seed = synth_->appendBlockKeys(r, f.index, engine_bs, &f.block_keys);
   if (router_bs == engine_bs) {
-    // The engine takes these hashes and appends its output blocks' to them: room for those
-    // too, so the first output block does not copy the whole vector.
-    f.hashes.reserve(f.block_keys.size() + static_cast<size_t>(f.max_tokens / engine_bs) + 1);
-    policy::hashKeyBlocks(f.block_keys, &f.hashes);
+    route.hashes.reserve(f.block_keys.size());
+    policy::hashKeyBlocks(f.block_keys, &route.hashes);
   } else if (router_bs > 0) {
     std::vector<uint64_t> keys;
     synth_->appendBlockKeys(r, f.index, router_bs, &keys);
-    policy::hashKeyBlocks(keys, &f.hashes);
+    policy::hashKeyBlocks(keys, &route.hashes);
   }
 }
 
@@ -266,14 +281,14 @@ void Sim::onTimeout(uint32_t index, Nanos t) {
   if (f == nullptr) return;
   // The client closes the stream: the router stops forwarding and the engine aborts the request.
   if (f->in_engine) {
-    SimEngine& e = engines_[f->instance];
+    SimEngine& e = engines_[f->route.instance()];
     if (e.up && e.incarnation == f->incarnation) {
       e.core->abort(std::to_string(index));
       publish(e);
     }
     f->in_engine = false;
   }
-  if (f->load_held) finishAttempt(*f, t);
+  if (f->route.loadHeld()) finishAttempt(*f, t);
   failAtClient(*f, t, f->outcome.http_status,
                strCat("timed out after ", setup_.replay.timeout.count(), " ms"));
 }

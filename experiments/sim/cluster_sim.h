@@ -15,7 +15,7 @@
 #include "engine/engine_config.h"
 #include "experiments/replay/replayer.h"
 #include "experiments/sim/sim_config.h"
-#include "router/config.h"
+#include "router/core/config.h"
 #include "trace/request.h"
 #include "trace/token_synth.h"
 

@@ -38,8 +38,15 @@ void parseSim(config::ConfigMap& m, SimOptions* out) {
     f.require("instance");
     f.require("at_s");
     f.get("instance", &failure.instance, 0, 63);
+    f.getEnum<FailureKind>("kind", &failure.kind,
+                           {{"down", FailureKind::kDown},
+                            {"error", FailureKind::kError},
+                            {"stall", FailureKind::kStall},
+                            {"refuse_push", FailureKind::kRefusePush},
+                            {"drain", FailureKind::kDrain}});
     f.get("at_s", &at_s, 0.0, 1e9);
     f.get("down_s", &down_s, 0.0, 1e9);
+    f.get("status", &failure.status, 400, 599);
     f.rejectUnknownKeys();
     failure.at = secondsToNanos(at_s);
     failure.down_for = secondsToNanos(down_s);

@@ -16,12 +16,23 @@
 
 namespace kvf::experiments::sim {
 
-// An engine instance going down at `at` (virtual seconds since the first request); it comes
-// back cold after `down_for` (0: stays down).
+// What goes wrong with an engine instance from `at` (virtual time since the first request) for
+// `down_for` (0: to the end of the run).
+enum class FailureKind {
+  kDown,        // the process is gone: in-flight streams fail, connections are refused; it
+                // comes back cold
+  kError,       // it answers every request with HTTP `status` at once
+  kStall,       // it accepts requests and never answers (the router's read timeout ends them)
+  kRefusePush,  // its worker refuses KV pushes (a decoder pulling from it prefills locally)
+  kDrain,       // an operator drains it: no new requests routed to it, it still pushes
+};
+
 struct Failure {
   int instance = 0;
+  FailureKind kind = FailureKind::kDown;
   Nanos at = 0;
   Nanos down_for = 0;
+  int status = 503;  // kError
 };
 
 // Wall-clock latencies of the live path that the engine core does not model. Defaults are the

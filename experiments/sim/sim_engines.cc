@@ -10,6 +10,16 @@
 #include "experiments/sim/sim_internal.h"
 
 namespace kvf::experiments::sim {
+namespace {
+
+// The keyed hasher the simulator gives its token-free engines: the cache index's own block-key
+// hash (policy/block_hash.h), as an engine hash. Their hashes are then the index's by
+// construction (CacheIndex::setEngineHashesAreOurs), so events need no mapping.
+uint64_t engineKeyedHash(uint64_t parent, uint64_t key) {
+  return policy::hashBlockKey(policy::BlockHash{parent}, key).value;
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<engine::EngineCore>> Sim::makeCore(SimEngine& e) {
   engine::EngineConfig config = setup_.engine;
@@ -19,7 +29,7 @@ absl::StatusOr<std::unique_ptr<engine::EngineCore>> Sim::makeCore(SimEngine& e) 
   // BlockRemoved hashes are the index's and it keeps no engine->ours map per instance (two
   // table probes fewer per block; Sim::init declares it to the index). Only the hash values
   // change: equal content still gets equal hashes, so the engines cache exactly as before.
-  config.scheduler.keyed_hasher = {&policy::hashBlockKey, policy::kRootBlockHash};
+  config.scheduler.keyed_hasher = {&engineKeyedHash, policy::kRootBlockHash.value};
   return engine::EngineCore::create(config, &e.sink);
 }
 
@@ -38,35 +48,35 @@ void Sim::publish(SimEngine& e) {
   e.published_usage = e.core->pool().usage();
 }
 
-// The engines hash token-free blocks with the index's function (makeCore): the router's
-// hashes of a prompt are its engine hashes.
-static std::vector<worker::BlockHash> engineHashes(const std::vector<policy::BlockHash>& hashes) {
-  return std::vector<worker::BlockHash>(hashes.begin(), hashes.end());
-}
-
 void Sim::fillPrompt(Flight& f, engine::RequestSpec& spec, bool keep) {
+  std::vector<policy::BlockHash>& hashes = f.route.hashes;
   if (setup_.sim.token_free) {
     engine::PromptBlocks blocks;
-    blocks.num_tokens = f.prompt_tokens;
+    blocks.num_tokens = f.route.prompt_tokens;
     blocks.content_seed = f.content_seed;
     // The router hashed the same blocks with the engines' keyed hasher (makeCore) when its
-    // block size is theirs: the engine takes those hashes instead of hashing every block again.
-    const bool same_blocks =
-        static_cast<int64_t>(setup_.router.index.block_size) == setup_.engine.cache.block_size &&
-        f.hashes.size() == f.block_keys.size();
+    // block size is theirs: the engine takes those hashes (the one place where router hashes
+    // become engine hashes) instead of hashing every block again. It appends its output
+    // blocks' hashes to them: room for those too.
+    const int64_t engine_bs = setup_.engine.cache.block_size;
+    const bool same_blocks = static_cast<int64_t>(setup_.router.index.block_size) == engine_bs &&
+                             hashes.size() == f.block_keys.size();
+    if (same_blocks) {
+      blocks.block_hashes.reserve(hashes.size() +
+                                  static_cast<size_t>(f.route.max_tokens / engine_bs) + 1);
+      for (policy::BlockHash h : hashes) blocks.block_hashes.emplace_back(h.value);
+    }
     if (keep) {
       blocks.block_keys = f.block_keys;
-      if (same_blocks) blocks.block_hashes = engineHashes(f.hashes);
     } else {
       blocks.block_keys = std::move(f.block_keys);
       f.block_keys = {};
-      if (same_blocks) blocks.block_hashes = engineHashes(f.hashes);
-      f.hashes = {};
+      hashes = {};
     }
     spec.prompt_blocks = std::move(blocks);
     return;
   }
-  if (!keep) f.hashes = {};
+  if (!keep) hashes = {};
   spec.prompt.assign(f.prompt.begin(), f.prompt.end());
   if (!keep) f.prompt = {};
 }
@@ -78,27 +88,43 @@ void Sim::onEngineArrive(uint32_t index, Nanos t) {
     onPrefillArrive(*f, t);
     return;
   }
-  SimEngine& e = engines_[f->instance];
+  const int instance = f->route.instance();
+  SimEngine& e = engines_[instance];
   Nanos back = t + ms(setup_.sim.overheads.response_ms);
   if (!e.up || e.incarnation != f->incarnation) {
     f->status = 502;
     finishAttempt(*f, t);
     failAtClient(
         *f, back, 502,
-        strCat("HTTP 502: upstream ", instance_ids_[f->instance], " failed: connection lost"));
+        strCat("HTTP 502: upstream ", instance_ids_[instance], " failed: connection lost"));
+    return;
+  }
+  if (e.error_status != 0) {  // an injected error: the engine answers it at once
+    f->status = e.error_status;
+    finishAttempt(*f, t);
+    failAtClient(*f, back, e.error_status,
+                 strCat("HTTP ", e.error_status, ": engine ", instance_ids_[instance], " error"));
+    return;
+  }
+  if (e.stalled) {  // accepted (response headers), and never a byte more
+    f->in_engine = true;
+    f->last_byte = t;
+    push(t + setup_.router.read_timeout, Ev::kReadTimeout, index);
     return;
   }
   engine::RequestSpec spec;
   spec.id = std::to_string(index);
   spec.tag = index;
   fillPrompt(*f, spec, false);
-  spec.sampling.max_tokens = f->max_tokens;
-  spec.sampling.min_tokens = f->max_tokens;
+  spec.sampling.max_tokens = f->route.max_tokens;
+  spec.sampling.min_tokens = f->route.max_tokens;
   spec.sampling.ignore_eos = true;
-  if (f->decision.mode != policy::Mode::kLocal && f->peer >= 0 && !f->lease_id.empty()) {
-    spec.remote_kv = engine::RemoteKvSpec{std::to_string(f->peer), f->lease_hashes};
-  } else if (f->decision.mode == policy::Mode::kPushMigrate && f->peer >= 0) {
-    spec.remote_kv = engine::RemoteKvSpec{std::to_string(f->peer), {}};
+  const policy::Mode mode = f->route.decision().mode;
+  const int peer = f->route.peer();
+  if (mode != policy::Mode::kLocal && peer >= 0 && !f->lease_id.empty()) {
+    spec.remote_kv = engine::RemoteKvSpec{std::to_string(peer), f->lease_hashes};
+  } else if (mode == policy::Mode::kPushMigrate && peer >= 0) {
+    spec.remote_kv = engine::RemoteKvSpec{std::to_string(peer), {}};
   }
   absl::Status valid = e.core->validate(spec);
   if (valid.ok()) valid = e.core->add(std::move(spec), engineTime(t));
@@ -112,7 +138,7 @@ void Sim::onEngineArrive(uint32_t index, Nanos t) {
   f->last_byte = t;  // the engine answers with response headers at once
   push(t + setup_.router.read_timeout, Ev::kReadTimeout, index);
   publish(e);
-  if (!e.busy) startStep(f->instance, t);
+  if (!e.busy) startStep(instance, t);
 }
 
 void Sim::startStep(int instance, Nanos t) {
@@ -156,7 +182,7 @@ void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
     engine::RequestOutput& out = e.current.outputs[k];
     uint32_t index = step_flights_[k];
     Flight* f = index < flights_.size() ? flights_[index].get() : nullptr;
-    if (f != nullptr && f->prefill_phase && f->peer == instance) {
+    if (f != nullptr && f->prefill_phase && f->route.peer() == instance) {
       if (out.finish) {  // P answers with its lease (non-streaming)
         f->lease_id = out.lease_id.value_or("");
         f->lease_hashes = out.lease_block_hashes;
@@ -164,13 +190,13 @@ void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
       }
       continue;
     }
-    if (f == nullptr || !f->in_engine || f->instance != instance) continue;
+    if (f == nullptr || !f->in_engine || f->route.instance() != instance) continue;
     CompletionOutcome& o = f->outcome;
     o.prompt_tokens = out.prompt_tokens;
     o.cached_tokens = out.cached_tokens;
     if (!out.new_tokens.empty()) {
       if (o.ttft_s < 0) {
-        o.itl_s.reserve(static_cast<size_t>(f->max_tokens - 1));
+        o.itl_s.reserve(static_cast<size_t>(f->route.max_tokens - 1));
         o.ttft_s = nanosToSeconds(client_t - f->sent);
         push(client_t, Ev::kFirstToken, index);
       } else {
@@ -197,9 +223,9 @@ void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
   if (e.core->hasWork()) startStep(instance, t);
 }
 
-// The router's upstream read timeout (router/config.h read_timeout): no byte from the engine for
-// that long ends the client's stream with an error, and the engine aborts the request. Under
-// overload this is what fails requests whose first token takes longer.
+// The router's upstream read timeout (router/core/config.h read_timeout): no byte from the
+// engine for that long ends the client's stream with an error, and the engine aborts the
+// request. Under overload this is what fails requests whose first token takes longer.
 void Sim::onReadTimeout(uint32_t index, Nanos t) {
   Flight* f = flights_[index].get();
   if (f == nullptr || !f->in_engine || f->finishing) return;
@@ -208,17 +234,18 @@ void Sim::onReadTimeout(uint32_t index, Nanos t) {
     push(deadline, Ev::kReadTimeout, index);
     return;
   }
-  SimEngine& e = engines_[f->instance];
+  const int instance = f->route.instance();
+  SimEngine& e = engines_[instance];
   if (e.up && e.incarnation == f->incarnation) {
     e.core->abort(std::to_string(index));
     publish(e);
   }
   f->in_engine = false;
-  upstreamFailure(e, t);
+  core_->upstreamFailure(instance, t);
   f->status = 502;
   finishAttempt(*f, t);
   failAtClient(*f, t + ms(setup_.sim.overheads.response_ms), 200,
-               strCat("stream error: upstream ", instance_ids_[f->instance],
+               strCat("stream error: upstream ", instance_ids_[instance],
                       " failed mid-stream: no response byte for ",
                       nanosToSeconds(setup_.router.read_timeout), " s"));
 }
@@ -226,16 +253,9 @@ void Sim::onReadTimeout(uint32_t index, Nanos t) {
 void Sim::onHealthTick(int instance, Nanos t) {
   SimEngine& e = engines_[instance];
   const router::HealthConfig& h = setup_.router.health;
-  if (e.up) {
-    e.check_failures = 0;
-    if (!e.check_healthy && ++e.check_passes >= h.healthy_threshold) e.check_healthy = true;
-    if (h.scrape_metrics) {
-      e.waiting = e.published_waiting;
-      e.kv_usage = e.published_usage;
-    }
-  } else {
-    e.check_passes = 0;
-    if (e.check_healthy && ++e.check_failures >= h.unhealthy_threshold) e.check_healthy = false;
+  core_->healthCheck(instance, e.up);
+  if (e.up && h.scrape_metrics) {
+    core_->reportEngineLoad(instance, e.published_waiting, e.published_usage);
   }
   if (unfinished_ > 0) push(t + h.interval, Ev::kHealthTick, static_cast<uint32_t>(instance));
 }
@@ -258,19 +278,41 @@ void Sim::onEngineDown(int instance, Nanos t) {
   Nanos back = t + ms(setup_.sim.overheads.response_ms);
   for (auto& slot : flights_) {
     Flight* f = slot.get();
-    if (f != nullptr && f->prefill_phase && f->peer == instance) {
-      upstreamFailure(e, t);
+    if (f != nullptr && f->prefill_phase && f->route.peer() == instance) {
+      core_->upstreamFailure(instance, t);
       prefillFailed(*f, t);  // D prefills locally
       continue;
     }
-    if (f == nullptr || f->instance != instance || !f->load_held || f->finishing) continue;
+    if (f == nullptr || f->route.instance() != instance || !f->route.loadHeld() || f->finishing) {
+      continue;
+    }
     // Response headers are out: the router ends the client's stream with an error event.
-    upstreamFailure(e, t);
+    core_->upstreamFailure(instance, t);
     f->status = 502;
     f->in_engine = false;
     finishAttempt(*f, t);
     failAtClient(*f, back, 200,
                  strCat("stream error: upstream ", instance_ids_[instance], " failed mid-stream"));
+  }
+}
+
+void Sim::onFault(int instance, const Failure& failure, bool start) {
+  SimEngine& e = engines_[instance];
+  switch (failure.kind) {
+    case FailureKind::kError:
+      e.error_status = start ? failure.status : 0;
+      break;
+    case FailureKind::kStall:
+      e.stalled = start;
+      break;
+    case FailureKind::kRefusePush:
+      e.refuse_push = start;
+      break;
+    case FailureKind::kDrain:
+      core_->setDraining(instance, start);
+      break;
+    case FailureKind::kDown:
+      break;  // onEngineDown / onEngineUp
   }
 }
 

@@ -1,7 +1,7 @@
-// Internal to experiments/sim/: the simulator's state (event queue, client flights, router
-// view of each instance, engine cores) shared by cluster_sim.cc (event loop and client),
-// sim_router.cc (routing and load accounting) and sim_engines.cc (engine steps, KV events,
-// health and failures). Single-threaded.
+// Internal to experiments/sim/: the simulator's state (event queue, client flights, the routing
+// core, engine cores) shared by cluster_sim.cc (event loop and client), sim_router.cc (the
+// router's events, driving router/core/routing_core.h as kvf-router does) and sim_engines.cc
+// (engine steps, KV events, health and failures). Single-threaded.
 #pragma once
 
 #include <array>
@@ -21,26 +21,30 @@
 #include "experiments/sim/cluster_sim.h"
 #include "policy/cache_index.h"
 #include "policy/policy.h"
-#include "router/decision_log.h"
+#include "router/core/decision_log.h"
+#include "router/core/routing_core.h"
 #include "worker/kv_events.h"
 
 namespace kvf::experiments::sim {
 
 enum class Ev : uint8_t {
-  kArrival,       // a = request index: the client sends it (or queues it at max_in_flight)
-  kRoute,         // a = request: the router receives it and decides
-  kEngineArrive,  // a = request: the engine core queues it
-  kStepEnd,       // a = engine, b = incarnation: the step in progress ends
-  kFirstToken,    // a = request: the first token reaches the router and the client
-  kFinish,        // a = request: the end of the stream reaches the router and the client
-  kKvDeliver,     // a = engine: the oldest published KV batch reaches the cache index
-  kHealthTick,    // a = engine: health check and /metrics scrape
-  kEngineDown,    // a = engine
-  kEngineUp,      // a = engine
-  kTimeout,       // a = request: the client gives up
-  kKvPushDone,    // b = push id: a KV push between two engines ends (link model)
-  kPrefillDone,   // a = request: an offload's prefill answer (P's lease) reaches the router
-  kReadTimeout,   // a = request: the router's upstream read deadline (no byte for read_timeout)
+  kArrival,         // a = request index: the client sends it (or queues it at max_in_flight)
+  kRoute,           // a = request: the router receives it and decides
+  kEngineArrive,    // a = request: the engine core queues it
+  kStepEnd,         // a = engine, b = incarnation: the step in progress ends
+  kFirstToken,      // a = request: the first token reaches the router and the client
+  kFinish,          // a = request: the end of the stream reaches the router and the client
+  kKvDeliver,       // a = engine: the oldest published KV batch reaches the cache index
+  kHealthTick,      // a = engine: health check and /metrics scrape
+  kEngineDown,      // a = engine
+  kEngineUp,        // a = engine
+  kTimeout,         // a = request: the client gives up
+  kKvPushDone,      // b = push id: a KV push between two engines ends (link model)
+  kPrefillDone,     // a = request: an offload's prefill answer (P's lease) reaches the router
+  kReadTimeout,     // a = request: the router's upstream read deadline (no byte for read_timeout)
+  kFaultStart,      // a = engine, b = index in sim.failures: a failure other than kDown begins
+  kFaultEnd,        // a = engine, b = index in sim.failures: it ends
+  kPrefillTimeout,  // a = request: the router gives up on an offload's P (prefill_timeout)
 };
 
 struct Event {
@@ -217,21 +221,11 @@ struct Flight {
   std::vector<int32_t> prompt;       // until the engine has it (token mode)
   std::vector<uint64_t> block_keys;  // token-free mode: engine-block content keys
   uint64_t content_seed = 0;         // token-free mode: the prompt's key
-  // The router's block hashes, until the engine has the prompt (which takes them as its own
-  // when the router's blocks are the engine's: see fillPrompt).
-  std::vector<policy::BlockHash> hashes;
-  int64_t prompt_tokens = 0;
-  int64_t max_tokens = 1;
-  // Router side (the current attempt).
-  int attempt = 0;
-  std::vector<bool> excluded;
-  int instance = -1;
-  uint32_t incarnation = 0;
-  policy::Decision decision;
+  // Router side: the request's routing in the core (prompt size, block hashes until the engine
+  // has the prompt, attempts, decision, leases, exclusions).
+  router::RequestRoute route;
+  uint32_t incarnation = 0;  // of the attempt's engine
   Nanos decided_at = 0;
-  int64_t uncached = 0;
-  bool prefill_pending = false;
-  bool load_held = false;
   bool in_engine = false;
   bool finishing = false;  // the last token left the engine
   int status = 0;
@@ -239,12 +233,8 @@ struct Flight {
   CompletionOutcome outcome;
   Nanos last_token = -1;
   Nanos last_byte = 0;  // when the router last received a byte of the engine's response
-  // KV push / prefill offload (policies unified, elastic): the peer of the decision.
-  int peer = -1;
-  bool peer_load_held = false;
-  int64_t peer_uncached = 0;
-  int64_t own_matched = 0;
-  bool prefill_phase = false;  // the offload's one-token prefill runs on `peer`
+  // Prefill offload: the offload's one-token prefill runs on route.peer().
+  bool prefill_phase = false;
   uint32_t peer_incarnation = 0;
   std::vector<worker::BlockHash> lease_hashes;
   std::string lease_id;
@@ -276,14 +266,11 @@ struct SimEngine {
   // Counters of earlier incarnations (a restarted engine starts from zero; totals are summed).
   engine::SchedulerStats previous;
   uint64_t finished = 0;
-
-  // Router side.
-  int64_t running = 0, pending_prefill = 0, ongoing = 0, waiting = 0;
-  double kv_usage = 0;
-  bool check_healthy = true;
-  int check_failures = 0, check_passes = 0;
-  int request_failures = 0;
-  Nanos circuit_open_until = 0;
+  // Injected failures in progress (sim.failures): answer every request with this status (0:
+  // no), accept and never answer, refuse KV pushes.
+  int error_status = 0;
+  bool stalled = false;
+  bool refuse_push = false;
 };
 
 class Sim {
@@ -315,22 +302,20 @@ class Sim {
   void onRoute(uint32_t index, Nanos t);
   bool decide(Flight& f, Nanos t);
   void finishAttempt(Flight& f, Nanos t);
-  bool admitted(const SimEngine& e, Nanos t) const;
-  void upstreamFailure(SimEngine& e, Nanos t);
   void onFirstToken(uint32_t index, Nanos t);
   void onFinish(uint32_t index, Nanos t);
   void applyKv(int instance, std::vector<SimKvEvent>& batch);
 
   // KV push and prefill offload (sim_transfer.cc).
-  void holdPeer(Flight& f, int64_t peer_matched);
-  void releasePeer(Flight& f);
   void startFetches(int instance, std::vector<engine::RemoteKvFetch>& fetches, Nanos t);
   void onKvPushDone(uint64_t push_id, Nanos t);
   void startPrefill(Flight& f, Nanos t);
   void onPrefillDone(uint32_t index, Nanos t);
-  void prefillFailed(Flight& f, Nanos t);
+  // P failed (`outcome`: a static string, as the live router logs it): D prefills locally.
+  void prefillFailed(Flight& f, Nanos t, std::string_view outcome = "error");
   void sendToDecoder(Flight& f, Nanos t);
   void onPrefillArrive(Flight& f, Nanos t);
+  void onPrefillTimeout(uint32_t index, Nanos t);
 
   // Engines (sim_engines.cc).
   absl::StatusOr<std::unique_ptr<engine::EngineCore>> makeCore(SimEngine& e);
@@ -344,6 +329,7 @@ class Sim {
   void onHealthTick(int instance, Nanos t);
   void onEngineDown(int instance, Nanos t);
   void onEngineUp(int instance, Nanos t);
+  void onFault(int instance, const Failure& failure, bool start);
   Nanos engineTime(Nanos wall) const;
   Nanos wallDuration(Nanos engine_duration) const;
 
@@ -367,17 +353,14 @@ class Sim {
   int64_t unfinished_ = 0;
   Nanos origin_ = 0;
 
-  policy::CacheIndex index_;
-  std::unique_ptr<policy::Policy> policy_;
+  std::unique_ptr<router::RoutingCore> core_;
   std::vector<SimEngine> engines_;
   std::unique_ptr<router::DecisionLog> decisions_;
   std::FILE* results_ = nullptr;
   std::vector<char> results_buffer_;
   std::map<uint64_t, Push> pushes_;
   uint64_t next_push_ = 0;
-  std::vector<uint32_t> matched_;
   std::vector<uint32_t> step_flights_;  // onStepEnd: the flight index of each output
-  std::vector<policy::InstanceSnapshot> snaps_;
   std::string scratch_;
   SimStats stats_;
   absl::Status write_status_;

@@ -1,9 +1,9 @@
-// KV push and prefill offload in the simulator, following router/migration.cc and the engine
-// core's remote-KV API (engine/engine_core.h): push-migrate sends the request to D with the
-// holder C as its KV source; offload first runs a one-token prefill on P under a lease, then
-// sends the request to D with P's blocks as the source (D prefills locally if P fails). A
-// fetch pins the holder's leading run, lasts the profile's link time (TimingModel::
-// transferDuration) and then completes (or fails) on D.
+// KV push and prefill offload in the simulator: what router/migration.cc reports to the
+// routing core, over the engine core's remote-KV API (engine/engine_core.h). Push-migrate sends
+// the request to D with the holder C as its KV source; offload first runs a one-token prefill
+// on P under a lease, then sends the request to D with P's blocks as the source (D prefills
+// locally if P fails). A fetch pins the holder's leading run, lasts the profile's link time
+// (TimingModel::transferDuration) and then completes (or fails) on D.
 #include <charconv>
 
 #include "common/strings.h"
@@ -21,37 +21,17 @@ uint32_t indexOf(const std::string& id) {
 
 }  // namespace
 
-void Sim::holdPeer(Flight& f, int64_t peer_matched) {
-  if (f.decision.mode != policy::Mode::kPrefillOffload) return;
-  // D will hold every full block of the prompt once P's blocks are pushed.
-  const auto bs = static_cast<int64_t>(setup_.router.index.block_size);
-  f.decision.predicted_cached_tokens = f.prompt_tokens / bs * bs;
-  f.peer_uncached = std::max<int64_t>(0, f.prompt_tokens - std::min(peer_matched, f.prompt_tokens));
-  SimEngine& p = engines_[f.peer];
-  p.running += 1;
-  p.pending_prefill += f.peer_uncached;
-  f.peer_load_held = true;
-}
-
-void Sim::releasePeer(Flight& f) {
-  if (!f.peer_load_held) return;
-  SimEngine& p = engines_[f.peer];
-  p.running -= 1;
-  p.pending_prefill -= f.peer_uncached;
-  f.peer_load_held = false;
-}
-
 void Sim::sendToDecoder(Flight& f, Nanos t) {
   const Overheads& o = setup_.sim.overheads;
   double forward =
-      o.forward_ms + o.forward_per_ktoken_ms * static_cast<double>(f.prompt_tokens) / 1000.0;
+      o.forward_ms + o.forward_per_ktoken_ms * static_cast<double>(f.route.prompt_tokens) / 1000.0;
   push(t + ms(forward), Ev::kEngineArrive, f.index);
 }
 
 void Sim::startPrefill(Flight& f, Nanos t) {
-  SimEngine& p = engines_[f.peer];
+  SimEngine& p = engines_[f.route.peer()];
   if (!p.up) {  // connection refused: D prefills locally
-    upstreamFailure(p, t);
+    core_->upstreamFailure(f.route.peer(), t);
     prefillFailed(f, t);
     return;
   }
@@ -61,10 +41,19 @@ void Sim::startPrefill(Flight& f, Nanos t) {
 }
 
 void Sim::onPrefillArrive(Flight& f, Nanos t) {
-  SimEngine& p = engines_[f.peer];
+  const int peer = f.route.peer();
+  SimEngine& p = engines_[peer];
   if (!p.up || p.incarnation != f.peer_incarnation) {
-    upstreamFailure(p, t);
+    core_->upstreamFailure(peer, t);
     prefillFailed(f, t);
+    return;
+  }
+  if (p.error_status != 0) {  // P answers an error: D prefills locally
+    prefillFailed(f, t);
+    return;
+  }
+  if (p.stalled) {  // P never answers: the router gives up after prefill_timeout
+    push(t + core_->policy().offloadTerms().prefill_timeout, Ev::kPrefillTimeout, f.index);
     return;
   }
   engine::RequestSpec spec;
@@ -73,7 +62,7 @@ void Sim::onPrefillArrive(Flight& f, Nanos t) {
   fillPrompt(f, spec, true);  // D needs the prompt too
   spec.sampling.max_tokens = 1;
   spec.sampling.ignore_eos = true;
-  double lease_ns = static_cast<double>(setup_.router.policy.elastic.lease_ms) * 1e6;
+  double lease_ns = static_cast<double>(core_->policy().offloadTerms().lease_ms) * 1e6;
   spec.remote_decode_lease = engineTime(static_cast<Nanos>(lease_ns));
   absl::Status added = p.core->validate(spec);
   if (added.ok()) added = p.core->add(std::move(spec), engineTime(t));
@@ -82,33 +71,38 @@ void Sim::onPrefillArrive(Flight& f, Nanos t) {
     return;
   }
   publish(p);
-  if (!p.busy) startStep(f.peer, t);
+  if (!p.busy) startStep(peer, t);
 }
 
 void Sim::onPrefillDone(uint32_t index, Nanos t) {
   Flight* f = flights_[index].get();
   if (f == nullptr || !f->prefill_phase) return;  // abandoned: the lease expires on P
   f->prefill_phase = false;
-  releasePeer(*f);
-  policy_->offloadFinished();
-  engines_[f->peer].request_failures = 0;
-  index_.addSoft(f->peer, f->hashes, t, false);  // P caches the prompt's blocks too
+  router::RequestRoute& route = f->route;
+  route.endPeerLoad();
+  route.releaseOffload();
+  route.peerSucceeded();
+  core_->upstreamSuccess(route.peer());
+  core_->predictPeer(route, t);  // P caches the prompt's blocks too
   sendToDecoder(*f, t);
 }
 
-void Sim::prefillFailed(Flight& f, Nanos t) {
+void Sim::onPrefillTimeout(uint32_t index, Nanos t) {
+  Flight* f = flights_[index].get();
+  if (f == nullptr || !f->prefill_phase) return;  // answered, or abandoned, meanwhile
+  core_->upstreamFailure(f->route.peer(), t);
+  prefillFailed(*f, t, "timeout");
+}
+
+void Sim::prefillFailed(Flight& f, Nanos t, std::string_view outcome) {
   if (f.prefill_phase) {
-    SimEngine& p = engines_[f.peer];
+    SimEngine& p = engines_[f.route.peer()];
     if (p.up && p.incarnation == f.peer_incarnation) p.core->abort(std::to_string(f.index));
   }
   f.prefill_phase = false;
-  releasePeer(f);
-  policy_->offloadFinished();
-  // D prefills everything it does not hold itself.
-  int64_t uncached = f.prompt_tokens - f.own_matched;
-  if (f.prefill_pending) engines_[f.instance].pending_prefill += uncached - f.uncached;
-  f.uncached = uncached;
-  f.decision.predicted_cached_tokens = f.own_matched;
+  f.route.endPeerLoad();
+  f.route.releaseOffload();
+  f.route.peerFailed(outcome);  // D prefills everything it does not hold itself
   f.lease_id.clear();
   f.lease_hashes.clear();
   sendToDecoder(f, t);
@@ -129,7 +123,7 @@ void Sim::startFetches(int instance, std::vector<engine::RemoteKvFetch>& fetches
     if (p.holder >= 0 && p.holder < static_cast<int>(engines_.size()) && p.holder != instance) {
       SimEngine& h = engines_[p.holder];
       p.holder_incarnation = h.incarnation;
-      if (h.up) {
+      if (h.up && !h.refuse_push) {
         std::vector<engine::BlockIndex> pinned = h.core->pinLeadingRun(fetch.hashes);
         p.pinned.assign(fetch.hashes.begin(),
                         fetch.hashes.begin() + static_cast<std::ptrdiff_t>(pinned.size()));

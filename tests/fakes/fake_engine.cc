@@ -30,11 +30,21 @@ uint64_t engineHash(uint64_t parent, const uint32_t* tokens, size_t n) {
   return h | 1;  // never 0
 }
 
-// Text is "tokenized" one token per byte; chat turns are role-tagged and concatenated.
-std::vector<uint32_t> promptTokens(bool chat, const bj::object& body) {
+// Text is "tokenized" into one token per `bytes_per_token` bytes (the bytes' FNV hash); chat
+// turns' contents are concatenated.
+std::vector<uint32_t> promptTokens(bool chat, const bj::object& body, int bytes_per_token) {
   std::vector<uint32_t> tokens;
   auto addText = [&](std::string_view s) {
-    for (unsigned char c : s) tokens.push_back(c);
+    const size_t n = static_cast<size_t>(std::max(1, bytes_per_token));
+    for (size_t i = 0; i < s.size(); i += n) {
+      if (n == 1) {
+        tokens.push_back(static_cast<unsigned char>(s[i]));
+        continue;
+      }
+      uint32_t h = 2166136261u;
+      for (unsigned char c : s.substr(i, n)) h = (h ^ c) * 16777619u;
+      tokens.push_back(h % 100000);
+    }
   };
   if (chat) {
     if (const auto* m = body.if_contains("messages"); m && m->is_array()) {
@@ -82,14 +92,19 @@ FakeEngine::FakeEngine(asio::io_context& ioc, FakeEngineOptions options)
       "POST", "/v1/chat/completions",
       [this](const http::Request& r, http::ResponseWriter& w) { return completion(true, r, w); });
   server_->route("POST", "/tokenize",
-                 [](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
+                 [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
+                   if (tokenize_fails.load()) {
+                     co_await w.sendError(500, "tokenizer error (fake)");
+                     co_return;
+                   }
                    auto body = json::parseObject(r.body);
                    if (!body.ok()) {
                      co_await w.sendStatus(body.status());
                      co_return;
                    }
                    bool chat = body->contains("messages");
-                   std::vector<uint32_t> tokens = promptTokens(chat, *body);
+                   std::vector<uint32_t> tokens =
+                       promptTokens(chat, *body, options_.text_bytes_per_token);
                    bj::object out{{"count", tokens.size()}, {"max_model_len", 131072}};
                    bj::array list;
                    for (uint32_t t : tokens) list.push_back(t);
@@ -178,9 +193,10 @@ int64_t FakeEngine::simulatePush(const bj::object& params, const std::vector<uin
     auto it = registry().find(source);
     if (it != registry().end()) holder = it->second;
   }
-  std::string failure = remote_kv_fails.load() ? "source unreachable (fake)"
-                        : holder == nullptr    ? "unknown source " + source
-                                               : "";
+  std::string failure = remote_kv_fails.load()       ? "source unreachable (fake)"
+                        : holder == nullptr          ? "unknown source " + source
+                        : holder->refuse_push.load() ? "source refused the push (fake)"
+                                                     : "";
   size_t run = 0;  // the leading run of wanted blocks that the source holds
   while (failure.empty() && run < prompt.size() && (!offered || offered->contains(prompt[run])) &&
          holder->holds(prompt[run])) {
@@ -260,7 +276,19 @@ asio::awaitable<void> FakeEngine::completion(bool chat, const http::Request& r,
     std::lock_guard lock(bodies_mutex_);
     bodies_.push_back(r.body);
   }
-  std::vector<uint32_t> tokens = promptTokens(chat, *body);
+  if (int status = fail_status.load(); status != 0) {
+    co_await w.sendError(status, "engine error (fake)");
+    co_return;
+  }
+  if (int ms = stall_ms.load(); ms > 0) {
+    auto begun = co_await w.beginStream(200, "text/event-stream");
+    if (!begun.ok()) co_return;
+    asio::steady_timer hang(co_await asio::this_coro::executor);
+    hang.expires_after(std::chrono::milliseconds(ms));
+    co_await hang.async_wait(asio::as_tuple(asio::use_awaitable));
+    co_return;  // no event, no end: the connection closes with the handler
+  }
+  std::vector<uint32_t> tokens = promptTokens(chat, *body, options_.text_bytes_per_token);
   int64_t cached = cacheLookupAndInsert(tokens);
   bj::object transfer;
   bool remote_decode = false;

@@ -30,6 +30,9 @@ struct FakeEngineOptions {
   bool publish_kv_events = false;
   int output_tokens = 4;  // tokens generated per request (at most max_tokens)
   std::chrono::milliseconds token_delay{1};
+  // Text prompts are "tokenized" into one token per this many bytes (a real tokenizer takes
+  // 3-6 bytes of English per token).
+  int text_bytes_per_token = 1;
   // Advertised worker URL in do_remote_decode answers; empty: this engine's own URL.
   std::string worker_url;
 };
@@ -57,8 +60,17 @@ class FakeEngine {
   std::atomic<int> remote_decode_status{200};         // != 200: P answers this error
   std::atomic<int> remote_decode_delay_ms{0};         // P answers after this delay
   std::atomic<bool> remote_decode_bad_params{false};  // P answers without block_hashes
+  // Failures before the engine looks at the prompt (nothing cached, no KV event): != 0 answers
+  // every completion with this HTTP status; > 0 ms opens the response stream and then sends
+  // nothing for that long (a hung engine); true makes this engine refuse to push its blocks
+  // to a receiver (the receiver reports a fallback).
+  std::atomic<int> fail_status{0};
+  std::atomic<int> stall_ms{0};
+  std::atomic<bool> refuse_push{false};
+  std::atomic<bool> tokenize_fails{false};  // POST /tokenize answers 500
   std::string workerUrl() const;
-  bool holds(uint64_t hash) const;  // on the engine's io thread
+  bool holds(uint64_t hash) const;                        // on the engine's io thread
+  size_t cachedBlocks() const { return cached_.size(); }  // on the engine's io thread
   // Every completion body received, in order (thread-safe copy).
   std::vector<std::string> receivedBodies() const;
   // Evicts every cached block and announces it (as vLLM does on reset_prefix_cache).

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "router/config.h"
+#include "router/core/config.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/temp_dir.h"
 

@@ -92,12 +92,13 @@ TEST(BlockHashTest, KnownAnswers) {
   std::mt19937 rng(7);
   std::vector<TokenId> tokens(16 * 4);
   for (auto& t : tokens) t = static_cast<TokenId>(rng() % 200000);
-  EXPECT_EQ(hashTokenBlocks(tokens, 16),
-            (std::vector<BlockHash>{0xbc7c53cd11866caeULL, 0xe565a8fe8850f78cULL,
-                                    0x87d5b2824a7e7755ULL, 0xe78482292842a0ceULL}));
+  EXPECT_EQ(hashTokenBlocks(tokens, 16), (std::vector<BlockHash>{{0xbc7c53cd11866caeULL},
+                                                                 {0xe565a8fe8850f78cULL},
+                                                                 {0x87d5b2824a7e7755ULL},
+                                                                 {0xe78482292842a0ceULL}}));
   // Other block sizes hash their content with xxh3.
   EXPECT_EQ(hashTokenBlocks(tokens, 32),
-            (std::vector<BlockHash>{0xdecb8c40f6114844ULL, 0xe437be6906309856ULL}));
+            (std::vector<BlockHash>{{0xdecb8c40f6114844ULL}, {0xe437be6906309856ULL}}));
   // The portable path gives the same answers on every CPU.
   Block b;
   std::copy_n(tokens.begin(), 16, b.begin());
@@ -150,16 +151,16 @@ TEST(BlockHashTest, BatchedPathEqualsPerBlockForEveryLength) {
 TEST(BlockHashTest, HashIntoCallerMemory) {
   auto tokens = iota(16 * 5 + 3);
   auto full = hashTokenBlocks(tokens, 16);
-  std::vector<BlockHash> out(8, 7);
+  std::vector<BlockHash> out(8, BlockHash{7});
   EXPECT_EQ(hashTokenBlocksTo(tokens, 16, kRootBlockHash, out), full.back());
   EXPECT_TRUE(std::equal(full.begin(), full.end(), out.begin()));
-  EXPECT_EQ(out[5], 7u);  // past the 5 full blocks: untouched
+  EXPECT_EQ(out[5], BlockHash{7});  // past the 5 full blocks: untouched
   std::span<const TokenId> rest = std::span<const TokenId>(tokens).subspan(32);
   std::vector<BlockHash> tail(3);
   EXPECT_EQ(hashTokenBlocksTo(rest, 16, full[1], tail), full[4]);
   EXPECT_EQ(tail, (std::vector<BlockHash>{full[2], full[3], full[4]}));
-  EXPECT_EQ(hashTokenBlocksTo(tokens, 0, 42, out), 42u);
-  EXPECT_EQ(hashTokenBlocksTo({}, 16, 42, out), 42u);
+  EXPECT_EQ(hashTokenBlocksTo(tokens, 0, BlockHash{42}, out), BlockHash{42});
+  EXPECT_EQ(hashTokenBlocksTo({}, 16, BlockHash{42}, out), BlockHash{42});
 }
 
 // 64-bit quality of the content hash: no collision among millions of random and structured

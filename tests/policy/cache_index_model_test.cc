@@ -195,8 +195,15 @@ std::vector<BlockHash> chain(const std::vector<uint64_t>& keys) {
 // values, so it keeps reusing engine hashes for other content; instance 2 hashes as we do
 // when `own_hashes` (CacheIndex::setEngineHashesAreOurs, the model still maps them).
 uint64_t engineHash(BlockHash ours, int inst, bool own_hashes) {
-  if (inst == 2 && own_hashes) return ours;
-  return inst == 1 ? ours % 7 : ours ^ 0x5a5a;
+  if (inst == 2 && own_hashes) return ours.value;
+  return inst == 1 ? ours.value % 7 : ours.value ^ 0x5a5a;
+}
+
+// Our hashes as an engine that hashes as we do sends them.
+std::vector<uint64_t> engineForm(std::span<const BlockHash> ours) {
+  std::vector<uint64_t> out;
+  for (BlockHash h : ours) out.push_back(h.value);
+  return out;
 }
 
 class CacheIndexModelTest : public testing::TestWithParam<bool> {};
@@ -282,13 +289,14 @@ TEST(CacheIndexOwnHashesTest, ForeignHashesAreRejected) {
   std::vector<uint64_t> keys = {5, 6};
   std::vector<BlockHash> ours;
   hashKeyBlocks(keys, &ours);
-  std::vector<uint64_t> foreign = {ours[0], ours[1] + 1};
+  std::vector<uint64_t> engine = engineForm(ours);
+  std::vector<uint64_t> foreign = {engine[0], engine[1] + 1};
   EXPECT_FALSE(index.storeKeyedBlocks(0, foreign, false, 0, keys, kDefaultBlockSize));
   EXPECT_EQ(index.stats().stored_events_rejected, 1u);
   EXPECT_EQ(index.exactHolders(ours[0]), 1u);  // blocks before the mismatch stay, as mapped
-  EXPECT_TRUE(index.storeKeyedBlocks(0, ours, false, 0, keys, kDefaultBlockSize));
+  EXPECT_TRUE(index.storeKeyedBlocks(0, engine, false, 0, keys, kDefaultBlockSize));
   EXPECT_EQ(index.instanceBlocks(0), 2u);
-  index.removeBlocks(0, std::vector<uint64_t>{ours[1], 12345});
+  index.removeBlocks(0, std::vector<uint64_t>{engine[1], 12345});
   EXPECT_EQ(index.stats().removed_unknown, 1u);
   EXPECT_EQ(index.instanceBlocks(0), 1u);
   index.clearInstance(0);
@@ -302,19 +310,20 @@ TEST(CacheIndexOwnHashesTest, HashesAloneNeedADeclaredInstance) {
   std::vector<uint64_t> keys = {5, 6};
   std::vector<BlockHash> ours;
   hashKeyBlocks(keys, &ours);
-  EXPECT_FALSE(index.storeOwnHashes(0, ours, false, 0, kDefaultBlockSize));  // not declared
+  std::vector<uint64_t> engine = engineForm(ours);
+  EXPECT_FALSE(index.storeOwnHashes(0, engine, false, 0, kDefaultBlockSize));  // not declared
   index.setEngineHashesAreOurs(0, true);
-  EXPECT_FALSE(index.storeOwnHashes(0, ours, false, 0, kDefaultBlockSize * 2));
-  EXPECT_FALSE(index.storeOwnHashes(0, std::span(ours).subspan(1), true, ours[0],
+  EXPECT_FALSE(index.storeOwnHashes(0, engine, false, 0, kDefaultBlockSize * 2));
+  EXPECT_FALSE(index.storeOwnHashes(0, std::span(engine).subspan(1), true, engine[0],
                                     kDefaultBlockSize));  // parent
   EXPECT_EQ(index.stats().stored_events_rejected, 3u);
   EXPECT_EQ(index.stats().blocks, 0u);
-  EXPECT_TRUE(index.storeOwnHashes(0, std::span(ours).first(1), false, 0, kDefaultBlockSize));
+  EXPECT_TRUE(index.storeOwnHashes(0, std::span(engine).first(1), false, 0, kDefaultBlockSize));
   EXPECT_TRUE(
-      index.storeOwnHashes(0, std::span(ours).subspan(1), true, ours[0], kDefaultBlockSize));
+      index.storeOwnHashes(0, std::span(engine).subspan(1), true, engine[0], kDefaultBlockSize));
   EXPECT_EQ(index.exactHolders(ours[1]), 1u);
   EXPECT_EQ(index.instanceBlocks(0), 2u);
-  EXPECT_FALSE(index.storeOwnHashes(64, ours, false, 0, kDefaultBlockSize));
+  EXPECT_FALSE(index.storeOwnHashes(64, engine, false, 0, kDefaultBlockSize));
 }
 
 }  // namespace

@@ -188,7 +188,7 @@ TEST(CacheIndexTest, HashAndMatchAgreesWithHashThenMatch) {
     if (upto < 200) index.clearInstance(2);
     if (upto < 100) index.clearInstance(1);
     if (upto < 3) index.clearInstance(0);
-    std::vector<BlockHash> hashes = {123};  // cleared by the call
+    std::vector<BlockHash> hashes = {BlockHash{123}};  // cleared by the call
     std::vector<uint32_t> fused(4);
     index.hashAndMatch(t, &hashes, fused);
     EXPECT_EQ(fused, match(index, full)) << "run up to " << upto;

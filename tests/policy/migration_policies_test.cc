@@ -10,15 +10,14 @@
 
 #include "common/config.h"
 #include "policy/policy.h"
+#include "policy/registry.h"
+#include "policy/unified.h"
+#include "tests/policy/parse_policy.h"
 
 namespace kvf::policy {
 namespace {
 
-PolicyConfig configFor(PolicyKind kind) {
-  PolicyConfig c;
-  c.kind = kind;
-  return c;
-}
+using unified::transferSeconds;
 
 RouteRequest request(int64_t prompt, std::string_view session = {}) {
   RouteRequest r;
@@ -34,7 +33,7 @@ std::vector<InstanceSnapshot> pushCapable(int n) {
 }
 
 TEST(TransferSecondsTest, BytesOverLinkPlusOverhead) {
-  PolicyConfig::Unified m;
+  UnifiedParams m;
   // 25000 tokens x 98304 B = 2.4576 GB; x 8 / 200e9 = 0.098304 s; + 50 us.
   EXPECT_NEAR(transferSeconds(25000, m), 0.098354, 1e-9);
   EXPECT_NEAR(transferSeconds(0, m), 50e-6, 1e-12);
@@ -52,7 +51,7 @@ std::vector<InstanceSnapshot> busyHolder() {
 }
 
 TEST(UnifiedTest, PushesFromBusyHolderToIdlePeer) {
-  auto p = createPolicy(configFor(PolicyKind::kUnified));
+  auto p = createPolicy(configFor("unified"));
   auto d = p->decide(request(28000), busyHolder(), 0);
   EXPECT_EQ(d.instance, 1);
   EXPECT_EQ(d.mode, Mode::kPushMigrate);
@@ -72,7 +71,7 @@ TEST(UnifiedTest, PushesFromBusyHolderToIdlePeer) {
 }
 
 TEST(UnifiedTest, StaysLocalWhenTheHolderIsCheapest) {
-  auto p = createPolicy(configFor(PolicyKind::kUnified));
+  auto p = createPolicy(configFor("unified"));
   auto inst = busyHolder();
   inst[0].pending_prefill_tokens = 0;  // local on C: 3000/7000 = 0.428571 < push 0.526925
   auto d = p->decide(request(28000), inst, 0);
@@ -84,7 +83,7 @@ TEST(UnifiedTest, StaysLocalWhenTheHolderIsCheapest) {
 }
 
 TEST(UnifiedTest, SoftSessionAffinityWithinTwiceTheBest) {
-  auto p = createPolicy(configFor(PolicyKind::kUnified));
+  auto p = createPolicy(configFor("unified"));
   auto inst = busyHolder();
   inst[0].pending_prefill_tokens = 0;
   ASSERT_EQ(p->decide(request(28000, "s"), inst, 0).instance, 0);  // the session lives on C
@@ -110,7 +109,7 @@ TEST(UnifiedTest, SoftSessionAffinityWithinTwiceTheBest) {
 }
 
 TEST(UnifiedTest, NeverMigratesAColdOrTinyPrefix) {
-  auto p = createPolicy(configFor(PolicyKind::kUnified));
+  auto p = createPolicy(configFor("unified"));
   auto inst = pushCapable(2);
   inst[0].pending_prefill_tokens = 70000;
   auto d = p->decide(request(28000), inst, 0);
@@ -127,7 +126,7 @@ TEST(UnifiedTest, NeverMigratesAColdOrTinyPrefix) {
 }
 
 TEST(UnifiedTest, PushNeedsWorkersOnBothEndsAndAReachableHolder) {
-  auto p = createPolicy(configFor(PolicyKind::kUnified));
+  auto p = createPolicy(configFor("unified"));
   auto inst = busyHolder();
   inst[0].push_capable = false;
   EXPECT_EQ(p->decide(request(28000), inst, 0).mode, Mode::kLocal);
@@ -149,9 +148,8 @@ TEST(UnifiedTest, PushNeedsWorkersOnBothEndsAndAReachableHolder) {
 }
 
 TEST(UnifiedTest, SlowLinkMakesRecomputeCheaper) {
-  auto config = configFor(PolicyKind::kUnified);
-  config.unified.link_bandwidth_gbps = 0.1;  // 25k tokens take 196.6 s
-  auto p = createPolicy(config);
+  // 25k tokens take 196.6 s over 0.1 Gbps.
+  auto p = createPolicy(parsePolicy("kind: unified\nunified: {link_bandwidth_gbps: 0.1}"));
   auto d = p->decide(request(28000), busyHolder(), 0);
   EXPECT_EQ(d.instance, 1);
   EXPECT_EQ(d.mode, Mode::kLocal);
@@ -159,7 +157,7 @@ TEST(UnifiedTest, SlowLinkMakesRecomputeCheaper) {
 }
 
 TEST(UnifiedTest, PicksTheHolderWithTheLongestRun) {
-  auto p = createPolicy(configFor(PolicyKind::kUnified));
+  auto p = createPolicy(configFor("unified"));
   auto inst = pushCapable(3);
   inst[0].matched_tokens = 8000;
   inst[0].pending_prefill_tokens = 70000;
@@ -177,9 +175,9 @@ TEST(UnifiedTest, PicksTheHolderWithTheLongestRun) {
 // computed here by brute force, on random clusters.
 TEST(UnifiedTest, ChoiceIsTheArgminOverAllPairs) {
   std::mt19937_64 rng(7);
-  PolicyConfig::Unified m;
+  UnifiedParams m;
   for (int round = 0; round < 500; ++round) {
-    auto p = createPolicy(configFor(PolicyKind::kUnified));
+    auto p = createPolicy(configFor("unified"));
     int n = 2 + static_cast<int>(rng() % 9);
     std::vector<InstanceSnapshot> inst(n);
     int64_t prompt = 1 + static_cast<int64_t>(rng() % 60000);
@@ -219,9 +217,7 @@ TEST(UnifiedTest, ChoiceIsTheArgminOverAllPairs) {
 }
 
 PolicyConfig elasticConfig() {
-  auto c = configFor(PolicyKind::kElastic);
-  c.elastic.max_concurrent_offloads = 2;
-  return c;
+  return parsePolicy("kind: elastic\nelastic: {max_concurrent_offloads: 2}");
 }
 
 TEST(ElasticTest, HeavyPrefillGoesToNextPeerRoundRobin) {
@@ -316,30 +312,38 @@ TEST(ElasticTest, SkipsOverloadedPeersAndSlowOffloads) {
 }
 
 TEST(MigrationPolicyConfigTest, ParsesSectionsAndNamesBadFields) {
-  auto parse = [](std::string_view text) {
-    return config::parseText<PolicyConfig>(
-        text, "<test>", [](config::ConfigMap& m, PolicyConfig* out) { parsePolicyConfig(m, out); });
-  };
-  auto ok = parse(
+  auto ok = tryParsePolicy(
       "kind: unified\nunified: {prefill_tokens_per_s: 20000, link_bandwidth_gbps: 400,\n"
       "  kv_bytes_per_token: 131072, transfer_overhead_s: 0.001, affinity_factor: 1.5,\n"
       "  min_push_tokens: 64, waiting_request_s: 0.01}\n"
       "elastic: {max_concurrent_offloads: 8, lease_ms: 5000, prefill_timeout_s: 10,\n"
       "  max_cost_ratio: 2, max_pending_prefill_tokens: 1000}\n");
   ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_EQ(ok->kind, PolicyKind::kUnified);
-  EXPECT_DOUBLE_EQ(ok->unified.prefill_tokens_per_s, 20000);
-  EXPECT_DOUBLE_EQ(ok->unified.link_bandwidth_gbps, 400);
-  EXPECT_DOUBLE_EQ(ok->unified.kv_bytes_per_token, 131072);
-  EXPECT_DOUBLE_EQ(ok->unified.affinity_factor, 1.5);
-  EXPECT_EQ(ok->unified.min_push_tokens, 64);
-  EXPECT_EQ(ok->elastic.max_concurrent_offloads, 8);
-  EXPECT_EQ(ok->elastic.lease_ms, 5000);
-  EXPECT_DOUBLE_EQ(ok->elastic.prefill_timeout_s, 10);
-  auto elastic = parse("kind: elastic\n");
+  EXPECT_EQ(ok->kind, "unified");
+  auto m = ok->params<UnifiedParams>("unified");
+  EXPECT_DOUBLE_EQ(m.prefill_tokens_per_s, 20000);
+  EXPECT_DOUBLE_EQ(m.link_bandwidth_gbps, 400);
+  EXPECT_DOUBLE_EQ(m.kv_bytes_per_token, 131072);
+  EXPECT_DOUBLE_EQ(m.transfer_overhead_s, 0.001);
+  EXPECT_DOUBLE_EQ(m.affinity_factor, 1.5);
+  EXPECT_EQ(m.min_push_tokens, 64);
+  EXPECT_DOUBLE_EQ(m.waiting_request_s, 0.01);
+  auto u = createPolicy(*ok);
+  EXPECT_EQ(u->name(), "unified");
+  EXPECT_TRUE(u->movesKv());
+  // The elastic block is elastic's, read when the kind is elastic.
+  ok->kind = "elastic";
+  auto e = createPolicy(*ok);
+  EXPECT_EQ(e->name(), "elastic");
+  EXPECT_TRUE(e->movesKv());
+  EXPECT_EQ(e->offloadTerms().lease_ms, 5000);
+  EXPECT_EQ(e->offloadTerms().prefill_timeout, 10 * kNanosPerSecond);
+  // Defaults where no block was given; policies that move no KV say so.
+  auto elastic = tryParsePolicy("kind: elastic\n");
   ASSERT_TRUE(elastic.ok());
-  EXPECT_EQ(createPolicy(*elastic)->kind(), PolicyKind::kElastic);
-  auto bad = parse(
+  EXPECT_EQ(createPolicy(*elastic)->offloadTerms().lease_ms, 30000);
+  EXPECT_FALSE(createPolicy(configFor("hybrid"))->movesKv());
+  auto bad = tryParsePolicy(
       "kind: unified\nunified: {link_bandwidth_gbps: 0, typo: 1}\n"
       "elastic: {max_concurrent_offloads: -1}\n");
   ASSERT_FALSE(bad.ok());

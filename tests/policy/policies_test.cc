@@ -2,6 +2,8 @@
 // soft affinity through the uncached term, Linear's session stickiness with its overload
 // redirect, and the hybrid's > 50% cache gate with deterministic ties and hysteresis.
 #include "policy/policy.h"
+#include "policy/registry.h"
+#include "tests/policy/parse_policy.h"
 
 #include <gtest/gtest.h>
 
@@ -11,12 +13,6 @@
 
 namespace kvf::policy {
 namespace {
-
-PolicyConfig configFor(PolicyKind kind) {
-  PolicyConfig c;
-  c.kind = kind;
-  return c;
-}
 
 std::vector<InstanceSnapshot> idle(int n) { return std::vector<InstanceSnapshot>(n); }
 
@@ -37,7 +33,7 @@ TEST(ClassifyTest, Boundaries) {
 }
 
 TEST(RoundRobinTest, CyclesOverHealthyInstances) {
-  auto p = createPolicy(configFor(PolicyKind::kRoundRobin));
+  auto p = createPolicy(configFor("round_robin"));
   auto inst = idle(3);
   inst[1].healthy = false;
   std::vector<int> picks;
@@ -50,7 +46,7 @@ TEST(RoundRobinTest, CyclesOverHealthyInstances) {
 }
 
 TEST(LeastRequestTest, PicksFewestRequestsAndRotatesTies) {
-  auto p = createPolicy(configFor(PolicyKind::kLeastRequest));
+  auto p = createPolicy(configFor("least_request"));
   auto inst = idle(3);
   inst[0].running = 2;
   inst[1].running = 1;
@@ -66,7 +62,7 @@ TEST(LeastRequestTest, PicksFewestRequestsAndRotatesTies) {
 }
 
 TEST(LMetricTest, ScoreIsPendingPlusUncachedTimesRunning) {
-  auto p = createPolicy(configFor(PolicyKind::kLMetric));
+  auto p = createPolicy(configFor("lmetric"));
   auto inst = idle(2);
   inst[0].running = 2;
   inst[0].pending_prefill_tokens = 1000;
@@ -85,7 +81,7 @@ TEST(LMetricTest, ScoreIsPendingPlusUncachedTimesRunning) {
 TEST(LMetricTest, ImplicitSoftAffinityWithoutSessionStickiness) {
   // §3.4: the uncached term attracts the next turn to the instance holding the session's
   // prefix when loads are equal...
-  auto p = createPolicy(configFor(PolicyKind::kLMetric));
+  auto p = createPolicy(configFor("lmetric"));
   auto inst = idle(4);
   for (auto& s : inst) s.running = 1;
   inst[3].matched_tokens = 30000;
@@ -97,7 +93,7 @@ TEST(LMetricTest, ImplicitSoftAffinityWithoutSessionStickiness) {
 }
 
 TEST(LMetricTest, IdleInstancesTieOnScoreAndPreferCache) {
-  auto p = createPolicy(configFor(PolicyKind::kLMetric));
+  auto p = createPolicy(configFor("lmetric"));
   auto inst = idle(3);
   inst[2].matched_tokens = 100;
   auto d = p->decide(request(1000), inst, 0);
@@ -106,7 +102,7 @@ TEST(LMetricTest, IdleInstancesTieOnScoreAndPreferCache) {
 }
 
 TEST(LinearTest, StickyUntilPinnedLoadExceedsTwiceAverage) {
-  auto p = createPolicy(configFor(PolicyKind::kLinear));
+  auto p = createPolicy(configFor("linear"));
   auto inst = idle(4);
   auto first = p->decide(request(1000, "s"), inst, 0);
   EXPECT_EQ(first.reason, "linear_score");
@@ -127,9 +123,7 @@ TEST(LinearTest, StickyUntilPinnedLoadExceedsTwiceAverage) {
 }
 
 TEST(LinearTest, ScoreIsOngoingMinusAlphaCacheHits) {
-  PolicyConfig c = configFor(PolicyKind::kLinear);
-  c.linear.alpha = 0.5;
-  auto p = createPolicy(c);
+  auto p = createPolicy(parsePolicy("kind: linear\nlinear: {alpha: 0.5}"));
   auto inst = idle(2);
   inst[0].ongoing_tokens = 3000;
   inst[0].matched_tokens = 4000;  // 3000 - 2000 = 1000
@@ -141,7 +135,7 @@ TEST(LinearTest, ScoreIsOngoingMinusAlphaCacheHits) {
 }
 
 TEST(LinearTest, PinnedUnhealthyRedirectsAndSessionsExpire) {
-  PolicyConfig c = configFor(PolicyKind::kLinear);
+  PolicyConfig c = configFor("linear");
   c.session_ttl = 100;
   auto p = createPolicy(c);
   auto inst = idle(3);
@@ -155,7 +149,7 @@ TEST(LinearTest, PinnedUnhealthyRedirectsAndSessionsExpire) {
 }
 
 TEST(HybridTest, GateSendsToInstanceHoldingMoreThanHalf) {
-  auto p = createPolicy(configFor(PolicyKind::kHybrid));
+  auto p = createPolicy(configFor("hybrid"));
   auto inst = idle(4);
   for (auto& s : inst) s.running = 1;
   inst[1].running = 3;  // busier: plain LMetric would avoid it
@@ -172,7 +166,7 @@ TEST(HybridTest, GateSendsToInstanceHoldingMoreThanHalf) {
 }
 
 TEST(HybridTest, GateSkipsOverloadedHolder) {
-  auto p = createPolicy(configFor(PolicyKind::kHybrid));
+  auto p = createPolicy(configFor("hybrid"));
   auto inst = idle(4);
   inst[0].running = 12;  // average 3: 12 > 2 x 3 and >= 4
   inst[0].matched_tokens = 9000;
@@ -187,16 +181,16 @@ TEST(HybridTest, GateTieBreakIsDeterministic) {
   inst[0].running = 2;
   inst[2].running = 1;
   for (int trial = 0; trial < 3; ++trial) {
-    auto p = createPolicy(configFor(PolicyKind::kHybrid));
+    auto p = createPolicy(configFor("hybrid"));
     EXPECT_EQ(p->decide(request(10000), inst, 0).instance, 2);  // lower LMetric score
   }
   inst[0].running = 1;
-  auto p = createPolicy(configFor(PolicyKind::kHybrid));
+  auto p = createPolicy(configFor("hybrid"));
   EXPECT_EQ(p->decide(request(10000), inst, 0).instance, 0);  // full tie: lower index
 }
 
 TEST(HybridTest, HysteresisKeepsSessionOnNearEqualScores) {
-  auto p = createPolicy(configFor(PolicyKind::kHybrid));
+  auto p = createPolicy(configFor("hybrid"));
   auto inst = idle(2);
   inst[0].running = inst[1].running = 1;
   int first = p->decide(request(1000, "s"), inst, 0).instance;
@@ -219,7 +213,7 @@ TEST(HybridTest, HysteresisKeepsSessionOnNearEqualScores) {
 }
 
 TEST(HybridTest, UnhealthyInstancesNeverChosenAndScoredNaN) {
-  auto p = createPolicy(configFor(PolicyKind::kHybrid));
+  auto p = createPolicy(configFor("hybrid"));
   auto inst = idle(2);
   inst[0].healthy = false;
   inst[0].matched_tokens = 10000;
@@ -229,26 +223,50 @@ TEST(HybridTest, UnhealthyInstancesNeverChosenAndScoredNaN) {
 }
 
 TEST(PolicyConfigTest, ParsesAndRejectsBadValues) {
-  auto parse = [](std::string_view text) {
-    return config::parseText<PolicyConfig>(
-        text, "<test>", [](config::ConfigMap& m, PolicyConfig* out) { parsePolicyConfig(m, out); });
-  };
-  auto ok = parse(
+  auto ok = tryParsePolicy(
       "kind: linear\nlinear: {alpha: 0.25, overload_factor: 3}\n"
       "classify: {warm_max_new_tokens: 4000}\nsession_ttl_s: 5\n");
   ASSERT_TRUE(ok.ok()) << ok.status();
-  EXPECT_EQ(ok->kind, PolicyKind::kLinear);
-  EXPECT_DOUBLE_EQ(ok->linear.alpha, 0.25);
-  EXPECT_DOUBLE_EQ(ok->linear.overload_factor, 3.0);
+  EXPECT_EQ(ok->kind, "linear");
   EXPECT_EQ(ok->classify.warm_max_new_tokens, 4000);
   EXPECT_EQ(ok->session_ttl, 5 * kNanosPerSecond);
+  // The block reached the policy: score = ongoing - 0.25 x cached.
+  auto p = createPolicy(*ok);
+  ASSERT_NE(p, nullptr);
+  EXPECT_EQ(p->name(), "linear");
+  auto inst = idle(2);
+  inst[0].ongoing_tokens = 3000;
+  inst[0].matched_tokens = 4000;
+  EXPECT_DOUBLE_EQ(p->decide(request(5000), inst, 0).scores[0], 2000.0);
 
-  auto bad = parse("kind: magic\nhybrid: {gate_fraction: 2, bogus: 1}\n");
+  auto bad = tryParsePolicy("kind: magic\nhybrid: {gate_fraction: 2, bogus: 1}\n");
   ASSERT_FALSE(bad.ok());
   std::string message(bad.status().message());
-  EXPECT_NE(message.find("kind"), std::string::npos) << message;
+  EXPECT_NE(message.find("kind: must be one of: round_robin, least_request, linear, lmetric, "
+                         "hybrid, unified, elastic (got \"magic\")"),
+            std::string::npos)
+      << message;
   EXPECT_NE(message.find("hybrid.gate_fraction"), std::string::npos) << message;
-  EXPECT_NE(message.find("bogus"), std::string::npos) << message;
+  EXPECT_NE(message.find("hybrid.bogus"), std::string::npos) << message;
+  // A policy without parameters takes no block keys.
+  auto no_params = tryParsePolicy("kind: lmetric\nlmetric: {alpha: 1}\n");
+  ASSERT_FALSE(no_params.ok());
+  EXPECT_NE(std::string(no_params.status().message()).find("lmetric.alpha"), std::string::npos)
+      << no_params.status();
+}
+
+// Blocks of policies other than the chosen one load as before (an experiment file that tunes
+// several arms) and are still checked.
+TEST(PolicyConfigTest, OtherPoliciesBlocksAreParsedByTheirOwners) {
+  auto ok = tryParsePolicy(
+      "kind: lmetric\nhybrid: {gate_fraction: 0.3}\nunified: {min_push_tokens: 64}\n"
+      "elastic: {lease_ms: 100}\nlinear: {alpha: 2}\n");
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ(ok->blocks.size(), 4u);
+  EXPECT_EQ(createPolicy(*ok)->name(), "lmetric");
+  auto bad = tryParsePolicy("kind: lmetric\nunified: {min_push_tokens: 0}\n");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(std::string(bad.status().message()).find("unified.min_push_tokens"), std::string::npos);
 }
 
 }  // namespace

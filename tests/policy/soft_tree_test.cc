@@ -9,11 +9,18 @@ namespace {
 
 constexpr InstanceMask kI0 = 1, kI1 = 2, kI2 = 4;
 
+// A chain of block hashes with these values.
+std::vector<BlockHash> H(std::initializer_list<uint64_t> values) {
+  std::vector<BlockHash> out;
+  for (uint64_t v : values) out.push_back(BlockHash{v});
+  return out;
+}
+
 // The claim masks a cursor gives along `chain`.
-std::vector<InstanceMask> walk(const SoftTree& tree, const std::vector<BlockHash>& chain) {
+std::vector<InstanceMask> walk(const SoftTree& tree, std::initializer_list<uint64_t> chain) {
   SoftTree::Cursor cursor(tree);
   std::vector<InstanceMask> out;
-  for (BlockHash h : chain) out.push_back(cursor.next(h));
+  for (BlockHash h : H(chain)) out.push_back(cursor.next(h));
   return out;
 }
 
@@ -21,8 +28,8 @@ using Masks = std::vector<InstanceMask>;
 
 TEST(SoftTreeTest, ChainsShareTheirCommonPrefixAndBranchAfterIt) {
   SoftTree tree(100);
-  EXPECT_EQ(tree.add(0, std::vector<BlockHash>{1, 2, 3, 4}, 10, 0), 4u);
-  EXPECT_EQ(tree.add(1, std::vector<BlockHash>{1, 2, 5}, 10, 0), 3u);
+  EXPECT_EQ(tree.add(0, H({1, 2, 3, 4}), 10, 0), 4u);
+  EXPECT_EQ(tree.add(1, H({1, 2, 5}), 10, 0), 3u);
   EXPECT_EQ(tree.nodes(), 3u);  // [1 2] [3 4] [5]
   EXPECT_EQ(tree.blocks(), 5u);
   EXPECT_EQ(tree.claims(), 7u);
@@ -35,8 +42,8 @@ TEST(SoftTreeTest, ChainsShareTheirCommonPrefixAndBranchAfterIt) {
 
 TEST(SoftTreeTest, AChainEndingInsideARunSplitsIt) {
   SoftTree tree(100);
-  tree.add(0, std::vector<BlockHash>{1, 2, 3, 4}, 10, 0);
-  tree.add(1, std::vector<BlockHash>{1, 2}, 20, 0);
+  tree.add(0, H({1, 2, 3, 4}), 10, 0);
+  tree.add(1, H({1, 2}), 20, 0);
   EXPECT_EQ(tree.nodes(), 2u);
   EXPECT_EQ(walk(tree, {1, 2, 3, 4}), (Masks{kI0 | kI1, kI0 | kI1, kI0, kI0}));
   // The first chain's record still names its last node: both of its runs expire at 10.
@@ -52,13 +59,13 @@ TEST(SoftTreeTest, AChainEndingInsideARunSplitsIt) {
 
 TEST(SoftTreeTest, ExpiryStopsAtAClaimALaterChainRefreshed) {
   SoftTree tree(100);
-  tree.add(0, std::vector<BlockHash>{1, 2, 3, 4}, 10, 0);
-  tree.add(0, std::vector<BlockHash>{1, 2, 5}, 20, 0);
+  tree.add(0, H({1, 2, 3, 4}), 10, 0);
+  tree.add(0, H({1, 2, 5}), 20, 0);
   tree.expire(10);  // [3 4] goes; [1 2] was routed again until 20
   EXPECT_EQ(walk(tree, {1, 2, 3}), (Masks{kI0, kI0, 0}));
   EXPECT_EQ(walk(tree, {1, 2, 5}), (Masks{kI0, kI0, kI0}));
   EXPECT_EQ(tree.blocks(), 3u);
-  tree.add(0, std::vector<BlockHash>{1, 2, 5}, 15, 1);  // an earlier expiry does not shorten it
+  tree.add(0, H({1, 2, 5}), 15, 1);  // an earlier expiry does not shorten it
   tree.expire(19);
   EXPECT_EQ(walk(tree, {1, 2, 5}), (Masks{kI0, kI0, kI0}));
   tree.expire(20);
@@ -68,16 +75,16 @@ TEST(SoftTreeTest, ExpiryStopsAtAClaimALaterChainRefreshed) {
 
 TEST(SoftTreeTest, ClearingAnInstanceLeavesTheOthersAndStaleRecordsDoNothing) {
   SoftTree tree(100);
-  tree.add(0, std::vector<BlockHash>{1, 2, 3}, 10, 0);
-  tree.add(1, std::vector<BlockHash>{1, 2}, 50, 0);
-  tree.add(0, std::vector<BlockHash>{7, 8}, 10, 0);
+  tree.add(0, H({1, 2, 3}), 10, 0);
+  tree.add(1, H({1, 2}), 50, 0);
+  tree.add(0, H({7, 8}), 10, 0);
   tree.clearInstance(0);
   EXPECT_EQ(walk(tree, {1, 2, 3}), (Masks{kI1, kI1, 0}));
   EXPECT_EQ(tree.nodes(), 1u);
   EXPECT_EQ(tree.claims(), 2u);
   // Freed nodes are reused; the cleared chains' records (due at 10) must not touch them.
-  tree.add(2, std::vector<BlockHash>{9, 10}, 100, 0);
-  tree.add(2, std::vector<BlockHash>{11}, 100, 0);
+  tree.add(2, H({9, 10}), 100, 0);
+  tree.add(2, H({11}), 100, 0);
   tree.expire(10);
   EXPECT_EQ(walk(tree, {9, 10}), (Masks{kI2, kI2}));
   EXPECT_EQ(walk(tree, {11}), (Masks{kI2}));
@@ -88,9 +95,9 @@ TEST(SoftTreeTest, ClearingAnInstanceLeavesTheOthersAndStaleRecordsDoNothing) {
 
 TEST(SoftTreeTest, BlocksAreBoundedAndChainsAreCutToFit) {
   SoftTree tree(3);
-  EXPECT_EQ(tree.add(0, std::vector<BlockHash>{1, 2, 3, 4}, 10, 0), 3u);
-  EXPECT_EQ(tree.add(1, std::vector<BlockHash>{1, 2, 3, 4}, 10, 0), 3u);  // what is there
-  EXPECT_EQ(tree.add(1, std::vector<BlockHash>{6}, 10, 0), 0u);
+  EXPECT_EQ(tree.add(0, H({1, 2, 3, 4}), 10, 0), 3u);
+  EXPECT_EQ(tree.add(1, H({1, 2, 3, 4}), 10, 0), 3u);  // what is there
+  EXPECT_EQ(tree.add(1, H({6}), 10, 0), 0u);
   EXPECT_EQ(tree.blocks(), 3u);
   EXPECT_EQ(walk(tree, {1, 2, 3, 4}), (Masks{kI0 | kI1, kI0 | kI1, kI0 | kI1, 0}));
 }
@@ -100,14 +107,14 @@ TEST(SoftTreeTest, BlocksAreBoundedAndChainsAreCutToFit) {
 // hash, and nothing else changes.
 TEST(SoftTreeTest, AHashAlreadyStartingAnotherRunEndsTheChain) {
   SoftTree tree(100);
-  tree.add(0, std::vector<BlockHash>{1, 2, 3}, 10, 0);
-  tree.add(1, std::vector<BlockHash>{3, 4}, 10, 0);  // 3 now starts a run at the root
-  EXPECT_EQ(tree.add(2, std::vector<BlockHash>{1, 2, 5}, 10, 0), 0u);  // split at 3: refused
+  tree.add(0, H({1, 2, 3}), 10, 0);
+  tree.add(1, H({3, 4}), 10, 0);                    // 3 now starts a run at the root
+  EXPECT_EQ(tree.add(2, H({1, 2, 5}), 10, 0), 0u);  // split at 3: refused
   EXPECT_EQ(walk(tree, {1, 2, 3}), (Masks{kI0, kI0, kI0}));
   EXPECT_EQ(walk(tree, {3, 4}), (Masks{kI1, kI1}));
-  tree.add(0, std::vector<BlockHash>{7, 8}, 10, 0);
-  tree.add(0, std::vector<BlockHash>{7, 9}, 10, 0);  // [7] [8] [9]: 8 starts a run below 7
-  EXPECT_EQ(tree.add(1, std::vector<BlockHash>{8, 1}, 10, 0), 0u);
+  tree.add(0, H({7, 8}), 10, 0);
+  tree.add(0, H({7, 9}), 10, 0);  // [7] [8] [9]: 8 starts a run below 7
+  EXPECT_EQ(tree.add(1, H({8, 1}), 10, 0), 0u);
   EXPECT_EQ(walk(tree, {8}), (Masks{0}));
   tree.expire(10);
   EXPECT_EQ(tree.nodes(), 0u);

@@ -1,6 +1,8 @@
-#include "router/config.h"
+#include "router/core/config.h"
 
 #include <gtest/gtest.h>
+
+#include "policy/unified.h"
 
 namespace kvf::router {
 namespace {
@@ -30,7 +32,7 @@ admin: {token: secret}
   EXPECT_EQ(config->instances[0].kv_events.topic, "kv-events");
   EXPECT_EQ(config->instances[1].port, 8101);
   EXPECT_TRUE(config->instances[1].kv_events.endpoint.empty());
-  EXPECT_EQ(config->policy.kind, policy::PolicyKind::kLMetric);
+  EXPECT_EQ(config->policy.kind, "lmetric");
   EXPECT_EQ(config->index.block_size, 32u);
   EXPECT_EQ(config->index.predicted_ttl, 5 * kNanosPerSecond);
   EXPECT_EQ(config->index.table_max_load, 0.5);
@@ -121,8 +123,9 @@ policy: {kind: unified, unified: {link_bandwidth_gbps: 100}}
   ASSERT_TRUE(config.ok()) << config.status();
   EXPECT_EQ(config->instances[0].worker_url, "http://127.0.0.1:9100");
   EXPECT_EQ(config->instances[1].worker_url, "");
-  EXPECT_EQ(config->policy.kind, policy::PolicyKind::kUnified);
-  EXPECT_DOUBLE_EQ(config->policy.unified.link_bandwidth_gbps, 100);
+  EXPECT_EQ(config->policy.kind, "unified");
+  EXPECT_DOUBLE_EQ(config->policy.params<policy::UnifiedParams>("unified").link_bandwidth_gbps,
+                   100);
   auto bad = parseRouterConfig(
       "instances:\n  - {id: a, url: \"http://127.0.0.1:1\", worker_url: \"tcp://x\"}\n", "<test>");
   ASSERT_FALSE(bad.ok());

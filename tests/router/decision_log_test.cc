@@ -1,4 +1,4 @@
-#include "router/decision_log.h"
+#include "router/core/decision_log.h"
 
 #include <gtest/gtest.h>
 

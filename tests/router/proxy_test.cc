@@ -395,5 +395,67 @@ TEST_F(ProxyTest, SilentMissIsCountedWhenTheEngineLostThePrediction) {
             std::string::npos);
 }
 
+// Text prompts without tokenize are indexed approximately and counted as such. Their length
+// is only estimated (4 bytes per token) while a real tokenizer takes more bytes per token (8
+// here), so the engine's own count caps the prediction as a token prompt's length does: at most
+// the full blocks of its prompt_tokens - 1, in the header of a response read whole and in
+// every decision-log line.
+TEST_F(ProxyTest, ApproximatePredictionsStayWithinTheEnginesPromptAndFallbacksAreCounted) {
+  start(1, "{kind: hybrid}", true, "",
+        [](fakes::FakeEngineOptions& o) { o.text_bytes_per_token = 8; });
+  std::string text;
+  for (int i = 0; text.size() < 4000; ++i) text += "word" + std::to_string(i % 97) + " ";
+  text.resize(4000);
+  auto body = [&](bool stream) {
+    return R"({"model":"fake-model","max_tokens":4,"stream":)" +
+           std::string(stream ? R"(true,"stream_options":{"include_usage":true})" : "false") +
+           R"(,"prompt":")" + text + R"("})";
+  };
+  for (int i = 0; i < 12; ++i) {
+    auto r = call(post("/v1/completions", body(i % 3 == 2)));
+    ASSERT_TRUE(r.ok());
+    ASSERT_EQ(r->status, 200) << r->body;
+    if (i > 0 && i % 3 != 2) {
+      // The index matches 62 text blocks of 64 bytes (992 estimated tokens); the engine counts
+      // 500 tokens: at most 496 can be cached.
+      EXPECT_EQ(r->header("x-kvf-predicted-cached-tokens"), "496") << i;
+    }
+  }
+  ASSERT_TRUE(eventually([&] { return decisionLog().size() == 12; }));
+  for (auto& record : decisionLog()) {
+    EXPECT_EQ(record["prompt_tokens"].as_int64(), 500);
+    EXPECT_LE(record["predicted_cached_tokens"].as_int64(), 496);
+  }
+  auto m = call(get("/metrics"));
+  ASSERT_TRUE(m.ok());
+  EXPECT_NE(m->body.find("kvfabric_router_tokenize_fallbacks_total{reason=\"disabled\"} 12\n"),
+            std::string::npos)
+      << m->body;
+  EXPECT_NE(m->body.find("kvfabric_router_tokenize_fallbacks_total{reason=\"failed\"} 0\n"),
+            std::string::npos);
+}
+
+TEST_F(ProxyTest, FailedTokenizeFallsBackToTheApproximateIndexAndIsCounted) {
+  start(1, "{kind: hybrid}", true, "tokenize: {enabled: true}\n");
+  engines_[0]->tokenize_fails = true;
+  for (int i = 0; i < 3; ++i) {
+    auto r = call(post("/v1/completions", R"({"model":"fake-model","max_tokens":2,"prompt":")" +
+                                              std::string(200, 'x') + R"("})"));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->status, 200);
+  }
+  engines_[0]->tokenize_fails = false;
+  ASSERT_TRUE(
+      call(post("/v1/completions", R"({"model":"fake-model","max_tokens":2,"prompt":"tokenized"})"))
+          .ok());
+  auto m = call(get("/metrics"));
+  ASSERT_TRUE(m.ok());
+  EXPECT_NE(m->body.find("kvfabric_router_tokenize_fallbacks_total{reason=\"failed\"} 3\n"),
+            std::string::npos)
+      << m->body;
+  EXPECT_NE(m->body.find("kvfabric_router_tokenize_fallbacks_total{reason=\"disabled\"} 0\n"),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace kvf::router

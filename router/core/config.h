@@ -14,6 +14,7 @@
 #include "membership/membership_config.h"
 #include "policy/cache_index.h"
 #include "policy/policy.h"
+#include "policy/registry.h"
 
 namespace kvf::router {
 
@@ -76,7 +77,12 @@ struct RouterConfig {
 absl::Status parseInstanceUrl(std::string_view url, std::string* host, uint16_t* port);
 
 void parseInstanceConfig(config::ConfigMap& map, InstanceConfig* out);
-absl::StatusOr<RouterConfig> loadRouterConfig(const std::string& path);
-absl::StatusOr<RouterConfig> parseRouterConfig(std::string_view yaml, std::string_view source);
+// `policies`: where `policy.kind` is looked up (must outlive the config).
+absl::StatusOr<RouterConfig> loadRouterConfig(
+    const std::string& path,
+    const policy::PolicyRegistry& policies = policy::PolicyRegistry::builtin());
+absl::StatusOr<RouterConfig> parseRouterConfig(
+    std::string_view yaml, std::string_view source,
+    const policy::PolicyRegistry& policies = policy::PolicyRegistry::builtin());
 
 }  // namespace kvf::router

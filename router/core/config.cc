@@ -1,4 +1,4 @@
-#include "router/config.h"
+#include "router/core/config.h"
 
 #include <charconv>
 #include <set>
@@ -92,7 +92,7 @@ void parseHealth(config::ConfigMap& map, HealthConfig* out) {
   map.rejectUnknownKeys();
 }
 
-void parseRoot(config::ConfigMap& root, RouterConfig* out) {
+void parseRoot(config::ConfigMap& root, RouterConfig* out, const policy::PolicyRegistry& policies) {
   if (auto listen = root.map("listen")) {
     listen->get("host", &out->host);
     uint32_t port = out->port;
@@ -129,7 +129,7 @@ void parseRoot(config::ConfigMap& root, RouterConfig* out) {
     root.fail("instances", strCat("at most ", policy::kMaxInstances, " instances"));
   }
   if (auto p = root.map("policy")) {
-    policy::parsePolicyConfig(*p, &out->policy);
+    policy::parsePolicyConfig(*p, &out->policy, policies);
     p->rejectUnknownKeys();
   }
   if (auto i = root.map("index")) parseIndex(*i, &out->index);
@@ -162,12 +162,17 @@ void parseRoot(config::ConfigMap& root, RouterConfig* out) {
 
 }  // namespace
 
-absl::StatusOr<RouterConfig> loadRouterConfig(const std::string& path) {
-  return config::parseFile<RouterConfig>(path, parseRoot);
+absl::StatusOr<RouterConfig> loadRouterConfig(const std::string& path,
+                                              const policy::PolicyRegistry& policies) {
+  return config::parseFile<RouterConfig>(
+      path, [&](config::ConfigMap& root, RouterConfig* out) { parseRoot(root, out, policies); });
 }
 
-absl::StatusOr<RouterConfig> parseRouterConfig(std::string_view yaml, std::string_view source) {
-  return config::parseText<RouterConfig>(yaml, source, parseRoot);
+absl::StatusOr<RouterConfig> parseRouterConfig(std::string_view yaml, std::string_view source,
+                                               const policy::PolicyRegistry& policies) {
+  return config::parseText<RouterConfig>(
+      yaml, source,
+      [&](config::ConfigMap& root, RouterConfig* out) { parseRoot(root, out, policies); });
 }
 
 }  // namespace kvf::router

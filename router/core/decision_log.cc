@@ -1,4 +1,4 @@
-#include "router/decision_log.h"
+#include "router/core/decision_log.h"
 
 #include <cerrno>
 #include <cmath>
@@ -22,6 +22,9 @@ std::string decisionToJson(const DecisionRecord& r) {
   o["reason"] = r.reason;
   o["class"] = r.request_class;
   o["attempt"] = r.attempt;
+  bj::array excluded;
+  for (const std::string& id : r.excluded) excluded.emplace_back(id);
+  o["excluded"] = std::move(excluded);
   o["prompt_tokens"] = r.prompt_tokens;
   o["predicted_cached_tokens"] = r.predicted_cached_tokens;
   if (r.actual_cached_tokens) {

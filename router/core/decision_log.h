@@ -1,6 +1,7 @@
-// The decision log: one JSON line per routed request (see docs/router.md for the fields), for
+// The decision log: one JSON line per routing attempt (see docs/router.md for the fields), for
 // the A/B harness and offline analysis, plus the most recent records in memory for the admin
-// API. Owned by the router; used from the router's single thread.
+// API. The routing core fills a record's routing fields (RoutingCore::fillRecord), its driver
+// the rest. Owned by the router or the simulator; used from its single thread.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +16,9 @@
 namespace kvf::router {
 
 struct DecisionRecord {
-  double ts = 0;  // wall-clock seconds since the epoch, when the decision was taken
+  // Wall-clock seconds since the epoch when the request arrived (the simulator: virtual
+  // seconds when the attempt was decided).
+  double ts = 0;
   std::string request_id;
   std::string session;
   std::string policy;
@@ -24,6 +27,9 @@ struct DecisionRecord {
   std::string reason;
   std::string request_class;
   int attempt = 1;
+  // Instances excluded from this attempt because an earlier attempt of the request failed on
+  // them (ids, in slot order).
+  std::vector<std::string> excluded;
   int64_t prompt_tokens = 0;
   int64_t predicted_cached_tokens = 0;
   std::optional<int64_t> actual_cached_tokens;  // from the engine's usage, when reported

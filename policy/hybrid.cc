@@ -1,0 +1,110 @@
+// `hybrid`: lmetric's score, plus a high-cache affinity gate (the instance holding more than
+// gate_fraction of the prompt wins unless it is overloaded) and hysteresis that keeps a session
+// on its last instance within (1 + hysteresis) x the best score. Parameters: `hybrid:`.
+#include "policy/hybrid.h"
+
+#include "policy/lmetric.h"
+#include "policy/policy_support.h"
+#include "policy/registry.h"
+#include "policy/session_table.h"
+
+namespace kvf::policy {
+namespace {
+
+struct HybridParams final : PolicyParams {
+  double gate_fraction = 0.5;        // an instance holding > this share of the prompt wins
+  double overload_factor = 2.0;      // ... unless its running > factor x average running
+  int64_t overload_min_running = 4;  //     and at least this many
+  double hysteresis = 0.1;           // keep the session's last instance within (1+h) x best
+};
+
+std::shared_ptr<const PolicyParams> parse(config::ConfigMap& block) {
+  auto p = std::make_shared<HybridParams>();
+  block.get("gate_fraction", &p->gate_fraction, 0.0, 1.0);
+  block.get("overload_factor", &p->overload_factor, 1.0, 1e6);
+  block.get("overload_min_running", &p->overload_min_running, 0, int64_t{1} << 30);
+  block.get("hysteresis", &p->hysteresis, 0.0, 10.0);
+  return p;
+}
+
+class HybridPolicy final : public Policy {
+ public:
+  explicit HybridPolicy(const PolicyConfig& c)
+      : classify_(c.classify),
+        params_(c.params<HybridParams>("hybrid")),
+        sessions_(c.session_ttl, c.max_sessions) {}
+  std::string_view name() const override { return "hybrid"; }
+  Decision decide(const RouteRequest& r, std::span<const InstanceSnapshot> inst,
+                  Nanos now) override {
+    std::vector<double> scores, secondary;
+    lmetric::scores(r, inst, &scores, &secondary);
+    std::string_view reason;
+    int chosen = gate(r, inst, scores, &reason);
+    if (chosen < 0 && !inst.empty()) {
+      chosen = support::argmin(inst, scores, secondary, cursor_);
+      if (reason.empty()) reason = "lmetric_score";
+      auto last = sessions_.get(r.session, now);
+      if (chosen >= 0 && last && *last != chosen && *last < static_cast<int>(inst.size()) &&
+          inst[*last].healthy && scores[*last] <= scores[chosen] * (1.0 + params_.hysteresis)) {
+        chosen = *last;
+        reason = "hysteresis";
+      }
+    }
+    if (chosen >= 0) {
+      cursor_ = static_cast<size_t>(chosen) + 1;
+      sessions_.put(r.session, chosen, now);
+    }
+    return support::finish(r, inst, chosen, reason, std::move(scores), classify_);
+  }
+
+ private:
+  // The high-cache affinity gate: the instance holding the most of the prompt, if that is more
+  // than gate_fraction of it and the instance is not overloaded. Ties: lower score, lower index.
+  int gate(const RouteRequest& r, std::span<const InstanceSnapshot> inst,
+           const std::vector<double>& scores, std::string_view* reason) const {
+    if (r.prompt_tokens <= 0) return -1;
+    double average = support::averageRunning(inst);
+    double threshold = params_.gate_fraction * static_cast<double>(r.prompt_tokens);
+    int best = -1;
+    bool any_overloaded = false;
+    for (size_t i = 0; i < inst.size(); ++i) {
+      const InstanceSnapshot& s = inst[i];
+      if (!s.healthy || static_cast<double>(s.matched_tokens) <= threshold) continue;
+      if (support::overloaded(s.running, average, params_.overload_factor,
+                              params_.overload_min_running)) {
+        any_overloaded = true;
+        continue;
+      }
+      if (best < 0 || s.matched_tokens > inst[best].matched_tokens ||
+          (s.matched_tokens == inst[best].matched_tokens && scores[i] < scores[best])) {
+        best = static_cast<int>(i);
+      }
+    }
+    if (best >= 0) {
+      *reason = "cache_gate";
+    } else if (any_overloaded) {
+      *reason = "gate_overloaded";
+    }
+    return best;
+  }
+
+  ClassifyConfig classify_;
+  HybridParams params_;
+  SessionTable sessions_;
+  size_t cursor_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Policy> hybrid::create(const PolicyConfig& config) {
+  return makePolicy<HybridPolicy>(config);
+}
+
+namespace hybrid {
+const PolicyDefinition& definition() {
+  static const PolicyDefinition kDefinition{"hybrid", &parse, &hybrid::create};
+  return kDefinition;
+}
+}  // namespace hybrid
+
+}  // namespace kvf::policy

@@ -1,0 +1,265 @@
+#include "router/core/routing_core.h"
+
+#include <algorithm>
+#include <bit>
+
+#include "common/strings.h"
+
+namespace kvf::router {
+
+void RequestRoute::peerFailed(std::string_view outcome) {
+  offload_outcome_ = outcome;
+  // The instance prefills everything it does not hold itself.
+  uncached_tokens_ = prompt_tokens - own_matched_tokens_;
+  load_.setPrefill(uncached_tokens_);
+  decision_.predicted_cached_tokens = own_matched_tokens_;
+}
+
+void RequestRoute::exclude() {
+  if (instance_ >= 0) excluded_ |= policy::InstanceMask{1} << instance_;
+}
+
+void RequestRoute::endAttempt() {
+  load_.release();
+  peer_load_.release();
+  offload_.release();
+}
+
+absl::StatusOr<std::unique_ptr<RoutingCore>> RoutingCore::create(const RouterConfig& config) {
+  std::unique_ptr<policy::Policy> policy = policy::createPolicy(config.policy);
+  if (policy == nullptr) {
+    return absl::InvalidArgumentError(strCat("unknown policy kind \"", config.policy.kind, "\""));
+  }
+  return std::unique_ptr<RoutingCore>(new RoutingCore(config, std::move(policy)));
+}
+
+RoutingCore::RoutingCore(const RouterConfig& config, std::unique_ptr<policy::Policy> policy)
+    : config_(config), index_(config.index), ledger_(std::make_shared<Ledger>()) {
+  ledger_->instances.resize(policy::kMaxInstances);
+  ledger_->policy = std::move(policy);
+}
+
+void RoutingCore::addInstance(int slot, std::string id, bool push_capable, bool has_events,
+                              bool admitted) {
+  InstanceState& s = ledger_->instances[static_cast<size_t>(slot)];
+  uint64_t generation = s.generation + 1;
+  s = InstanceState{};
+  s.id = std::move(id);
+  s.present = true;
+  s.generation = generation;
+  s.push_capable = push_capable;
+  s.has_events = has_events;
+  s.check_healthy = admitted;
+  index_.clearInstance(slot);  // a reused slot starts empty
+  slot_end_ = std::max(slot_end_, slot + 1);
+}
+
+void RoutingCore::removeInstance(int slot) {
+  InstanceState& s = ledger_->instances[static_cast<size_t>(slot)];
+  ++s.generation;
+  s.present = false;
+  s.running = s.pending_prefill_tokens = s.ongoing_tokens = 0;
+  index_.clearInstance(slot);
+  while (slot_end_ > 0 && !ledger_->instances[static_cast<size_t>(slot_end_ - 1)].present) {
+    --slot_end_;
+  }
+}
+
+RoutingCore::HealthChange RoutingCore::healthCheck(int slot, bool ok) {
+  InstanceState& s = ledger_->instances[static_cast<size_t>(slot)];
+  const HealthConfig& h = config_.health;
+  if (ok) {
+    s.check_failures = 0;
+    if (!s.check_healthy && ++s.check_passes >= h.healthy_threshold) {
+      s.check_healthy = true;
+      return HealthChange::kReadmitted;
+    }
+    return HealthChange::kNone;
+  }
+  s.check_passes = 0;
+  if (s.check_healthy && ++s.check_failures >= h.unhealthy_threshold) {
+    s.check_healthy = false;
+    return HealthChange::kEjected;
+  }
+  return HealthChange::kNone;
+}
+
+void RoutingCore::reportEngineLoad(int slot, std::optional<int64_t> waiting,
+                                   std::optional<double> kv_usage) {
+  InstanceState& s = ledger_->instances[static_cast<size_t>(slot)];
+  if (waiting) s.waiting = *waiting;
+  if (kv_usage) s.kv_usage = *kv_usage;
+}
+
+void RoutingCore::setDraining(int slot, bool draining) {
+  ledger_->instances[static_cast<size_t>(slot)].draining = draining;
+}
+
+bool RoutingCore::upstreamFailure(int slot, Nanos now) {
+  InstanceState& s = ledger_->instances[static_cast<size_t>(slot)];
+  if (++s.request_failures >= config_.circuit_failure_threshold && now >= s.circuit_open_until) {
+    s.circuit_open_until = now + config_.circuit_open;
+    // Half-open afterwards: one more failure reopens it.
+    s.request_failures = config_.circuit_failure_threshold - 1;
+    return true;
+  }
+  return false;
+}
+
+void RoutingCore::upstreamSuccess(int slot) {
+  ledger_->instances[static_cast<size_t>(slot)].request_failures = 0;
+}
+
+bool RoutingCore::reachable(int slot, Nanos now) const {
+  const InstanceState& s = ledger_->instances[static_cast<size_t>(slot)];
+  return s.present && s.check_healthy && now >= s.circuit_open_until;
+}
+
+bool RoutingCore::admitted(int slot, Nanos now) const {
+  return reachable(slot, now) && !ledger_->instances[static_cast<size_t>(slot)].draining;
+}
+
+int64_t RoutingCore::cacheableTokens(int64_t prompt_tokens) const {
+  // Engines compute at least the last prompt token, so at most the full blocks of the first
+  // prompt_tokens - 1 tokens can be reported cached.
+  const auto bs = static_cast<int64_t>(config_.index.block_size);
+  return std::max<int64_t>(0, prompt_tokens - 1) / bs * bs;
+}
+
+bool RoutingCore::decide(RequestRoute& r, Nanos now) {
+  r.endAttempt();
+  ++r.attempt_;
+  r.predicted_ = false;
+  r.offload_outcome_ = {};
+  r.engine_prompt_tokens_ = 0;
+  r.peer_id_.clear();
+  index_.expire(now);
+  const auto n = static_cast<size_t>(slot_end_);
+  matched_.resize(n);
+  if (r.hashes_complete) {
+    index_.matchLengths(r.hashes, matched_);
+  } else {
+    index_.hashAndMatch(r.tokens, &r.hashes, matched_);
+  }
+  const auto bs = static_cast<int64_t>(config_.index.block_size);
+  snapshots_.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const InstanceState& s = ledger_->instances[i];
+    policy::InstanceSnapshot& snap = snapshots_[i];
+    const int slot = static_cast<int>(i);
+    snap.healthy = admitted(slot, now) && (r.excluded_ & (policy::InstanceMask{1} << i)) == 0;
+    snap.running = s.running;
+    snap.waiting = s.waiting;
+    snap.pending_prefill_tokens = s.pending_prefill_tokens;
+    snap.ongoing_tokens = s.ongoing_tokens;
+    snap.kv_usage = s.kv_usage;
+    snap.push_capable = s.present && s.push_capable;
+    snap.reachable = reachable(slot, now);
+    // Text blocks hold about block_size tokens each, but the prompt's length is an estimate.
+    int64_t blocks = matched_[i];
+    snap.matched_tokens = r.exact ? blocks * bs : std::min(r.prompt_tokens, blocks * bs);
+  }
+  policy::RouteRequest request;
+  request.session = r.session;
+  request.prompt_tokens = r.prompt_tokens;
+  r.decision_ = ledger_->policy->decide(request, snapshots_, now);
+  const policy::Decision& d = r.decision_;
+  if (d.instance < 0) {
+    r.instance_ = -1;
+    r.peer_ = -1;
+    r.instance_id_.clear();
+    return false;
+  }
+  r.instance_ = d.instance;
+  const InstanceState& chosen = ledger_->instances[static_cast<size_t>(r.instance_)];
+  r.instance_generation_ = chosen.generation;
+  r.instance_id_ = chosen.id;
+  const int64_t cacheable = cacheableTokens(r.prompt_tokens);
+  r.own_matched_tokens_ =
+      std::min(snapshots_[static_cast<size_t>(r.instance_)].matched_tokens, cacheable);
+  r.peer_ = d.mode == policy::Mode::kPushMigrate      ? d.source_instance
+            : d.mode == policy::Mode::kPrefillOffload ? d.prefill_instance
+                                                      : -1;
+  if (r.peer_ >= 0) {
+    const InstanceState& peer = ledger_->instances[static_cast<size_t>(r.peer_)];
+    r.peer_generation_ = peer.generation;
+    r.peer_id_ = peer.id;
+  }
+  if (d.mode == policy::Mode::kPrefillOffload && r.peer_ >= 0) {
+    // The policy counted this offload against its cap: the lease gives it back exactly once.
+    r.offload_ = OffloadLease(ledger_);
+    // D will hold every full block of the prompt once P's blocks are pushed (capped below);
+    // P prefills what it does not hold.
+    r.decision_.predicted_cached_tokens = r.prompt_tokens;
+    int64_t peer_matched = snapshots_[static_cast<size_t>(r.peer_)].matched_tokens;
+    int64_t peer_uncached =
+        std::max<int64_t>(0, r.prompt_tokens - std::min(peer_matched, r.prompt_tokens));
+    r.peer_load_ = LoadLease(ledger_, r.peer_, 1, 0, peer_uncached);
+  }
+  r.decision_.predicted_cached_tokens = std::min(r.decision_.predicted_cached_tokens, cacheable);
+  r.uncached_tokens_ = r.prompt_tokens - r.decision_.predicted_cached_tokens;
+  r.load_ = LoadLease(ledger_, r.instance_, 1, r.prompt_tokens + r.max_tokens, r.uncached_tokens_);
+  return true;
+}
+
+void RoutingCore::completeHashes(RequestRoute& r) const {
+  if (r.hashes_complete) return;
+  policy::completeBlockHashes(r.tokens, config_.index.block_size, &r.hashes);
+  r.hashes_complete = true;
+}
+
+void RoutingCore::predict(RequestRoute& r, Nanos now) {
+  if (r.predicted_ || r.instance_ < 0) return;
+  r.predicted_ = true;
+  const InstanceState& s = ledger_->instances[static_cast<size_t>(r.instance_)];
+  // A removed instance's slot may already belong to a new one.
+  if (s.generation != r.instance_generation_) return;
+  completeHashes(r);
+  index_.addSoft(r.instance_, r.hashes, now, !s.has_events || !r.exact);
+}
+
+void RoutingCore::predictPeer(RequestRoute& r, Nanos now) {
+  if (r.peer_ < 0) return;
+  const InstanceState& s = ledger_->instances[static_cast<size_t>(r.peer_)];
+  if (s.generation != r.peer_generation_) return;
+  completeHashes(r);
+  index_.addSoft(r.peer_, r.hashes, now, !s.has_events || !r.exact);
+}
+
+void RoutingCore::reportPromptTokens(RequestRoute& r, int64_t engine_prompt_tokens) const {
+  if (r.exact || engine_prompt_tokens <= 0) return;
+  r.engine_prompt_tokens_ = engine_prompt_tokens;
+  r.decision_.predicted_cached_tokens =
+      std::min(r.decision_.predicted_cached_tokens, cacheableTokens(engine_prompt_tokens));
+}
+
+void RoutingCore::fillRecord(const RequestRoute& r, DecisionRecord* out) const {
+  const policy::Decision& d = r.decision_;
+  out->session = std::string(r.session);
+  out->policy = std::string(ledger_->policy->name());
+  out->instance = r.instance_ >= 0 ? r.instance_id_ : "";
+  out->mode = std::string(policy::modeName(d.mode));
+  out->reason = std::string(d.reason);
+  out->request_class = std::string(policy::requestClassName(d.request_class));
+  out->attempt = r.attempt_;
+  out->prompt_tokens = r.engine_prompt_tokens_ > 0 ? r.engine_prompt_tokens_ : r.prompt_tokens;
+  out->predicted_cached_tokens = d.predicted_cached_tokens;
+  out->scores.clear();
+  for (size_t i = 0; i < d.scores.size() && i < static_cast<size_t>(slot_end_); ++i) {
+    const InstanceState& s = ledger_->instances[i];
+    if (s.present) out->scores.emplace_back(s.id, d.scores[i]);
+  }
+  out->excluded.clear();
+  for (policy::InstanceMask m = r.excluded_; m != 0; m &= m - 1) {
+    out->excluded.push_back(ledger_->instances[static_cast<size_t>(std::countr_zero(m))].id);
+  }
+  out->source = r.instance_ >= 0 && r.peer_ >= 0 ? r.peer_id_ : "";
+  out->predicted_costs = {{"local", d.predicted.local},
+                          {"cold", d.predicted.cold},
+                          {"push_migrate", d.predicted.push},
+                          {"prefill_offload", d.predicted.offload},
+                          {"chosen", d.predicted.chosen}};
+  out->offload_prefill = std::string(r.offload_outcome_);
+}
+
+}  // namespace kvf::router

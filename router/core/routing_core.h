@@ -1,0 +1,183 @@
+// The routing core shared by kvf-router (the Asio shell: HTTP, upstream pools, health loop, KV
+// subscribers) and the discrete-event simulator (engines and links in virtual time): the cache
+// index, the policy, the per-instance ledger with its leases, health and circuit state, retry
+// exclusion, predicted (soft) index entries and the decision record. It does no I/O and reads
+// no clock: every time is an argument. Both drivers call it on the same events (a request
+// decided, its engine unreachable, its first bytes, its end; a peer's prefill over), so the
+// same sequence gives the same decisions live and simulated (tests/router/sameness_test.cc).
+// Single-threaded: the owner's thread (the router's io thread, the simulator's loop) makes
+// every call.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/clock.h"
+#include "policy/cache_index.h"
+#include "policy/policy.h"
+#include "router/core/config.h"
+#include "router/core/decision_log.h"
+#include "router/core/ledger.h"
+
+namespace kvf::router {
+
+// One request's routing across its attempts: what the driver parsed (set before the first
+// decide()), the current attempt's decision and the leases it holds, and the instances
+// excluded after failed attempts. Owned by the driver (a request's context, a simulated
+// flight); released on destruction.
+class RequestRoute {
+ public:
+  // Inputs.
+  std::string_view session;  // empty when the client sent none; must outlive the route
+  int64_t prompt_tokens = 0;
+  int64_t max_tokens = 0;
+  // Token-id prompts are matched exactly; text prompts approximately (their blocks are bytes
+  // and prompt_tokens is an estimate), so their routed entries are approximate.
+  bool exact = true;
+  // The prompt's block hashes from its first block. Complete, or (token-id prompts) computed
+  // lazily from `tokens`: decide() hashes only as far as the match goes, completeHashes()
+  // finishes them before entries are written.
+  std::vector<policy::BlockHash> hashes;
+  bool hashes_complete = false;
+  std::span<const policy::TokenId> tokens;  // must outlive the route while hashes are partial
+
+  // The current attempt (after a successful decide()).
+  int attempt() const { return attempt_; }
+  const policy::Decision& decision() const { return decision_; }
+  int instance() const { return instance_; }  // slot; -1 when no instance was available
+  int peer() const { return peer_; }          // push source / prefill instance slot; -1: none
+  int64_t predictedCachedTokens() const { return decision_.predicted_cached_tokens; }
+  int64_t ownMatchedTokens() const { return own_matched_tokens_; }
+  policy::InstanceMask excluded() const { return excluded_; }
+  bool loadHeld() const { return load_.held(); }
+  bool prefillPending() const { return load_.prefillHeld(); }
+  bool peerLoadHeld() const { return peer_load_.held(); }
+  bool offloadHeld() const { return offload_.held(); }
+  // P's outcome for an offload ("ok", "error", "timeout", "bad_response", "bad_request"); ""
+  // when none. Static strings.
+  std::string_view offloadOutcome() const { return offload_outcome_; }
+
+  // The attempt's events.
+  // The instance's prefill is over (its first bytes arrived): its pending prefill tokens go.
+  void endPrefill() { load_.endPrefill(); }
+  // The offload's prefill phase on P is over, whatever its outcome: P's load goes.
+  void endPeerLoad() { peer_load_.release(); }
+  // P failed (or gave nothing usable): the instance prefills all it does not hold itself.
+  void peerFailed(std::string_view outcome);
+  void peerSucceeded() { offload_outcome_ = "ok"; }
+  // Gives the policy's offload slot back.
+  void releaseOffload() { offload_.release(); }
+  // The attempt's instance is not tried again for this request.
+  void exclude();
+  // Releases every lease of the attempt (idempotent); decide() and destruction do it too.
+  void endAttempt();
+
+ private:
+  friend class RoutingCore;
+
+  int attempt_ = 0;
+  policy::Decision decision_;
+  int instance_ = -1;
+  int peer_ = -1;
+  uint64_t instance_generation_ = 0;
+  uint64_t peer_generation_ = 0;
+  std::string instance_id_;  // ids as they were at decide()
+  std::string peer_id_;
+  int64_t own_matched_tokens_ = 0;
+  int64_t uncached_tokens_ = 0;
+  int64_t engine_prompt_tokens_ = 0;  // a text prompt's length as the engine counted it; 0: none
+  policy::InstanceMask excluded_ = 0;
+  bool predicted_ = false;
+  std::string_view offload_outcome_;
+  LoadLease load_;
+  LoadLease peer_load_;
+  OffloadLease offload_;
+};
+
+class RoutingCore {
+ public:
+  // The index and policy from `config` (index, policy, circuit and health thresholds);
+  // InvalidArgument for a policy kind its registry does not know.
+  static absl::StatusOr<std::unique_ptr<RoutingCore>> create(const RouterConfig& config);
+  RoutingCore(const RoutingCore&) = delete;
+  RoutingCore& operator=(const RoutingCore&) = delete;
+
+  // Instances, by slot (0 .. policy::kMaxInstances - 1; the driver picks free ones). An added
+  // instance starts empty in the index and without load; healthy, or with `admitted` false
+  // taking no requests until health checks re-admit it.
+  void addInstance(int slot, std::string id, bool push_capable, bool has_events,
+                   bool admitted = true);
+  // Forgets the instance: its index entries go, its leases give nothing back any more.
+  void removeInstance(int slot);
+  const InstanceState& instance(int slot) const { return ledger_->instances[slot]; }
+  // One past the highest slot in use: the length of the snapshot the policy sees.
+  int slotEnd() const { return slot_end_; }
+
+  // Health checks: `ok` or not; ejects after unhealthy_threshold failures in a row, re-admits
+  // after healthy_threshold passes.
+  enum class HealthChange { kNone, kEjected, kReadmitted };
+  HealthChange healthCheck(int slot, bool ok);
+  // The engine's own figures (its /metrics); nullopt leaves a figure as it was.
+  void reportEngineLoad(int slot, std::optional<int64_t> waiting, std::optional<double> kv_usage);
+  void setDraining(int slot, bool draining);
+  // A request failed on the instance (connection, read, stream, P's prefill): consecutive
+  // failures open its circuit for circuit_open, half-open afterwards. True when this one
+  // opened it.
+  bool upstreamFailure(int slot, Nanos now);
+  // The instance answered: its failure count starts again.
+  void upstreamSuccess(int slot);
+  // Routable: present, health checks pass, not drained, circuit closed.
+  bool admitted(int slot, Nanos now) const;
+  // Alive for peer traffic (may be drained).
+  bool reachable(int slot, Nanos now) const;
+
+  policy::CacheIndex& index() { return index_; }
+  const policy::CacheIndex& index() const { return index_; }
+  policy::Policy& policy() { return *ledger_->policy; }
+  const policy::Policy& policy() const { return *ledger_->policy; }
+
+  // A new attempt for `route`: ends the previous one, expires and matches the index, asks the
+  // policy over every slot (excluded and unadmitted ones marked unhealthy), and takes the
+  // leases: the instance's running request, ongoing tokens and pending prefill tokens, and for
+  // a prefill offload P's running request and prefill tokens and the policy's offload slot.
+  // Predicted cached tokens are at most the full blocks of prompt_tokens - 1 (an engine always
+  // computes the last prompt token). False when no instance is admitted.
+  bool decide(RequestRoute& route, Nanos now);
+  // Finishes route.hashes (every full block of the prompt).
+  void completeHashes(RequestRoute& route) const;
+  // Writes the attempt's routed (soft) entries for its instance, once per attempt: predicted
+  // where the instance has KV events and the prompt is exact, else approximate.
+  void predict(RequestRoute& route, Nanos now);
+  // The same for the offload's P once it prefilled the prompt.
+  void predictPeer(RequestRoute& route, Nanos now);
+  // The engine's own count of the prompt's tokens (its usage report). A text prompt's length
+  // was only estimated, so its prediction is capped again: at most the full blocks of the
+  // engine's prompt_tokens - 1, as for a token-id prompt; the record then gives the engine's
+  // count. Token-id prompts are left as they are.
+  void reportPromptTokens(RequestRoute& route, int64_t engine_prompt_tokens) const;
+
+  // The decision record's routing fields: policy, session, instance, mode, reason, class,
+  // attempt, prompt and predicted tokens, scores, source, predicted costs, P's outcome and the
+  // excluded instances. The driver adds times, ids, status and what the engine reported.
+  void fillRecord(const RequestRoute& route, DecisionRecord* record) const;
+
+ private:
+  RoutingCore(const RouterConfig& config, std::unique_ptr<policy::Policy> policy);
+  int64_t cacheableTokens(int64_t prompt_tokens) const;
+
+  RouterConfig config_;
+  policy::CacheIndex index_;
+  std::shared_ptr<Ledger> ledger_;
+  int slot_end_ = 0;
+  // Per-decision scratch, reused.
+  std::vector<uint32_t> matched_;
+  std::vector<policy::InstanceSnapshot> snapshots_;
+};
+
+}  // namespace kvf::router
