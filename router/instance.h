@@ -36,7 +36,9 @@ struct Instance {
   metrics::Counter* kv_resets = nullptr;
 
   bool hasEvents() const { return !config.kv_events.endpoint.empty(); }
-  bool pushCapable() const { return !config.worker_url.empty(); }
+  bool pushCapable() const { return !config.worker_url.empty() || nixl(); }
+  // KV moves from this instance in vLLM's NixlConnector dialect.
+  bool nixl() const { return config.kv_connector == "nixl"; }
 };
 
 }  // namespace kvf::router

@@ -12,6 +12,8 @@
 namespace kvf::router {
 namespace {
 
+namespace bj = boost::json;
+
 log::RateLimitedLog offload_log;
 
 }  // namespace
@@ -21,6 +23,19 @@ asio::awaitable<std::optional<std::string>> Router::upstreamBody(RequestContext&
   KvTransferParams params;
   bool with_params = false;
   policy::Mode mode = ctx.route.decision().mode;
+  if (mode != policy::Mode::kLocal && ctx.peer && ctx.peer->nixl()) {
+    // vLLM's NixlConnector: the holder's leg first (P prefills; C's prefill of the prefix it
+    // holds is a cache hit), then D gets its answer unchanged and reads the blocks.
+    std::optional<bj::value> nixl;
+    if (co_await remotePrefill(ctx, request, &params, &nixl)) {
+      auto body = withRawKvTransferParams(request.body, *nixl);
+      if (body.ok()) co_return std::move(*body);
+    }
+    // No usable answer: D prefills locally, without params it would not read.
+    auto body = withKvTransferParams(request.body, nullptr);
+    if (!body.ok()) co_return std::nullopt;
+    co_return std::move(*body);
+  }
   if (mode == policy::Mode::kPushMigrate && ctx.peer) {
     params.source = ctx.peer->config.worker_url;
     with_params = true;
@@ -42,7 +57,8 @@ asio::awaitable<std::optional<std::string>> Router::upstreamBody(RequestContext&
 }
 
 asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Request& request,
-                                            KvTransferParams* params) {
+                                            KvTransferParams* params,
+                                            std::optional<bj::value>* nixl_params) {
   std::shared_ptr<Instance> p = ctx.peer;
   const policy::OffloadTerms terms = core_->policy().offloadTerms();
   // `outcome` is a static string: the route keeps it for the record and the header.
@@ -64,7 +80,8 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
     }
     return outcome == "ok";
   };
-  auto body = remotePrefillBody(request.body, terms.lease_ms);
+  auto body = nixl_params != nullptr ? nixlPrefillBody(request.body)
+                                     : remotePrefillBody(request.body, terms.lease_ms);
   if (!body.ok()) {
     ctx.route.endPeerLoad();
     co_return fail("bad_request", std::string(body.status().message()));
@@ -73,7 +90,8 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
   call.method = "POST";
   call.target = request.target;
   call.body = std::move(*body);
-  call.headers.emplace_back("x-request-id", ctx.id + "-prefill");
+  // vLLM's proxy: one X-Request-Id for both legs (the proxy sends D the same id).
+  call.headers.emplace_back("x-request-id", nixl_params != nullptr ? ctx.id : ctx.id + "-prefill");
   if (auto auth = request.header("authorization"); !auth.empty()) {
     call.headers.emplace_back("authorization", std::string(auth));
   }
@@ -89,6 +107,13 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
     co_return fail("error", strCat("status ", response->status));
   }
   recordUpstreamSuccess(*p);
+  if (nixl_params != nullptr) {
+    auto answer = parseNixlPrefillResponse(response->body);
+    if (!answer.ok()) co_return fail("bad_response", std::string(answer.status().message()));
+    *nixl_params = std::move(*answer);
+    core_->predictPeer(ctx.route, clock_.now());
+    co_return fail("ok", "");
+  }
   auto parsed = parseRemotePrefillResponse(response->body, p->config.worker_url);
   if (!parsed.ok()) co_return fail("bad_response", std::string(parsed.status().message()));
   *params = std::move(*parsed);
@@ -100,8 +125,9 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
 void Router::recordTransferOutcome(const RequestContext& ctx) {
   policy::Mode mode = ctx.route.decision().mode;
   if (mode == policy::Mode::kLocal || !ctx.peer || ctx.status != 200) return;
-  // An offload whose prefill failed sent D no params: nothing was transferred.
-  if (mode == policy::Mode::kPrefillOffload && ctx.route.offloadOutcome() != "ok") return;
+  // A first leg that failed (offload, or a NIXL-dialect migration) sent D no params: nothing
+  // was transferred.
+  if (!ctx.route.offloadOutcome().empty() && ctx.route.offloadOutcome() != "ok") return;
   std::string status(ctx.transfer ? protocol::transferOutcomeName(ctx.transfer->outcome)
                                   : "unreported");
   registry_

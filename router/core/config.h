@@ -33,6 +33,12 @@ struct InstanceConfig {
   // The engine's worker control server (http://host:port), for KV push and prefill offload;
   // empty: the instance never takes part in either.
   std::string worker_url;
+  // How KV reaches a decode instance from this one as the holder (prefill instance P or cache
+  // holder C): "kvfabric" (the decode instance's worker pulls from worker_url with kvfabric's
+  // push) or "nixl" (vLLM's NixlConnector: a first leg with do_remote_decode to this instance,
+  // its remote_* answer passed unchanged to the decode instance, which reads the blocks).
+  // Default: kvfabric with a worker_url.
+  std::string kv_connector = "kvfabric";
 };
 
 struct HealthConfig {
