@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <deque>
 #include <limits>
@@ -27,7 +28,11 @@ constexpr auto kUseTuple = asio::as_tuple(asio::use_awaitable);
 class Connection {
  public:
   // Beast sizes each read by the buffer's spare capacity; reserve so bodies arrive in large reads.
-  explicit Connection(asio::any_io_executor executor) : stream(std::move(executor)) {
+  // The buffer only ever holds a response head or an incomplete chunk line / trailer section
+  // (body bytes are parsed out of it as they come), so `max_buffered` bounds what an upstream
+  // can make us hold there.
+  Connection(asio::any_io_executor executor, size_t max_buffered)
+      : stream(std::move(executor)), buffer(max_buffered) {
     buffer.reserve(64 * 1024);
   }
 
@@ -228,7 +233,10 @@ asio::awaitable<absl::StatusOr<std::unique_ptr<Connection>>> HttpClient::connect
     std::lock_guard lock(pool_->mu);
     pool_->resolved = results;
   }
-  auto conn = std::make_unique<Connection>(executor_);
+  // A response head may take max_header_bytes; past a head, an upstream's chunk line or
+  // trailers get at most 1 MiB.
+  auto conn = std::make_unique<Connection>(
+      executor_, std::max<size_t>(options_.max_header_bytes + 64 * 1024, 1 << 20));
   conn->stream.expires_after(options_.connect_timeout);
   auto [ec, endpoint] = co_await conn->stream.async_connect(*resolved, kUseTuple);
   if (ec) co_return ioError(ec, "connecting to", host_, port_);

@@ -1,8 +1,8 @@
 // Internal to common/http_server.cc and http_client.cc, the proxy's hot path: reads an HTTP
 // header into a Beast parser with plain socket reads, parsing in place, instead of Beast's
 // composed async_read_header (two nested composed operations and their completion hops per
-// read); reads a sized body straight into its string; writes a message at once when it fits
-// the socket. Single-threaded like the connection.
+// read); reads what has arrived without a trip through the scheduler; writes a message at once
+// when it fits the socket. Single-threaded like the connection.
 #pragma once
 
 #include <chrono>
@@ -45,6 +45,10 @@ boost::asio::awaitable<std::pair<boost::system::error_code, size_t>> readHeader(
       ec = {};
     }
     size_t room = boost::beast::read_size(buffer, 64 * 1024);
+    if (room == 0) {  // the buffer's own limit, below the parser's header limit
+      ec = bhttp::error::buffer_overflow;
+      co_return result;
+    }
     auto [read_ec, n] = co_await stream.async_read_some(
         buffer.prepare(room), boost::asio::as_tuple(boost::asio::use_awaitable));
     buffer.commit(n);
@@ -81,33 +85,21 @@ boost::asio::awaitable<boost::system::error_code> writeNowOrAsync(
   co_return ec;
 }
 
-// Reads a body of `length` bytes into `body`: first what `buffer` already holds (bytes after
-// it stay there), then from the socket (non-blocking reads while bytes are there, else an
-// asynchronous read), the whole body within `timeout`. `observer` (may be null) sees the body
-// so far after every read. A peer that closes early gives partial_message.
-inline boost::asio::awaitable<boost::system::error_code> readSizedBody(
-    boost::beast::tcp_stream& stream, boost::beast::flat_buffer& buffer, size_t length,
-    std::chrono::milliseconds timeout, std::string& body, BodyObserver* observer) {
+// Reads what has arrived into `room`: a non-blocking read while bytes are there (the socket must
+// be non-blocking), else an asynchronous read that fails with beast::error::timeout at
+// `deadline`. Returns the error (eof when the peer closed) and the bytes read.
+inline boost::asio::awaitable<std::pair<boost::system::error_code, size_t>> readSomeNowOrAsync(
+    boost::beast::tcp_stream& stream, boost::asio::mutable_buffer room,
+    std::chrono::steady_clock::time_point deadline) {
   namespace asio = boost::asio;
-  body.resize(length);
-  size_t got = asio::buffer_copy(asio::buffer(body.data(), length), buffer.data());
-  buffer.consume(got);
-  if (observer != nullptr) observer->onBody(std::string_view(body.data(), got), length);
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (got < length) {
-    boost::system::error_code ec;
-    auto room = asio::buffer(body.data() + got, length - got);
-    size_t n = stream.socket().read_some(room, ec);
-    if (ec == asio::error::would_block || ec == asio::error::try_again) {
-      stream.expires_at(deadline);
-      std::tie(ec, n) = co_await stream.async_read_some(room, asio::as_tuple(asio::use_awaitable));
-    }
-    if (ec == asio::error::eof) co_return boost::beast::http::error::partial_message;
-    if (ec) co_return ec;
-    got += n;
-    if (observer != nullptr) observer->onBody(std::string_view(body.data(), got), length);
+  std::pair<boost::system::error_code, size_t> result;
+  auto& [ec, n] = result;
+  n = stream.socket().read_some(room, ec);
+  if (ec == asio::error::would_block || ec == asio::error::try_again) {
+    stream.expires_at(deadline);
+    std::tie(ec, n) = co_await stream.async_read_some(room, asio::as_tuple(asio::use_awaitable));
   }
-  co_return boost::system::error_code();
+  co_return result;
 }
 
 }  // namespace kvf::http::internal

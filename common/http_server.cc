@@ -18,6 +18,7 @@
 #include <boost/beast/http.hpp>
 
 #include "common/http_io.h"
+#include "common/http_request_parser.h"
 #include "common/json.h"
 #include "common/log.h"
 #include "common/sse.h"
@@ -203,38 +204,36 @@ class BeastResponseWriter final : public ResponseWriter {
   const std::atomic<bool>* stopping_;
 };
 
-// Maps a request-parsing error to the status we answer with; 0 means "just close".
-int statusForParseError(const boost::system::error_code& ec) {
-  if (ec == bhttp::error::body_limit) return 413;
-  if (ec == bhttp::error::header_limit) return 431;
-  if (ec == bhttp::error::end_of_stream || ec == beast::error::timeout ||
-      ec == asio::error::operation_aborted || ec == asio::error::eof ||
-      ec == asio::error::connection_reset || ec == bhttp::error::partial_message) {
-    return 0;
-  }
-  if (ec.category() == bhttp::make_error_code(bhttp::error::bad_method).category()) return 400;
-  return 0;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
 
 struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
+  // Where a connection is: which ones another client's connection may displace at the cap.
+  enum class Phase { kWaiting, kReading, kHandling };
   struct Connection {
     std::shared_ptr<beast::tcp_stream> stream;
-    std::atomic<bool> idle{true};
+    asio::ip::address client;
+    std::atomic<Phase> phase{Phase::kWaiting};
+    bool served = false;     // a request was read on it (touched by its own session only)
+    bool displaced = false;  // closed to make room; counts already released (guarded by mu)
   };
 
   Impl(asio::io_context& ioc_in, ServerOptions options_in)
-      : ioc(ioc_in), options(std::move(options_in)), acceptor(ioc_in) {}
+      : ioc(ioc_in), options(std::move(options_in)), acceptor(ioc_in) {
+    limits.max_header_bytes = options.max_header_bytes;
+    limits.max_body_bytes = options.max_body_bytes;
+    limits.max_chunk_extension_bytes = options.max_chunk_extension_bytes;
+  }
 
   asio::io_context& ioc;
   ServerOptions options;
+  RequestLimits limits;
   tcp::acceptor acceptor;
   struct Route {
     Handler handler;
     BodyObserverFactory observe;
+    HeadCheck check;
   };
   using Methods = std::map<std::string, Route>;
   std::map<std::string, Methods, std::less<>> exact;   // path -> method
@@ -242,18 +241,31 @@ struct HttpServer::Impl : std::enable_shared_from_this<HttpServer::Impl> {
   std::atomic<bool> stopping{false};
   mutable std::mutex mu;
   std::set<std::shared_ptr<Connection>> connections;
+  // Connections per client and in all, not counting displaced ones still closing (mu).
+  std::map<asio::ip::address, size_t> per_client;
+  size_t counted = 0;
+  std::atomic<uint64_t> refused{0};
+  std::atomic<uint64_t> displaced{0};
+  log::RateLimitedLog refused_log;
 
   asio::awaitable<void> acceptLoop();
+  // Admits a connection from `client` under the caps (mu held); false: close it.
+  bool admit(const asio::ip::address& client);
+  void release(Connection& conn);  // mu held
   asio::awaitable<void> session(std::shared_ptr<Connection> conn);
-  // One request's head and body; `route` is its handler (null: none for this path/method).
-  asio::awaitable<boost::system::error_code> readRequest(
-      Connection& conn, beast::flat_buffer& buffer,
-      bhttp::request_parser<bhttp::string_body>& parser, Request& request, const Route** route,
-      std::string& spare_body);
+  // Reads one request into `parser` (kDone or kFailed on return, or a read error). `route` is
+  // its handler (null: none for this path/method); a failed head check fails the parser.
+  asio::awaitable<boost::system::error_code> readRequest(Connection& conn,
+                                                         beast::flat_buffer& buffer,
+                                                         RequestParser& parser,
+                                                         const Route** route);
+  // After the head: route lookup, head check, body observer, 100 Continue.
+  asio::awaitable<void> onHead(beast::tcp_stream& stream, RequestParser& parser,
+                               const Route** route);
   asio::awaitable<void> dispatch(const Request& request, const Route* route,
                                  BeastResponseWriter& writer);
   asio::awaitable<void> replyAndClose(beast::tcp_stream& stream, int status,
-                                      std::string_view message);
+                                      std::string_view message, bool unread_input);
   const Methods* findRoute(std::string_view path) const;
   const Route* findHandler(const Request& head) const;
   void closeConnection(const std::shared_ptr<Connection>& conn);
@@ -282,12 +294,15 @@ HttpServer::HttpServer(std::shared_ptr<Impl> impl) : impl_(std::move(impl)) {}
 HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::route(std::string_view method, std::string_view path, Handler handler,
-                       BodyObserverFactory observe) {
-  impl_->exact[std::string(path)][std::string(method)] = {std::move(handler), std::move(observe)};
+                       BodyObserverFactory observe, HeadCheck check) {
+  impl_->exact[std::string(path)][std::string(method)] = {std::move(handler), std::move(observe),
+                                                          std::move(check)};
 }
 
-void HttpServer::routePrefix(std::string_view method, std::string_view prefix, Handler handler) {
-  impl_->prefix[std::string(prefix)][std::string(method)] = {std::move(handler), nullptr};
+void HttpServer::routePrefix(std::string_view method, std::string_view prefix, Handler handler,
+                             HeadCheck check) {
+  impl_->prefix[std::string(prefix)][std::string(method)] = {std::move(handler), nullptr,
+                                                             std::move(check)};
 }
 
 uint16_t HttpServer::port() const {
@@ -304,6 +319,10 @@ size_t HttpServer::activeConnections() const {
   std::lock_guard lock(impl_->mu);
   return impl_->connections.size();
 }
+
+uint64_t HttpServer::refusedConnections() const { return impl_->refused.load(); }
+
+uint64_t HttpServer::displacedConnections() const { return impl_->displaced.load(); }
 
 void HttpServer::stop() {
   impl_->stopping = true;
@@ -325,7 +344,7 @@ asio::awaitable<void> HttpServer::shutdown(std::chrono::milliseconds grace) {
   {
     std::lock_guard lock(impl->mu);
     for (const auto& conn : impl->connections) {
-      if (conn->idle) impl->closeConnection(conn);
+      if (conn->phase == Impl::Phase::kWaiting) impl->closeConnection(conn);
     }
   }
   asio::steady_timer timer(co_await asio::this_coro::executor);
@@ -353,6 +372,57 @@ void HttpServer::Impl::closeConnection(const std::shared_ptr<Connection>& conn) 
   });
 }
 
+bool HttpServer::Impl::admit(const asio::ip::address& client) {
+  size_t& mine = per_client[client];
+  if (options.max_connections_per_client > 0 && mine >= options.max_connections_per_client) {
+    if (mine == 0) per_client.erase(client);
+    return false;
+  }
+  if (counted >= options.max_connections) {
+    // Full: the client holding the most connections, if it holds more than this one, gives up
+    // one that is not inside a handler - waiting ahead of reading, never-served first.
+    auto biggest =
+        std::max_element(per_client.begin(), per_client.end(),
+                         [](const auto& a, const auto& b) { return a.second < b.second; });
+    if (biggest == per_client.end() || biggest->second <= mine) {
+      if (mine == 0) per_client.erase(client);
+      return false;
+    }
+    std::shared_ptr<Connection> victim;
+    int victim_rank = 3;
+    for (const auto& conn : connections) {
+      if (conn->displaced || conn->client != biggest->first) continue;
+      Phase phase = conn->phase.load();
+      int rank = phase == Phase::kWaiting   ? (conn->served ? 1 : 0)
+                 : phase == Phase::kReading ? 2
+                                            : 3;
+      if (rank < victim_rank) {
+        victim = conn;
+        victim_rank = rank;
+        if (rank == 0) break;
+      }
+    }
+    if (victim == nullptr) {
+      if (mine == 0) per_client.erase(client);
+      return false;
+    }
+    release(*victim);
+    victim->displaced = true;
+    closeConnection(victim);
+    displaced.fetch_add(1);
+  }
+  ++per_client[client];
+  ++counted;
+  return true;
+}
+
+void HttpServer::Impl::release(Connection& conn) {
+  if (conn.displaced) return;
+  auto it = per_client.find(conn.client);
+  if (it != per_client.end() && --it->second == 0) per_client.erase(it);
+  --counted;
+}
+
 asio::awaitable<void> HttpServer::Impl::acceptLoop() {
   auto self = shared_from_this();
   while (!stopping) {
@@ -366,14 +436,21 @@ asio::awaitable<void> HttpServer::Impl::acceptLoop() {
     }
     if (stopping) break;
     boost::system::error_code ignored;
+    auto peer = socket.remote_endpoint(ec);
+    if (ec) continue;  // already gone
     socket.set_option(tcp::no_delay(true), ignored);
     // Synchronous writes return would_block instead of waiting (ResponseWriter::send tries
     // one before going asynchronous); asynchronous operations are unaffected.
     socket.non_blocking(true, ignored);
     auto conn = std::make_shared<Connection>();
+    conn->client = peer.address();
     {
       std::lock_guard lock(mu);
-      if (connections.size() >= options.max_connections) {
+      if (!admit(conn->client)) {
+        refused.fetch_add(1);
+        refused_log.warn("connection refused: cap reached", "client", conn->client.to_string(),
+                         "connections", counted, "max_connections", options.max_connections,
+                         "max_connections_per_client", options.max_connections_per_client);
         socket.close(ignored);
         continue;
       }
@@ -429,45 +506,115 @@ asio::awaitable<void> HttpServer::Impl::dispatch(const Request& request, const R
 }
 
 asio::awaitable<void> HttpServer::Impl::replyAndClose(beast::tcp_stream& stream, int status,
-                                                      std::string_view message) {
+                                                      std::string_view message, bool unread_input) {
   BeastResponseWriter writer(stream, 11, false, options.write_timeout, nullptr);
-  co_await writer.sendError(status, message);
+  Headers extra;
+  if (status == 401) extra.emplace_back("WWW-Authenticate", "Bearer");
+  co_await writer.sendJson(
+      status, json::errorBody(message, json::errorTypeForStatus(status), status), extra);
+  if (!unread_input) co_return;
+  // Closing with unread input makes the kernel reset the connection, which can destroy the
+  // answer before the client reads it. Stop sending, then read and drop what the client is
+  // still sending for a short, bounded while (a lingering close).
+  boost::system::error_code ignored;
+  stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
+  constexpr size_t kLingerBytes = 1 << 20;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+  char sink[16 * 1024];
+  for (size_t drained = 0; drained < kLingerBytes;) {
+    auto [ec, n] =
+        co_await internal::readSomeNowOrAsync(stream, asio::buffer(sink, sizeof sink), deadline);
+    if (ec) break;
+    drained += n;
+  }
 }
 
-asio::awaitable<boost::system::error_code> HttpServer::Impl::readRequest(
-    Connection& conn, beast::flat_buffer& buffer, bhttp::request_parser<bhttp::string_body>& parser,
-    Request& request, const Route** route, std::string& spare_body) {
-  beast::tcp_stream& stream = *conn.stream;
-  conn.idle = true;
-  stream.expires_after(buffer.size() == 0 ? options.idle_timeout : options.read_timeout);
-  auto [ec, n] = co_await internal::readHeader(stream, buffer, parser);
-  conn.idle = false;
-  if (ec) co_return ec;
-  const auto& head = parser.get();
-  request.method = std::string(head.method_string());
-  request.target = std::string(head.target());
-  size_t q = request.target.find('?');
-  request.path = request.target.substr(0, q);
-  if (q != std::string::npos) request.query = request.target.substr(q + 1);
-  for (const auto& field : head) {
-    request.headers.emplace_back(std::string(field.name_string()), std::string(field.value()));
-  }
+asio::awaitable<void> HttpServer::Impl::onHead(beast::tcp_stream& stream, RequestParser& parser,
+                                               const Route** route) {
+  Request& request = parser.request();
   *route = findHandler(request);
-  if (parser.is_done()) co_return ec;
-  if (!parser.chunked() && parser.content_length()) {
-    // Sized bodies are read straight into the request's body (not through Beast's buffer and
-    // body copy), in reads as large as what has arrived, shown to the route's observer as
-    // they come. The header parser already refused a length over the limit.
-    if (*route != nullptr && (*route)->observe) request.body_observer = (*route)->observe(request);
-    request.body = std::move(spare_body);
-    co_return co_await internal::readSizedBody(
-        stream, buffer, static_cast<size_t>(*parser.content_length()), options.read_timeout,
-        request.body, request.body_observer.get());
+  if (*route == nullptr) co_return;
+  if ((*route)->check) {
+    absl::Status allowed = (*route)->check(request);
+    if (!allowed.ok()) {
+      parser.fail(httpStatusFor(allowed), std::string(allowed.message()));
+      co_return;
+    }
   }
-  stream.expires_after(options.read_timeout);
-  std::tie(ec, n) = co_await bhttp::async_read(stream, buffer, parser, kUseTuple);
-  if (!ec) request.body = std::move(parser.get().body());
-  co_return ec;
+  if (parser.state() != RequestParser::State::kBody) co_return;
+  if (parser.sizedBody() && (*route)->observe) request.body_observer = (*route)->observe(request);
+  if (parser.version() >= 11 && equalsIgnoreCase(request.header("expect"), "100-continue")) {
+    static constexpr std::string_view kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    stream.expires_after(options.write_timeout);
+    auto [ec, n] = co_await asio::async_write(
+        stream, asio::buffer(kContinue.data(), kContinue.size()), kUseTuple);
+    if (ec) parser.fail(0, "writing 100 Continue failed");
+  }
+}
+
+asio::awaitable<boost::system::error_code> HttpServer::Impl::readRequest(Connection& conn,
+                                                                         beast::flat_buffer& buffer,
+                                                                         RequestParser& parser,
+                                                                         const Route** route) {
+  using State = RequestParser::State;
+  beast::tcp_stream& stream = *conn.stream;
+  // Until the request's first byte the connection waits (a shorter wait on a new connection);
+  // from that byte on the whole request must arrive within read_timeout.
+  auto now = std::chrono::steady_clock::now();
+  auto deadline =
+      now + (conn.served ? options.idle_timeout
+                         : std::min(options.idle_timeout, options.first_request_timeout));
+  auto started = [&] {
+    conn.phase = Phase::kReading;
+    deadline = std::chrono::steady_clock::now() + options.read_timeout;
+  };
+  conn.phase = Phase::kWaiting;
+  if (buffer.size() > 0) started();
+  for (;;) {
+    // Parse what is buffered: the head, then (sized or chunked) body bytes that came with it.
+    while (buffer.size() > 0 && parser.state() != State::kDone &&
+           parser.state() != State::kFailed) {
+      const auto& data = buffer.data();
+      State before = parser.state();
+      size_t used =
+          parser.put(std::string_view(static_cast<const char*>(data.data()), data.size()));
+      buffer.consume(used);
+      if (before == State::kHead && parser.state() != State::kHead &&
+          parser.state() != State::kFailed) {
+        co_await onHead(stream, parser, route);
+      } else if (before == State::kBody && parser.sizedBody() && used > 0 &&
+                 parser.request().body_observer) {
+        parser.request().body_observer->onBody(parser.bodyReceived(), parser.bodyLength());
+      }
+      if (used == 0) break;
+    }
+    if (parser.state() == State::kDone || parser.state() == State::kFailed)
+      co_return boost::system::error_code();
+    // A sized body is read straight into place; anything else through the buffer.
+    bool direct = parser.state() == State::kBody && parser.sizedBody();
+    asio::mutable_buffer room;
+    if (direct) {
+      std::span<char> space = parser.bodySpace();
+      room = asio::buffer(space.data(), space.size());
+    } else {
+      room = buffer.prepare(beast::read_size(buffer, 64 * 1024));
+    }
+    auto [ec, n] = co_await internal::readSomeNowOrAsync(stream, room, deadline);
+    if (ec == asio::error::eof) {
+      parser.putEof();
+      co_return boost::system::error_code();
+    }
+    if (ec) co_return ec;
+    if (conn.phase == Phase::kWaiting) started();
+    if (!direct) {
+      buffer.commit(n);
+      continue;
+    }
+    parser.commitBody(n);
+    if (parser.request().body_observer) {
+      parser.request().body_observer->onBody(parser.bodyReceived(), parser.bodyLength());
+    }
+  }
 }
 
 asio::awaitable<void> HttpServer::Impl::session(std::shared_ptr<Connection> conn) {
@@ -477,8 +624,8 @@ asio::awaitable<void> HttpServer::Impl::session(std::shared_ptr<Connection> conn
   // Beast sizes each read by the buffer's spare capacity (512 bytes for a fresh buffer), so
   // large bodies would arrive in 512-byte reads without this.
   buffer.reserve(64 * 1024);
-  // The last sized body's memory, reused for the next one: resizing it down (or up to where it
-  // was) writes nothing, where a fresh string would zero the whole body before the read.
+  // The last sized body's memory, reused for the next one: its bytes are overwritten in place
+  // rather than allocated (and zeroed) again.
   std::string spare_body;
   constexpr size_t kKeepBodyBytes = 4 << 20;
   std::string remote;
@@ -488,40 +635,32 @@ asio::awaitable<void> HttpServer::Impl::session(std::shared_ptr<Connection> conn
     if (!ec) remote = strCat(ep.address().to_string(), ":", ep.port());
   }
   while (!stopping) {
-    bhttp::request_parser<bhttp::string_body> parser;
-    parser.header_limit(static_cast<std::uint32_t>(options.max_header_bytes));
-    parser.body_limit(options.max_body_bytes);
-    Request request;
-    request.remote = remote;
+    RequestParser parser(limits, std::move(spare_body));
     const Route* route = nullptr;
-    boost::system::error_code ec =
-        co_await readRequest(*conn, buffer, parser, request, &route, spare_body);
-    if (ec) {
-      int status = statusForParseError(ec);
-      if (status == 413) {
-        co_await replyAndClose(stream, 413,
-                               strCat("request body exceeds ", options.max_body_bytes, " bytes"));
-      } else if (status == 431) {
-        co_await replyAndClose(stream, 431, "request headers too large");
-      } else if (status != 0) {
-        co_await replyAndClose(stream, status, strCat("malformed request: ", ec.message()));
+    boost::system::error_code ec = co_await readRequest(*conn, buffer, parser, &route);
+    if (ec) break;  // timed out or reset: nobody to answer
+    if (parser.state() == RequestParser::State::kFailed) {
+      if (parser.errorStatus() != 0) {
+        co_await replyAndClose(stream, parser.errorStatus(), parser.errorMessage(), true);
       }
       break;
     }
-    const auto& message = parser.get();
-    BeastResponseWriter writer(stream, message.version(), message.keep_alive() && !stopping,
+    conn->served = true;
+    conn->phase = Phase::kHandling;
+    Request& request = parser.request();
+    request.remote = remote;
+    BeastResponseWriter writer(stream, parser.version(), parser.keepAlive() && !stopping,
                                options.write_timeout, &stopping);
     co_await dispatch(request, route, writer);
-    size_t capacity = request.body.capacity();
-    if (capacity > spare_body.capacity() && capacity <= kKeepBodyBytes) {
-      spare_body = std::move(request.body);
-    }
+    spare_body = parser.takeBodyMemory();
+    if (spare_body.capacity() > kKeepBodyBytes) spare_body = std::string();
     if (!writer.keepAlive()) break;
   }
   boost::system::error_code ignored;
   stream.socket().shutdown(tcp::socket::shutdown_send, ignored);
   stream.socket().close(ignored);
   std::lock_guard lock(mu);
+  release(*conn);
   connections.erase(conn);
 }
 

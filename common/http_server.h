@@ -23,13 +23,22 @@ namespace kvf::http {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  uint16_t port = 0;                                // 0 picks a free port
-  size_t max_header_bytes = 16 * 1024;              // request line + headers -> 431 above
-  size_t max_body_bytes = 16 * 1024 * 1024;         // -> 413 above
+  uint16_t port = 0;                         // 0 picks a free port
+  size_t max_header_bytes = 16 * 1024;       // request line + headers (and trailers) -> 431
+  size_t max_body_bytes = 16 * 1024 * 1024;  // -> 413; a chunked body counts its framing
+  size_t max_chunk_extension_bytes = 4096;   // extensions on one chunk line -> 400
+  // A new connection must send the first byte of its first request within this (or within
+  // idle_timeout when that is shorter).
+  std::chrono::milliseconds first_request_timeout{10'000};
   std::chrono::milliseconds idle_timeout{60'000};   // keep-alive wait for the next request
-  std::chrono::milliseconds read_timeout{30'000};   // a started request must arrive in this
+  std::chrono::milliseconds read_timeout{30'000};   // a request, from its first byte, whole
   std::chrono::milliseconds write_timeout{30'000};  // one write (one chunk) must finish in this
-  size_t max_connections = 4096;                    // further connections are closed at accept
+  // Open connections, in all and per client (source IP address). At the global cap a new
+  // connection takes the place of one not inside a handler (waiting or still sending its
+  // request) of the client holding the most connections, when that client holds more than the
+  // newcomer's; otherwise, and above the per-client cap, it is closed at accept.
+  size_t max_connections = 4096;
+  size_t max_connections_per_client = 1024;
   // Each connection's handlers run on a strand. A server whose io_context is run by a single
   // thread can turn this off: the strand only adds dispatch work there.
   bool strand_per_connection = true;
@@ -66,6 +75,12 @@ class ResponseWriter {
   virtual asio::any_io_executor executor() const = 0;
 };
 
+// Runs on a request's head (method, target, headers; body not read yet) before any body byte is
+// taken, on the connection's thread. A non-OK status is answered at once (httpStatusFor; 401
+// adds `WWW-Authenticate: Bearer`) and the connection closed with the body unread: e.g. an
+// authentication check that costs an unauthenticated peer no body buffer.
+using HeadCheck = std::function<absl::Status(const Request& head)>;
+
 // Maps absl status codes to HTTP status codes (InvalidArgument -> 400, NotFound -> 404, ...).
 int httpStatusFor(const absl::Status& status);
 
@@ -80,11 +95,13 @@ class HttpServer {
 
   // Registers a handler for an exact path. Must be called before start(). With `observe`, each
   // request with a sized body gets an observer that sees the body while it arrives
-  // (Request::body_observer).
+  // (Request::body_observer). With `check`, every request's head passes it before its body is
+  // read. A request that sends `Expect: 100-continue` gets `100 Continue` once its head passed.
   void route(std::string_view method, std::string_view path, Handler handler,
-             BodyObserverFactory observe = nullptr);
+             BodyObserverFactory observe = nullptr, HeadCheck check = nullptr);
   // Registers a handler for every path starting with `prefix` (longest prefix wins).
-  void routePrefix(std::string_view method, std::string_view prefix, Handler handler);
+  void routePrefix(std::string_view method, std::string_view prefix, Handler handler,
+                   HeadCheck check = nullptr);
 
   uint16_t port() const;
   void start();
@@ -94,6 +111,9 @@ class HttpServer {
   // Immediate stop: closes the listener and every connection.
   void stop();
   size_t activeConnections() const;
+  // Connections closed at accept (a cap reached) or displaced by another client's, so far.
+  uint64_t refusedConnections() const;
+  uint64_t displacedConnections() const;
 
  private:
   struct Impl;

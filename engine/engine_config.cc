@@ -85,6 +85,8 @@ void parseRoot(config::ConfigMap& root, EngineConfig* c) {
   root.get("max_model_len", &c->max_model_len, 0, int64_t{1} << 24);
   root.get("time_scale", &c->time_scale, 1e-3, 1e6);
   root.get("max_body_bytes", &c->max_body_bytes, 1024, int64_t{1} << 32);
+  root.get("max_connections", &c->max_connections, 1, int64_t{1} << 20);
+  root.get("max_connections_per_client", &c->max_connections_per_client, 0, int64_t{1} << 20);
   root.get("log_level", &c->log_level);
   root.get("io_thread_nice", &c->io_thread_nice, 0, 19);
   if (auto m = root.map("cache")) parseCache(*m, &c->cache);

@@ -82,6 +82,8 @@ struct EngineConfig {
   WorkerConfig worker;
   MembershipConfig membership;
   int64_t max_body_bytes = 64 * 1024 * 1024;
+  int64_t max_connections = 4096;             // client connections (common/http_server.h)
+  int64_t max_connections_per_client = 1024;  // per source address; 0: no per-client cap
   std::string log_level = "info";
   // Niceness added to the HTTP thread (0-19) so the step thread wins the CPU when many engines
   // share few cores: step deadlines stay on time while request parsing waits a little.

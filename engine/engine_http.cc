@@ -63,6 +63,8 @@ absl::Status EngineHttpSide::bind() {
   so.host = c.host;
   so.port = static_cast<uint16_t>(c.port);
   so.max_body_bytes = static_cast<size_t>(c.max_body_bytes);
+  so.max_connections = static_cast<size_t>(c.max_connections);
+  so.max_connections_per_client = static_cast<size_t>(c.max_connections_per_client);
   KVF_ASSIGN_OR_RETURN(server_, http::HttpServer::create(ioc_, so));
   registerRoutes();
   return absl::OkStatus();

@@ -149,15 +149,21 @@ absl::Status parseSampling(const bj::object& obj, ApiKind kind, int64_t prompt_l
   SamplingParams& s = out->sampling;
   // Completions default to 16 tokens (OpenAI, vLLM); chat to the rest of the context.
   s.max_tokens = kind == ApiKind::kCompletions ? 16 : limits.max_model_len - prompt_len;
-  if (kind == ApiKind::kChat)
+  // The error names the field the value came from (max_tokens wins when both are given).
+  std::string_view field = "max_tokens";
+  if (kind == ApiKind::kChat) {
     KVF_RETURN_IF_ERROR(optionalInt(obj, "max_completion_tokens", &s.max_tokens));
+    const bj::value* v = obj.if_contains("max_tokens");
+    if (v == nullptr || v->is_null()) field = "max_completion_tokens";
+  }
   KVF_RETURN_IF_ERROR(optionalInt(obj, "max_tokens", &s.max_tokens));
-  if (s.max_tokens < 1)
-    return invalid("max_tokens", strCat("must be at least 1, got ", s.max_tokens));
-  if (s.max_tokens > limits.max_model_len - prompt_len) {  // no overflow for huge values
-    return invalid("max_tokens", strCat("this model's maximum context length is ",
-                                        limits.max_model_len, " tokens; the prompt has ",
-                                        prompt_len, " tokens and max_tokens is ", s.max_tokens));
+  if (s.max_tokens < 1) return invalid(field, strCat("must be at least 1, got ", s.max_tokens));
+  // Out-of-range integers arrive here clamped to INT64_MIN/MAX, and the subtraction is of two
+  // in-range values: no overflow for any client number.
+  if (s.max_tokens > limits.max_model_len - prompt_len) {
+    return invalid(field, strCat("this model's maximum context length is ", limits.max_model_len,
+                                 " tokens; the prompt has ", prompt_len, " tokens and ", field,
+                                 " is ", s.max_tokens));
   }
   KVF_RETURN_IF_ERROR(optionalInt(obj, "min_tokens", &s.min_tokens));
   if (s.min_tokens < 0 || s.min_tokens > s.max_tokens) {

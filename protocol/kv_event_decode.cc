@@ -11,8 +11,35 @@ namespace {
 
 using absl::InvalidArgumentError;
 
-// A cursor over a payload already validated by mp_check, so reads cannot overrun; type checks
-// remain ours.
+// Whether `payload` is exactly one well-formed msgpack value. msgpuck's mp_check counts the
+// values still to read in an int: an array header of 2^31 or more entries (a map of 2^30) wraps
+// it negative and mp_check accepts the payload unread, so a 5-byte map header announcing a
+// billion entries passed and the reader ran off the buffer. Here the count is 64-bit and an
+// array or map may not announce more entries than bytes remain (each takes at least one).
+bool wellFormedMsgpack(std::string_view payload) {
+  const char* p = payload.data();
+  const char* end = p + payload.size();
+  uint64_t pending = 1;
+  while (pending > 0) {
+    if (p >= end) return false;
+    --pending;
+    mp_type type = mp_typeof(*p);
+    if (type == MP_ARRAY) {
+      if (mp_check_array(p, end) > 0) return false;
+      pending += mp_decode_array(&p);
+    } else if (type == MP_MAP) {
+      if (mp_check_map(p, end) > 0) return false;
+      pending += uint64_t{2} * mp_decode_map(&p);
+    } else if (mp_check(&p, end) != 0) {  // a scalar: mp_check reads exactly one
+      return false;
+    }
+    if (pending > static_cast<uint64_t>(end - p)) return false;
+  }
+  return p == end;
+}
+
+// A cursor over a payload already validated by wellFormedMsgpack, so reads cannot overrun; type
+// checks remain ours.
 struct Reader {
   const char* p;
   const KvEventLimits& limits;
@@ -283,9 +310,7 @@ absl::Status readRank(Reader& r, KvEventBatch* batch) {
 
 absl::StatusOr<KvEventBatch> decodeEventBatch(std::string_view payload,
                                               const KvEventLimits& limits) {
-  const char* check = payload.data();
-  if (payload.empty() || mp_check(&check, payload.data() + payload.size()) != 0 ||
-      check != payload.data() + payload.size()) {
+  if (!wellFormedMsgpack(payload)) {
     return InvalidArgumentError("KV event batch is not one well-formed msgpack value");
   }
   Reader r{payload.data(), limits};

@@ -112,7 +112,8 @@ class TokenCompletionScanner {
         return literal(out.stream ? "true" : "false");
       case kMaxTokens: {
         uint64_t v = 0;
-        if (!readPlainInteger(static_cast<uint64_t>(INT64_MAX), &v)) return false;
+        // Out of range declines: the DOM path answers the error naming the field.
+        if (!readPlainInteger(static_cast<uint64_t>(kMaxClientTokens), &v)) return false;
         out.max_tokens = static_cast<int64_t>(v);
         return true;
       }
@@ -294,7 +295,9 @@ void TokenPromptPrefetch::feed(std::string_view received) {
     }
     array_begin_ = *at;
     reader_ = std::make_unique<TokenArrayReader>(*at);
-    ids_.reserve(body_bytes_ / 4);  // a token id takes 2-7 bytes plus a comma
+    // A token id takes 2-7 bytes plus a comma. Reserve for what has arrived, not for the
+    // announced length: a peer that announces 32 MiB and sends a few bytes costs little.
+    ids_.reserve(std::min(body_bytes_, 2 * received.size()) / 4);
   }
   bool complete = received.size() >= body_bytes_;
   if (reader_->advance(received, complete, &ids_) == TokenArrayReader::State::kFailed) {

@@ -15,6 +15,19 @@ using absl::InvalidArgumentError;
 
 constexpr size_t kMaxSessionBytes = 256;
 
+absl::Status checkTokenCount(std::string_view field, int64_t value) {
+  if (value < 0 || value > kMaxClientTokens) {
+    return InvalidArgumentError(
+        strCat("\"", field, "\" must be in [0, ", kMaxClientTokens, "], got ", value));
+  }
+  return absl::OkStatus();
+}
+
+// Prompt token counts add up within a body's size, but saturate rather than trust that.
+void addTokens(int64_t* total, int64_t n) {
+  *total = n > INT64_MAX - *total ? INT64_MAX : *total + n;
+}
+
 absl::Status readTokenArray(const bj::array& items, std::string_view field,
                             std::vector<policy::TokenId>* out) {
   out->reserve(out->size() + items.size());
@@ -56,8 +69,8 @@ absl::Status readPrompt(const bj::object& body, ParsedRequest* out) {
       if (i == 0) {
         out->text = std::string(items[i].as_string());
       } else {
-        out->prompt_tokens +=
-            static_cast<int64_t>(items[i].as_string().size()) / kBytesPerTokenEstimate;
+        addTokens(&out->prompt_tokens,
+                  static_cast<int64_t>(items[i].as_string().size()) / kBytesPerTokenEstimate);
       }
     } else if (items[i].is_array()) {
       std::vector<policy::TokenId> tokens;
@@ -68,7 +81,7 @@ absl::Status readPrompt(const bj::object& body, ParsedRequest* out) {
       } else if (!out->has_token_ids) {
         return InvalidArgumentError(strCat(field, " mixes text and tokens"));
       } else {
-        out->prompt_tokens += static_cast<int64_t>(tokens.size());
+        addTokens(&out->prompt_tokens, static_cast<int64_t>(tokens.size()));
       }
     } else {
       return InvalidArgumentError(strCat(field, " must be a string or an array of token ids"));
@@ -159,21 +172,23 @@ absl::StatusOr<ParsedRequest> parseRequestDom(ApiKind kind, const http::Request&
   KVF_ASSIGN_OR_RETURN(out.stream, json::getBoolOr(body, "stream", false));
   int64_t default_max = kind == ApiKind::kCompletions ? 16 : 256;
   KVF_ASSIGN_OR_RETURN(out.max_tokens, json::getIntOr(body, "max_tokens", default_max));
+  KVF_RETURN_IF_ERROR(checkTokenCount("max_tokens", out.max_tokens));
   if (kind == ApiKind::kChat) {
     KVF_ASSIGN_OR_RETURN(out.max_tokens,
                          json::getIntOr(body, "max_completion_tokens", out.max_tokens));
+    KVF_RETURN_IF_ERROR(checkTokenCount("max_completion_tokens", out.max_tokens));
   }
-  if (out.max_tokens < 0) return InvalidArgumentError("\"max_tokens\" must be >= 0");
   if (kind == ApiKind::kCompletions) {
     KVF_RETURN_IF_ERROR(readPrompt(body, &out));
   } else {
     KVF_RETURN_IF_ERROR(readMessages(body, &out));
   }
   if (out.has_token_ids) {
-    out.prompt_tokens += static_cast<int64_t>(out.token_ids.size());
+    addTokens(&out.prompt_tokens, static_cast<int64_t>(out.token_ids.size()));
   } else {
-    out.prompt_tokens += (static_cast<int64_t>(out.text.size()) + kBytesPerTokenEstimate - 1) /
-                         kBytesPerTokenEstimate;
+    addTokens(&out.prompt_tokens,
+              (static_cast<int64_t>(out.text.size()) + kBytesPerTokenEstimate - 1) /
+                  kBytesPerTokenEstimate);
   }
   std::string_view body_user;
   if (request.header("x-session-id").empty()) {

@@ -36,7 +36,13 @@ struct ParsedRequest {
 };
 
 inline constexpr int64_t kBytesPerTokenEstimate = 4;
+// The largest max_tokens (max_completion_tokens) a client may ask for: above every context
+// length served today (10M tokens), and small enough that the router's per-instance sums of
+// prompt and output tokens cannot overflow (a prompt is bounded by the body size).
+inline constexpr int64_t kMaxClientTokens = int64_t{1} << 24;
 
+// Client numbers are range-checked here (a 400 naming the field), so that sums of them
+// downstream (e.g. Instance::ongoing_tokens) stay far from overflow.
 // Token-id completions are read in one pass without a DOM (router/fast_parse.h); every other
 // body, and every invalid one, goes through parseRequestDom, which names the field in errors.
 // With `prefetch` (the body read while it arrived), its token ids are taken over.

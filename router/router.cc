@@ -33,6 +33,8 @@ absl::Status Router::init() {
   options.host = config_.host;
   options.port = config_.port;
   options.max_body_bytes = config_.max_body_bytes;
+  options.max_connections = config_.max_connections;
+  options.max_connections_per_client = config_.max_connections_per_client;
   // Long prompts stream out slowly under load; a single write may wait for the client.
   options.write_timeout = std::chrono::milliseconds(120'000);
   // One thread runs the router's io_context (main.cc, tests' IoThread): no strands needed.

@@ -108,6 +108,12 @@ void parseRoot(config::ConfigMap& root, RouterConfig* out, const policy::PolicyR
     uint64_t max_body = out->max_body_bytes;
     listen->get("max_body_bytes", &max_body, 1024, uint64_t{1} << 32);
     out->max_body_bytes = max_body;
+    uint64_t max_connections = out->max_connections;
+    listen->get("max_connections", &max_connections, 1, uint64_t{1} << 20);
+    out->max_connections = max_connections;
+    uint64_t per_client = out->max_connections_per_client;
+    listen->get("max_connections_per_client", &per_client, 0, uint64_t{1} << 20);
+    out->max_connections_per_client = per_client;
     listen->rejectUnknownKeys();
   }
   if (auto m = root.map("membership")) {

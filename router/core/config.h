@@ -56,6 +56,8 @@ struct RouterConfig {
   std::string host = "127.0.0.1";
   uint16_t port = 8000;
   size_t max_body_bytes = 32u << 20;
+  size_t max_connections = 4096;             // client connections (common/http_server.h)
+  size_t max_connections_per_client = 1024;  // per source address; 0: no per-client cap
   std::vector<InstanceConfig> instances;
   MembershipSource membership = MembershipSource::kStatic;
   membership::EtcdConfig etcd;  // membership.etcd (source: etcd)

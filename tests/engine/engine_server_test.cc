@@ -230,7 +230,11 @@ TEST_F(EngineServerTest, EveryBadInputAnswers400AndTheServerStaysUp) {
        "messages[0].content"},
       {"/v1/chat/completions",
        R"({"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": -2})",
-       "max_tokens"},
+       "max_completion_tokens"},
+      {"/v1/chat/completions",
+       R"({"messages": [{"role": "user", "content": "hi"}],
+           "max_completion_tokens": 9223372036854775807})",
+       "max_completion_tokens"},
       {"/tokenize", R"({"prompt": 3})", "prompt"},
   };
   for (const auto& c : cases) {

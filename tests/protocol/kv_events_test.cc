@@ -182,6 +182,23 @@ TEST(KvEventsTest, RejectsMalformedOversizedAndOutOfRangeInput) {
       << wide.status();
 }
 
+// An array or map header announcing 2^31 entries or more wrapped msgpuck's own well-formedness
+// check (an int count), so 5 bytes passed as a whole batch and decoding read past them (found by
+// the kv_event fuzz target; ASan: heap-buffer-overflow).
+TEST(KvEventsTest, HugeAnnouncedCountsAreRejectedNotRead) {
+  const std::string headers[] = {
+      std::string("\xdf\x6d\x6f\x7e\x04", 5),                           // map32, 1.8e9 pairs
+      std::string("\xdd\x80\x00\x00\x00", 5),                           // array32, 2^31 items
+      std::string("\x92\xcb\0\0\0\0\0\0\0\0\xdd\xff\xff\xff\xff", 15),  // [0.0, array32 of 2^32-1]
+      std::string("\xdc\x00\x05\x01", 4),                               // array16 of 5 with 1 item
+  };
+  for (const std::string& payload : headers) {
+    auto decoded = decodeEventBatch(payload);
+    EXPECT_FALSE(decoded.ok()) << payload.size();
+    EXPECT_EQ(decoded.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
 TEST(KvEventsTest, RandomMutationsNeverCrash) {
   std::string good = encodeEventBatch(fullBatch(), KvEventLayout::kMap);
   std::mt19937 rng(7);

@@ -85,7 +85,7 @@ TEST(RequestParseTest, SinglePassAgreesWithDomPath) {
       R"({"model":"m","prompt":[1,2,3]})",
       R"({"model":"m","prompt":[0,4294967295],"stream":false,"max_tokens":0,"user":"u"})",
       R"( {"extra":{"prompt":"x","model":1,"a":[[1],{"b\t":null}]},"model":"m","prompt":[7],
-           "stream":true,"max_tokens":9223372036854775807,"user":null,"logprobs":-1.5e-3,
+           "stream":true,"max_tokens":16777216,"user":null,"logprobs":-1.5e-3,
            "stop":["\n","\u00e9\"\\\/"],"n":0,"t":true,"f":false} )"
       "\n",
       R"({"prompt":[5,6],"max_tokens":null,"stream":null,"model":"m","n":[1,2]})",
@@ -124,6 +124,8 @@ TEST(RequestParseTest, SinglePassAgreesWithDomPath) {
       R"({"model":"m","prompt":[1],"stream":"yes"})",
       R"({"model":"m","prompt":[1],"max_tokens":-1})",
       R"({"model":"m","prompt":[1],"max_tokens":2.0})",
+      R"({"model":"m","prompt":[1],"max_tokens":16777217})",
+      R"({"model":"m","prompt":[1],"max_tokens":9223372036854775807})",
       R"({"model":"m","prompt":[1],"user":5})",
       R"({"model":"m","prompt":[1],"user":{"id":1}})",
       // Left to the DOM path: valid bodies with escaped or non-ASCII text in a field we read
@@ -161,6 +163,58 @@ TEST(RequestParseTest, SinglePassAgreesWithDomPath) {
   std::string deep =
       R"({"model":"m","prompt":[1],"x":)" + std::string(70, '[') + std::string(70, ']') + "}";
   EXPECT_FALSE(parseRequest(ApiKind::kCompletions, post(deep)).ok());
+}
+
+// Client numbers are bounded where they are read: the router adds prompt and output tokens per
+// instance (ongoing_tokens), and max_tokens 2^63-1 overflowed that sum (UBSan aborted; release
+// builds corrupted load accounting).
+TEST(RequestParseTest, ClientTokenCountsAreBoundedWithTheFieldNamed) {
+  struct Case {
+    ApiKind kind;
+    std::string body;
+    std::string field;  // empty: accepted
+  };
+  std::string huge = "9223372036854775807";
+  std::vector<Case> cases = {
+      {ApiKind::kCompletions, R"({"model":"m","prompt":[1,2],"max_tokens":)" + huge + "}",
+       "max_tokens"},
+      {ApiKind::kCompletions, R"({"model":"m","prompt":"text","max_tokens":)" + huge + "}",
+       "max_tokens"},
+      {ApiKind::kCompletions, R"({"model":"m","prompt":[1],"max_tokens":16777217})", "max_tokens"},
+      {ApiKind::kCompletions, R"({"model":"m","prompt":[1],"max_tokens":-1})", "max_tokens"},
+      {ApiKind::kCompletions, R"({"model":"m","prompt":[1],"max_tokens":1e300})", "max_tokens"},
+      {ApiKind::kCompletions, R"({"model":"m","prompt":[1],"max_tokens":16777216})", ""},
+      {ApiKind::kChat,
+       R"({"model":"m","messages":[{"role":"user","content":"x"}],"max_tokens":)" + huge + "}",
+       "max_tokens"},
+      {ApiKind::kChat,
+       R"({"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":)" +
+           huge + "}",
+       "max_completion_tokens"},
+      {ApiKind::kChat,
+       R"({"model":"m","messages":[{"role":"user","content":"x"}],"max_completion_tokens":9})", ""},
+  };
+  for (const Case& c : cases) {
+    auto p = parseRequest(c.kind, post(c.body));
+    if (c.field.empty()) {
+      EXPECT_TRUE(p.ok()) << c.body << ": " << p.status();
+      continue;
+    }
+    ASSERT_FALSE(p.ok()) << c.body << " was accepted with max_tokens " << p->max_tokens;
+    EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(p.status().message().find(c.field), std::string::npos) << p.status();
+  }
+}
+
+// The read-ahead reserves for the bytes that arrived, not for the Content-Length announced: a
+// client announcing 32 MiB and sending the start of a prompt held 32 MiB of token ids.
+TEST(RequestParseTest, ReadAheadReservesForWhatArrivedNotTheAnnouncedLength) {
+  PromptReadAhead ahead(16);
+  std::string start = R"({"model":"m","prompt":[1,2,3,4,5,6,7,8,9,10,)";
+  ahead.onBody(start, 32u << 20);
+  ASSERT_NE(ahead.prefetch(), nullptr);
+  EXPECT_GE(ahead.prefetch()->ids().size(), 9u);
+  EXPECT_LE(ahead.prefetch()->ids().capacity() * sizeof(policy::TokenId), 4096u);
 }
 
 // Token ids of every length, at every alignment against the end of the body (the scanner reads

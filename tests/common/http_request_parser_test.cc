@@ -1,0 +1,182 @@
+#include "common/http_request_parser.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+namespace kvf::http {
+namespace {
+
+struct Parsed {
+  RequestParser::State state = RequestParser::State::kHead;
+  int status = 0;
+  std::string message;
+  std::string method, target, body;
+  size_t consumed = 0;  // bytes of the input this request took
+};
+
+// Feeds `input` to one parser in pieces of `piece` bytes (the unconsumed rest of each call is
+// given again with the next piece, as the server's buffer does).
+Parsed parse(std::string_view input, const RequestLimits& limits, size_t piece = SIZE_MAX) {
+  RequestParser parser(limits);
+  std::string pending;
+  size_t offset = 0;
+  size_t consumed = 0;
+  using State = RequestParser::State;
+  while (parser.state() != State::kDone && parser.state() != State::kFailed) {
+    size_t take = std::min(piece, input.size() - offset);
+    pending.append(input.substr(offset, take));
+    offset += take;
+    size_t used;
+    do {
+      used = parser.put(pending);
+      pending.erase(0, used);
+      consumed += used;
+    } while (used > 0 && !pending.empty());
+    if (take == 0) {
+      if (parser.state() != State::kDone && parser.state() != State::kFailed) parser.putEof();
+      break;
+    }
+  }
+  Parsed out;
+  out.state = parser.state();
+  out.status = parser.errorStatus();
+  out.message = parser.errorMessage();
+  out.method = parser.request().method;
+  out.target = parser.request().target;
+  if (parser.state() == State::kDone) out.body = parser.request().body;
+  out.consumed = consumed;
+  return out;
+}
+
+using State = RequestParser::State;
+
+TEST(RequestParserTest, SizedChunkedAndEmptyBodiesReadAlikeInAnySplit) {
+  RequestLimits limits;
+  struct Case {
+    std::string input;
+    std::string body;
+  };
+  std::vector<Case> cases = {
+      {"GET /a?x=1 HTTP/1.1\r\nHost: h\r\n\r\n", ""},
+      {"POST /a HTTP/1.1\r\nContent-Length: 0\r\n\r\n", ""},
+      {"POST /a HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello", "hello"},
+      {"POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+       "3\r\nabc\r\n2;name=val\r\nde\r\n0\r\nX-Trailer: t\r\n\r\n",
+       "abcde"},
+      {"POST /a HTTP/1.1\r\nTransfer-Encoding: , Chunked\r\n\r\n1\r\nz\r\n0\r\n\r\n", "z"},
+  };
+  for (const Case& c : cases) {
+    for (size_t piece : {size_t{1}, size_t{2}, size_t{7}, SIZE_MAX}) {
+      // A pipelined request after this one is left alone.
+      std::string input = c.input + "GET /next HTTP/1.1\r\n\r\n";
+      Parsed p = parse(input, limits, piece);
+      ASSERT_EQ(p.state, State::kDone) << c.input << " piece " << piece << ": " << p.message;
+      EXPECT_EQ(p.body, c.body) << c.input;
+      EXPECT_EQ(p.consumed, c.input.size()) << c.input << " piece " << piece;
+    }
+  }
+}
+
+TEST(RequestParserTest, TransferCodingsOtherThanALoneChunkedAreRefused) {
+  RequestLimits limits;
+  struct Case {
+    std::string headers;
+    int status;
+  };
+  std::vector<Case> cases = {
+      {"Transfer-Encoding: identity\r\n", 400},
+      {"Transfer-Encoding: gzip\r\n", 400},
+      {"Transfer-Encoding: chunked, identity\r\n", 400},
+      {"Transfer-Encoding: chunked\r\nTransfer-Encoding: identity\r\n", 400},
+      {"Transfer-Encoding: chunked, chunked\r\n", 400},
+      {"Transfer-Encoding: gzip, chunked\r\n", 501},
+      {"Transfer-Encoding: gzip\r\nTransfer-Encoding: chunked\r\n", 501},
+      {"Transfer-Encoding: identity\r\nContent-Length: 3\r\n", 400},
+      {"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n", 400},
+      {"Transfer-Encoding: chunked;q=1\r\n", 400},
+  };
+  for (const Case& c : cases) {
+    Parsed p = parse("POST /a HTTP/1.1\r\n" + c.headers + "\r\n3\r\nabc\r\n0\r\n\r\n", limits);
+    EXPECT_EQ(p.state, State::kFailed) << c.headers;
+    EXPECT_EQ(p.status, c.status) << c.headers << p.message;
+  }
+  Parsed http10 = parse("POST /a HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", limits);
+  EXPECT_EQ(http10.status, 400);
+}
+
+TEST(RequestParserTest, ChunkFramingCountsAgainstTheBodyLimit) {
+  RequestLimits limits;
+  limits.max_body_bytes = 1000;
+  std::string head = "POST /a HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n";
+  // 300 data bytes in 1-byte chunks: 1800 bytes on the wire.
+  std::string tiny;
+  for (int i = 0; i < 300; ++i) tiny += "1\r\nx\r\n";
+  Parsed p = parse(head + tiny + "0\r\n\r\n", limits, 64);
+  EXPECT_EQ(p.state, State::kFailed);
+  EXPECT_EQ(p.status, 413) << p.message;
+
+  // One extension past its cap, and a chunk line past the header limit however it arrives.
+  limits.max_body_bytes = 1 << 20;
+  limits.max_chunk_extension_bytes = 64;
+  p = parse(head + "1;" + std::string(100, 'e') + "\r\nx\r\n0\r\n\r\n", limits);
+  EXPECT_EQ(p.status, 400) << p.message;
+  limits.max_header_bytes = 512;
+  std::string ext;
+  while (ext.size() < 4096) ext += ";a=b";
+  for (size_t piece : {size_t{100}, SIZE_MAX}) {
+    p = parse(head + "1" + ext + "\r\nx\r\n0\r\n\r\n", limits, piece);
+    EXPECT_EQ(p.state, State::kFailed);
+    EXPECT_EQ(p.status, 431) << p.message;
+  }
+  // Trailers are bounded the same way.
+  p = parse(head + "0\r\nX-T: " + std::string(4096, 't') + "\r\n\r\n", limits, 100);
+  EXPECT_EQ(p.status, 431) << p.message;
+}
+
+TEST(RequestParserTest, SizedBodyGrowsWithWhatArrivedNotWithContentLength) {
+  RequestLimits limits;
+  limits.max_body_bytes = 64 << 20;
+  RequestParser parser(limits);
+  std::string head = "POST /a HTTP/1.1\r\nContent-Length: 60000000\r\n\r\n";
+  ASSERT_EQ(parser.put(head), head.size());
+  ASSERT_EQ(parser.state(), State::kBody);
+  EXPECT_EQ(parser.bodyLength(), 60000000u);
+  EXPECT_EQ(parser.put("abc"), 3u);
+  EXPECT_LE(parser.request().body.capacity(), 128u * 1024);
+  // Reading straight into place grows at most by what arrived (doubling) plus 64 KiB.
+  size_t received = 3;
+  while (received < (1u << 20)) {
+    std::span<char> room = parser.bodySpace();
+    ASSERT_FALSE(room.empty());
+    EXPECT_LE(room.size(), std::max(received, size_t{64 * 1024}));
+    parser.commitBody(room.size());
+    received += room.size();
+    EXPECT_EQ(parser.bodyReceived().size(), received);
+  }
+  EXPECT_LE(parser.request().body.capacity(), 4u * received);
+  EXPECT_EQ(parser.state(), State::kBody);
+  parser.putEof();
+  EXPECT_EQ(parser.state(), State::kFailed);
+  EXPECT_EQ(parser.errorStatus(), 0);  // nobody to answer
+}
+
+TEST(RequestParserTest, LimitsAndMalformedHeads) {
+  RequestLimits limits;
+  limits.max_header_bytes = 256;
+  limits.max_body_bytes = 100;
+  EXPECT_EQ(parse("POST /a HTTP/1.1\r\nContent-Length: 101\r\n\r\n", limits).status, 413);
+  EXPECT_EQ(parse("GET /a HTTP/1.1\r\nX: " + std::string(300, 'x') + "\r\n\r\n", limits, 10).status,
+            431);
+  EXPECT_EQ(parse("GARBAGE\r\n\r\n", limits).status, 400);
+  EXPECT_EQ(
+      parse("POST /a HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\n", limits).status,
+      400);
+  Parsed cut = parse("GET /a HTTP/1.1\r\nHo", limits);
+  EXPECT_EQ(cut.state, State::kFailed);
+  EXPECT_EQ(cut.status, 0);
+}
+
+}  // namespace
+}  // namespace kvf::http
