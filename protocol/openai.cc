@@ -44,22 +44,31 @@ absl::Status readCount(const bj::object& o, std::string_view key, int64_t max, i
   return absl::OkStatus();
 }
 
-absl::Status readHashes(const bj::value& v, size_t max, std::vector<EngineBlockHash>* out) {
-  if (!v.is_array()) return invalid("block_hashes", "must be an array");
+// A JSON array of unsigned 64-bit integers (block hashes, block ids) named `field` in errors.
+absl::Status readU64Array(const bj::value& v, size_t max, std::string_view field,
+                          std::vector<uint64_t>* out) {
+  if (!v.is_array()) return invalid(field, "must be an array");
   const bj::array& arr = v.as_array();
   if (arr.size() > max) {
-    return invalid("block_hashes", strCat(arr.size(), " entries exceed the limit of ", max));
+    return invalid(field, strCat(arr.size(), " entries exceed the limit of ", max));
   }
   out->reserve(arr.size());
   for (size_t i = 0; i < arr.size(); ++i) {
     if (arr[i].is_uint64()) {
-      out->emplace_back(arr[i].as_uint64());
+      out->push_back(arr[i].as_uint64());
     } else if (arr[i].is_int64() && arr[i].as_int64() >= 0) {
-      out->emplace_back(static_cast<uint64_t>(arr[i].as_int64()));
+      out->push_back(static_cast<uint64_t>(arr[i].as_int64()));
     } else {
-      return invalid(strCat("block_hashes[", i, "]"), "must be a non-negative integer");
+      return invalid(strCat(field, "[", i, "]"), "must be a non-negative integer");
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status readHashes(const bj::value& v, size_t max, std::vector<EngineBlockHash>* out) {
+  std::vector<uint64_t> raw;
+  KVF_RETURN_IF_ERROR(readU64Array(v, max, "block_hashes", &raw));
+  out->assign(raw.begin(), raw.end());
   return absl::OkStatus();
 }
 
@@ -140,23 +149,6 @@ bool isNixlDecodeLeg(const bj::value& params) {
 
 namespace {
 
-absl::Status readBlockIds(const bj::value& v, size_t max, std::vector<uint64_t>* out,
-                          std::string_view field) {
-  if (!v.is_array()) return invalid(field, "must be an array of block ids");
-  const bj::array& arr = v.as_array();
-  if (arr.size() > max) return invalid(field, strCat(arr.size(), " ids exceed ", max));
-  for (size_t i = 0; i < arr.size(); ++i) {
-    if (arr[i].is_uint64()) {
-      out->push_back(arr[i].as_uint64());
-    } else if (arr[i].is_int64() && arr[i].as_int64() >= 0) {
-      out->push_back(static_cast<uint64_t>(arr[i].as_int64()));
-    } else {
-      return invalid(strCat(field, "[", i, "]"), "must be a non-negative integer");
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status requireString(const bj::object& o, std::string_view key, size_t max,
                            std::string* out) {
   KVF_RETURN_IF_ERROR(readString(o, key, max, out));
@@ -181,13 +173,13 @@ absl::StatusOr<NixlRemoteParams> parseNixlRemoteParams(const bj::value& params,
   if (!arr.empty() && arr[0].is_array()) {  // per KV cache group (vLLM v0.18+)
     if (arr.size() > 64) return invalid("remote_block_ids", "more than 64 groups");
     for (size_t g = 0; g < arr.size(); ++g) {
-      KVF_RETURN_IF_ERROR(readBlockIds(arr[g], limits.max_block_hashes,
-                                       &p.remote_block_ids.emplace_back(),
-                                       strCat("remote_block_ids[", g, "]")));
+      KVF_RETURN_IF_ERROR(readU64Array(arr[g], limits.max_block_hashes,
+                                       strCat("remote_block_ids[", g, "]"),
+                                       &p.remote_block_ids.emplace_back()));
     }
   } else {
-    KVF_RETURN_IF_ERROR(readBlockIds(*ids, limits.max_block_hashes,
-                                     &p.remote_block_ids.emplace_back(), "remote_block_ids"));
+    KVF_RETURN_IF_ERROR(readU64Array(*ids, limits.max_block_hashes, "remote_block_ids",
+                                     &p.remote_block_ids.emplace_back()));
   }
   KVF_RETURN_IF_ERROR(
       requireString(o, "remote_engine_id", limits.max_source_bytes, &p.remote_engine_id));
