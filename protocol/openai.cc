@@ -68,7 +68,8 @@ absl::Status readU64Array(const bj::value& v, size_t max, std::string_view field
 absl::Status readHashes(const bj::value& v, size_t max, std::vector<EngineBlockHash>* out) {
   std::vector<uint64_t> raw;
   KVF_RETURN_IF_ERROR(readU64Array(v, max, "block_hashes", &raw));
-  out->assign(raw.begin(), raw.end());
+  out->reserve(raw.size());
+  for (uint64_t h : raw) out->emplace_back(h);
   return absl::OkStatus();
 }
 
