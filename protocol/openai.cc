@@ -219,7 +219,7 @@ bj::object nixlRemoteParamsJson(const NixlRemoteParams& p) {
   o["remote_engine_id"] = p.remote_engine_id;
   o["remote_request_id"] = p.remote_request_id;
   o["remote_host"] = p.remote_host;
-  o["remote_port"] = p.remote_port;
+  o["remote_port"] = static_cast<int64_t>(p.remote_port);  // a JSON integer, as on the wire
   o["tp_size"] = p.tp_size;
   if (p.remote_num_tokens >= 0) o["remote_num_tokens"] = p.remote_num_tokens;
   o["remote_blocks_expiry_time"] = nullptr;
