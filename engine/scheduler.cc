@@ -405,6 +405,7 @@ void Scheduler::fillOutput(const Request& r, RequestOutput& o) const {
   if (r.status == RequestStatus::kFinished && r.remote_decode_lease) {
     o.lease_id = r.id;
     o.lease_block_hashes = r.lease_hashes;
+    o.lease_blocks = pool_->findCachedPrefix(r.lease_hashes);
   }
 }
 

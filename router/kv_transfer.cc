@@ -86,6 +86,41 @@ absl::StatusOr<KvTransferParams> parseRemotePrefillResponse(std::string_view bod
   return out;
 }
 
+absl::StatusOr<std::string> nixlPrefillBody(std::string_view body) {
+  auto obj = json::parseObject(body);
+  if (!obj.ok()) return obj.status();
+  obj->erase("stream_options");
+  obj->erase("min_tokens");
+  obj->erase("min_completion_tokens");
+  (*obj)["stream"] = false;
+  (*obj)["max_tokens"] = 1;
+  if (obj->contains("max_completion_tokens")) (*obj)["max_completion_tokens"] = 1;
+  (*obj)[kParamsKey] = protocol::nixlPrefillLegParams();
+  return bj::serialize(*obj);
+}
+
+absl::StatusOr<bj::value> parseNixlPrefillResponse(std::string_view body) {
+  auto obj = json::parseObject(body);
+  if (!obj.ok()) return obj.status();
+  const auto* p = obj->if_contains(kParamsKey);
+  if (p == nullptr || p->is_null()) {
+    return absl::InvalidArgumentError("prefill response has kv_transfer_params null");
+  }
+  protocol::KvTransferLimits limits;
+  limits.max_block_hashes = kMaxTransferBlockHashes;
+  limits.max_lease_id_bytes = kMaxLeaseIdBytes;
+  KVF_RETURN_IF_ERROR(protocol::parseNixlRemoteParams(*p, limits).status());
+  return *p;
+}
+
+absl::StatusOr<std::string> withRawKvTransferParams(std::string_view body,
+                                                    const bj::value& params) {
+  auto obj = json::parseObject(body);
+  if (!obj.ok()) return obj.status();
+  (*obj)[kParamsKey] = params;
+  return bj::serialize(*obj);
+}
+
 ResponseReport readResponseReport(std::string_view json_text) {
   ResponseReport report;
   bool has_usage = json_text.find("\"usage\"") != std::string_view::npos;

@@ -11,6 +11,8 @@
 #include <string_view>
 #include <vector>
 
+#include <boost/json/value.hpp>
+
 #include "absl/status/statusor.h"
 #include "protocol/openai.h"
 
@@ -43,6 +45,19 @@ absl::StatusOr<std::string> remotePrefillBody(std::string_view body, int64_t lea
 // configured worker): a peer never redirects D.
 absl::StatusOr<KvTransferParams> parseRemotePrefillResponse(std::string_view body,
                                                             std::string_view worker_url);
+
+// NixlConnector dialect. The first leg, as vLLM's toy_proxy_server builds it: the client's
+// body with kv_transfer_params {do_remote_decode: true, do_remote_prefill: false, remote_*:
+// null}, stream false, max_tokens 1 (max_completion_tokens 1 when present), stream_options,
+// min_tokens and min_completion_tokens removed.
+absl::StatusOr<std::string> nixlPrefillBody(std::string_view body);
+// P's answer: its kv_transfer_params object, returned unchanged once it holds every field D
+// needs (protocol::parseNixlRemoteParams); InvalidArgument for null (P kept nothing) or a
+// missing field, so that D never gets params it will not read.
+absl::StatusOr<boost::json::value> parseNixlPrefillResponse(std::string_view body);
+// The client's body (its kv_transfer_params stripped) with `params` as kv_transfer_params.
+absl::StatusOr<std::string> withRawKvTransferParams(std::string_view body,
+                                                    const boost::json::value& params);
 
 // From a response body or stream event: usage.prompt_tokens_details.cached_tokens and
 // kv_transfer_result (D's report on the transfer), each when present (a parse is attempted only

@@ -32,5 +32,21 @@ TEST(LeaseTableTest, TakeReplaceReleaseExpireAndDetach) {
   EXPECT_EQ(t.release("c"), hs({5}));
 }
 
+// vLLM NixlConnector lease semantics: a heartbeat extends to max(old, now + duration * 2 / 3)
+// and never revives a lease that is due.
+TEST(LeaseTableTest, HeartbeatExtendsAsVllmsLease) {
+  LeaseTable t;
+  t.take("r", Lease{hs({1}), 300, 300});
+  const Lease* l = t.heartbeat("r", 0);  // now + 200 < 300: unchanged
+  ASSERT_NE(l, nullptr);
+  EXPECT_EQ(l->expires_at, 300);
+  l = t.heartbeat("r", 250);  // now + 200 = 450
+  ASSERT_NE(l, nullptr);
+  EXPECT_EQ(l->expires_at, 450);
+  EXPECT_EQ(t.heartbeat("r", 450), nullptr);  // due: no resurrection
+  EXPECT_EQ(t.heartbeat("unknown", 0), nullptr);
+  EXPECT_EQ(t.expire(450).size(), 1u);
+}
+
 }  // namespace
 }  // namespace kvf::worker
