@@ -57,7 +57,8 @@ struct WorkerConfig {
   std::string engine_id;  // nixl: P's remote_engine_id; empty: the instance id
   // Remote-decode leases pin KV for a peer: bounded in time, in number and in blocks so that
   // no sender can pin the cache (docs/security.md). Requests beyond a bound are refused (429).
-  // A NIXL-dialect lease is a lease: the same bounds hold.
+  // A NIXL-dialect lease is a lease: the same bounds hold, and a heartbeat (/kv/nixl/meta)
+  // never extends one past max_lease_ms from its start.
   int64_t default_lease_ms = 30000;  // do_remote_decode without lease_ms (vLLM's kv_lease_duration)
   int64_t max_lease_ms = 60000;
   int64_t max_leases = 64;            // held plus being prefilled

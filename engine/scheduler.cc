@@ -80,6 +80,7 @@ absl::Status Scheduler::add(RequestSpec spec, Nanos now) {
   r->arrival_time = now;
   r->remote_kv = std::move(spec.remote_kv);
   r->remote_decode_lease = spec.remote_decode_lease;
+  r->remote_decode_lease_cap = spec.remote_decode_lease_cap;
   waiting_.push_back(r.get());
   requests_.emplace(r->id, std::move(r));
   return absl::OkStatus();

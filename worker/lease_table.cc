@@ -57,7 +57,9 @@ const Lease* LeaseTable::heartbeat(const std::string& id, Nanos now) {
   if (it == leases_.end()) return nullptr;
   Lease& lease = it->second;
   if (lease.expires_at <= now) return nullptr;  // due: expire() frees it, no resurrection
-  lease.expires_at = std::max(lease.expires_at, now + lease.duration * 2 / 3);
+  Nanos extended = now + lease.duration * 2 / 3;
+  if (lease.not_after > 0) extended = std::min(extended, lease.not_after);
+  lease.expires_at = std::max(lease.expires_at, extended);
   return &lease;
 }
 

@@ -48,5 +48,19 @@ TEST(LeaseTableTest, HeartbeatExtendsAsVllmsLease) {
   EXPECT_EQ(t.expire(450).size(), 1u);
 }
 
+// The holder's cap: however often a reader heartbeats, the lease ends by not_after.
+TEST(LeaseTableTest, HeartbeatsStopAtNotAfter) {
+  LeaseTable t;
+  t.take("r", Lease{hs({1}), 300, 300, 500});
+  for (Nanos now = 0; now < 500; now += 100) {
+    const Lease* l = t.heartbeat("r", now);
+    ASSERT_NE(l, nullptr) << now;
+    EXPECT_LE(l->expires_at, 500) << now;
+  }
+  EXPECT_EQ(t.heartbeat("r", 400)->expires_at, 500);
+  EXPECT_EQ(t.heartbeat("r", 500), nullptr);
+  EXPECT_EQ(t.expire(500).size(), 1u);
+}
+
 }  // namespace
 }  // namespace kvf::worker
