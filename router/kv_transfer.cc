@@ -99,7 +99,20 @@ absl::StatusOr<std::string> nixlPrefillBody(std::string_view body) {
   return bj::serialize(*obj);
 }
 
-absl::StatusOr<bj::value> parseNixlPrefillResponse(std::string_view body) {
+NixlSideChannel nixlSideChannel(const InstanceConfig& holder) {
+  NixlSideChannel out;
+  out.host = holder.host;
+  std::string host;
+  uint16_t port = 0;
+  if (!holder.worker_url.empty() && parseInstanceUrl(holder.worker_url, &host, &port).ok()) {
+    out.host = std::move(host);
+    out.port = port;
+  }
+  return out;
+}
+
+absl::StatusOr<bj::value> parseNixlPrefillResponse(std::string_view body,
+                                                   const NixlSideChannel& side_channel) {
   auto obj = json::parseObject(body);
   if (!obj.ok()) return obj.status();
   const auto* p = obj->if_contains(kParamsKey);
@@ -109,7 +122,14 @@ absl::StatusOr<bj::value> parseNixlPrefillResponse(std::string_view body) {
   protocol::KvTransferLimits limits;
   limits.max_block_hashes = kMaxTransferBlockHashes;
   limits.max_lease_id_bytes = kMaxLeaseIdBytes;
-  KVF_RETURN_IF_ERROR(protocol::parseNixlRemoteParams(*p, limits).status());
+  KVF_ASSIGN_OR_RETURN(protocol::NixlRemoteParams n, protocol::parseNixlRemoteParams(*p, limits));
+  if (n.remote_host != side_channel.host ||
+      (side_channel.port && n.remote_port != *side_channel.port)) {
+    return absl::PermissionDeniedError(
+        strCat("prefill response names side channel ", n.remote_host, ":", n.remote_port,
+               ", the registry names ", side_channel.host, ":",
+               side_channel.port ? std::to_string(*side_channel.port) : std::string("*")));
+  }
   return *p;
 }
 

@@ -126,7 +126,7 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
   }
   recordUpstreamSuccess(*p);
   if (nixl_params != nullptr) {
-    auto answer = parseNixlPrefillResponse(response->body);
+    auto answer = parseNixlPrefillResponse(response->body, nixlSideChannel(p->config));
     if (!answer.ok()) co_return fail("bad_response", std::string(answer.status().message()));
     *nixl_params = std::move(*answer);
     core_->predictPeer(ctx.route, clock_.now());
