@@ -75,8 +75,8 @@ absl::Status EngineHttpSide::applyKvTransfer(const KvTransferParams& k,
     // The lease runs on the engine clock (time_scale x wall time).
     spec.remote_decode_lease =
         static_cast<Nanos>(static_cast<double>(lease_ms * kMs) * shared_.config.time_scale);
-    spec.remote_decode_lease_cap = static_cast<Nanos>(
-        static_cast<double>(wc.max_lease_ms * kMs) * shared_.config.time_scale);
+    spec.remote_decode_lease_cap =
+        static_cast<Nanos>(static_cast<double>(wc.max_lease_ms * kMs) * shared_.config.time_scale);
     spec.sampling.max_tokens = 1;  // prefill and one token; decode happens elsewhere
     spec.sampling.min_tokens = 0;
     return absl::OkStatus();

@@ -204,10 +204,8 @@ void WorkerAgent::Impl::registerRoutes() {
   for (const Route& r : routes) {
     server->route(
         r.method, r.target,
-        [this, h = r.handler](const http::Request& req,
-                              http::ResponseWriter& w) -> asio::awaitable<void> {
-          co_await (this->*h)(req, w);
-        },
+        [this, h = r.handler](const http::Request& req, http::ResponseWriter& w)
+            -> asio::awaitable<void> { co_await (this->*h)(req, w); },
         nullptr, auth);
   }
   server->route("GET", "/health",

@@ -106,8 +106,8 @@ class NixlMultiprocessTest : public ::testing::Test {
     r.target = path;
     r.body = bj::serialize(body);
     r.headers = {{"X-Request-Id", request_id}, {"Content-Type", "application/json"}};
-    const bj::value* params = body.is_object() ? body.as_object().if_contains("kv_transfer_params")
-                                               : nullptr;
+    const bj::value* params =
+        body.is_object() ? body.as_object().if_contains("kv_transfer_params") : nullptr;
     if (!signature && params != nullptr) signature = routerSignature(*params, request_id);
     if (signature && !signature->empty()) {
       r.headers.emplace_back(std::string(protocol::kTransferAuthHeader), *signature);
@@ -440,8 +440,8 @@ TEST_F(NixlMultiprocessTest, NotifyForAnUnknownLeaseIsRefusedAndCounted) {
   auto unknown = call("/kv/nixl/notify", R"({"remote_request_id":"no-such-lease"})", true);
   ASSERT_TRUE(unknown.ok()) << unknown.status();
   EXPECT_EQ(unknown->status, 404) << unknown->body;
-  auto meta = call("/kv/nixl/meta", R"({"remote_request_id":"no-such-lease","block_ids":[0]})",
-                   true);
+  auto meta =
+      call("/kv/nixl/meta", R"({"remote_request_id":"no-such-lease","block_ids":[0]})", true);
   ASSERT_TRUE(meta.ok()) << meta.status();
   EXPECT_EQ(meta->status, 404) << meta->body;
   EXPECT_EQ(metric(p, "kvfabric_worker_nixl_refused_total", "route=\"notify\""), 1);
