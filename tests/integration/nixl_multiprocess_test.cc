@@ -10,8 +10,6 @@
 // caller without the token with 401 before reading its body.
 #include <gtest/gtest.h>
 
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <deque>
@@ -28,6 +26,7 @@
 #include "protocol/transfer_auth.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/io_thread.h"
+#include "tests/testing/socket_read.h"
 
 namespace kvf::testing {
 namespace {
@@ -397,26 +396,12 @@ TEST_F(NixlMultiprocessTest, UnsignedOrTamperedLegsAreRefused) {
 TEST_F(NixlMultiprocessTest, SideChannelWithoutTheTokenIsRefusedBeforeItsBody) {
   Engine& p = startEngine("p");
   for (const char* target : {"/kv/nixl/meta", "/kv/nixl/notify"}) {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    ASSERT_GE(fd, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    a.sin_port = htons(p.worker_port);
-    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0) << target;
-    timeval tv{2, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    std::string head = strCat("POST ", target,
+    std::string answer = answerToHeadAlone(
+        p.worker_port, strCat("POST ", target,
                               " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-                              "Content-Length: 4000000\r\n\r\n");
-    ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL),
-              static_cast<ssize_t>(head.size()));
-    char buf[512];
-    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);  // within 2 s, with no body byte sent
-    ::close(fd);
-    ASSERT_GT(n, 0) << target << ": no answer before the body arrived";
-    EXPECT_TRUE(std::string(buf, static_cast<size_t>(n)).starts_with("HTTP/1.1 401"))
-        << target << ": " << std::string(buf, static_cast<size_t>(n));
+                              "Content-Length: 4000000\r\n\r\n"));
+    ASSERT_FALSE(answer.empty()) << target << ": no answer before the body arrived";
+    EXPECT_TRUE(answer.starts_with("HTTP/1.1 401")) << target << ": " << answer;
   }
 }
 
