@@ -35,6 +35,7 @@ std::optional<bj::value> echoedTransferParams(const std::optional<bj::value>& pa
   if (params && params->is_object() && params->as_object().contains("source")) {
     return std::nullopt;
   }
+  if (params && protocol::isNixlDecodeLeg(*params)) return std::nullopt;  // P's, consumed here
   return params;
 }
 
@@ -143,7 +144,16 @@ asio::awaitable<void> EngineHttpSide::handleApi(ApiKind kind, const http::Reques
   spec.id = id;
   spec.prompt = std::move(parsed->prompt);
   spec.sampling = parsed->sampling;
-  if (parsed->kv_transfer) {
+  detail::FetchOptions fo;
+  std::string nixl_invalid;
+  if (parsed->nixl_decode_leg && nixlDialect()) {
+    absl::Status st =
+        applyNixlDecodeLeg(*parsed->kv_transfer_params, req, spec, &fo, &nixl_invalid);
+    if (!st.ok()) {
+      co_await w.sendStatus(st);
+      co_return;
+    }
+  } else if (parsed->kv_transfer) {
     absl::Status st = applyKvTransfer(*parsed->kv_transfer, *parsed->kv_transfer_params, req, spec);
     if (!st.ok()) {
       co_await w.sendStatus(st);
@@ -180,15 +190,22 @@ asio::awaitable<void> EngineHttpSide::handleApi(ApiKind kind, const http::Reques
   auto p = std::make_shared<Pending>(ioc_.get_executor());
   pending_[id] = p;
   if (spec.remote_kv) {
-    detail::FetchOptions fo;
-    fo.source = parsed->kv_transfer->source;
-    fo.lease_id = parsed->kv_transfer->lease_id;
-    fo.deadline_ms = parsed->kv_transfer->deadline_ms;
+    if (!fo.nixl) {
+      fo.source = parsed->kv_transfer->source;
+      fo.lease_id = parsed->kv_transfer->lease_id;
+      fo.deadline_ms = parsed->kv_transfer->deadline_ms;
+    }
     fetch_options_[id] = std::move(fo);
   }
+  if (!nixl_invalid.empty()) {
+    KvTransferResult r;
+    r.reason = strCat("invalid kv_transfer_params: ", nixl_invalid);
+    p->kv_transfer_result = std::move(r);
+  }
+  const bool remote_decode = parsed->kv_transfer && parsed->kv_transfer->do_remote_decode;
   core_.add(std::move(spec), shared_.engineNow(steadyNanos()), p);
   if (parsed->stream) {
-    co_await streamResponse(kind, *parsed, summary, p, id, w);
+    co_await streamResponse(kind, *parsed, summary, p, id, remote_decode, w);
     co_return;
   }
   while (!p->done) co_await p->signal.async_wait(kAwait);
@@ -198,7 +215,7 @@ asio::awaitable<void> EngineHttpSide::handleApi(ApiKind kind, const http::Reques
   summary.kv_transfer_result = p->kv_transfer_result;
   fetch_options_.erase(id);
   std::optional<bj::value> params = echoedTransferParams(parsed->kv_transfer_params);
-  if (p->lease_id) params = leaseParams(*p);
+  if (remote_decode) params = holderParams(*p);
   std::string body = completionBody(kind, summary, params);
   co_await w.sendJson(200, std::move(body));
 }
@@ -206,7 +223,7 @@ asio::awaitable<void> EngineHttpSide::handleApi(ApiKind kind, const http::Reques
 asio::awaitable<void> EngineHttpSide::streamResponse(ApiKind kind, ParsedRequest& parsed,
                                                      CompletionSummary& summary,
                                                      std::shared_ptr<Pending> p,
-                                                     const std::string& id,
+                                                     const std::string& id, bool remote_decode,
                                                      http::ResponseWriter& w) {
   http::Headers headers = {{"Cache-Control", "no-cache"}};
   parsed.kv_transfer_params = echoedTransferParams(parsed.kv_transfer_params);
@@ -221,7 +238,7 @@ asio::awaitable<void> EngineHttpSide::streamResponse(ApiKind kind, ParsedRequest
       bool last = p->done && sent == p->tokens.size();
       if (last) {
         summary.kv_transfer_result = p->kv_transfer_result;
-        if (p->lease_id) parsed.kv_transfer_params = leaseParams(*p);  // offload, streamed
+        if (remote_decode) parsed.kv_transfer_params = holderParams(*p);  // offload, streamed
       }
       std::string chunk =
           streamChunk(kind, summary, text, first, last ? &p->finish_reason : nullptr,
@@ -291,6 +308,7 @@ void EngineHttpSide::deliver(const std::vector<RequestOutput>& outputs, Nanos en
     if (out.lease_id) {
       p.lease_id = out.lease_id;
       p.lease_block_hashes = out.lease_block_hashes;
+      p.lease_blocks = out.lease_blocks;
     }
     if (out.finish) {
       p.done = true;

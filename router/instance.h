@@ -70,7 +70,9 @@ struct Instance {
   std::shared_ptr<const void> retired_metrics;
 
   bool hasEvents() const { return !config.kv_events.endpoint.empty(); }
-  bool pushCapable() const { return !config.worker_url.empty(); }
+  bool pushCapable() const { return !config.worker_url.empty() || nixl(); }
+  // KV moves from this instance in vLLM's NixlConnector dialect.
+  bool nixl() const { return config.kv_connector == "nixl"; }
 };
 
 }  // namespace kvf::router

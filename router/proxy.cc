@@ -434,6 +434,7 @@ void Router::finishRequest(RequestContext& ctx) {
   record.status = ctx.status;
   record.duration_s = nanosToSeconds(now - ctx.start);
   if (ctx.first_byte > 0) record.ttft_s = nanosToSeconds(ctx.first_byte - ctx.start);
+  if (ctx.peer && !record.source.empty()) record.kv_connector = ctx.peer->config.kv_connector;
   if (ctx.transfer) {
     record.transfer_status = protocol::transferOutcomeName(ctx.transfer->outcome);
     record.pushed_tokens = ctx.transfer->pushed_tokens;

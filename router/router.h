@@ -114,12 +114,17 @@ class Router : public std::enable_shared_from_this<Router> {
   // The body to send upstream; nullopt: the client's body as it is (forwarded without a copy).
   asio::awaitable<std::optional<std::string>> upstreamBody(RequestContext& ctx,
                                                            const http::Request& request);
-  // The prefill half of an offload on ctx.peer; false when D must prefill locally.
+  // The first leg on ctx.peer (the prefill half of an offload; in the NIXL dialect also the
+  // holder's leg of a migration); false when D must prefill locally. kvfabric: `params` gets
+  // D's params; NIXL (`nixl_params` given): `*nixl_params` gets P's object, unchanged.
   asio::awaitable<bool> remotePrefill(RequestContext& ctx, const http::Request& request,
-                                      KvTransferParams* params);
+                                      KvTransferParams* params,
+                                      std::optional<boost::json::value>* nixl_params = nullptr);
   // The x-kvf-transfer-auth header for `params` sent with x-request-id `request_id` (""
-  // without a worker token: the params go unsigned).
+  // without a worker token: the params go unsigned). The JSON form signs a NIXL leg's object
+  // exactly as it is sent.
   std::string signTransfer(const KvTransferParams& params, const std::string& request_id) const;
+  std::string signTransfer(const boost::json::value& params, const std::string& request_id) const;
   // Counts the transfer outcome of a finished push-migrate / offload attempt.
   void recordTransferOutcome(const RequestContext& ctx);
   void recordUpstreamFailure(Instance& instance, std::string_view kind);

@@ -60,6 +60,13 @@ void parseInstanceConfig(config::ConfigMap& map, InstanceConfig* out) {
     if (!s.ok()) map.fail("worker_url", std::string(s.message()));
     while (out->worker_url.back() == '/') out->worker_url.pop_back();
   }
+  map.get("kv_connector", &out->kv_connector);
+  if (out->kv_connector != "kvfabric" && out->kv_connector != "nixl") {
+    map.fail("kv_connector", "must be kvfabric or nixl");
+  } else if (out->kv_connector == "kvfabric" && out->worker_url.empty() &&
+             map.has("kv_connector")) {
+    map.fail("kv_connector", "kvfabric needs worker_url");
+  }
   if (auto ev = map.map("kv_events")) {
     ev->get("endpoint", &out->kv_events.endpoint);
     ev->get("replay_endpoint", &out->kv_events.replay_endpoint);

@@ -46,6 +46,14 @@ struct InstanceConfig {
   // the router index. 0: learned from the engine's /metrics (vllm:cache_config_info's
   // num_gpu_blocks), else only index.max_blocks_per_instance bounds it.
   uint64_t kv_capacity_blocks = 0;
+  // How KV reaches a decode instance from this one as the holder (prefill instance P or cache
+  // holder C): "kvfabric" (the decode instance's worker pulls from worker_url with kvfabric's
+  // push) or "nixl" (vLLM's NixlConnector: a first leg with do_remote_decode to this instance,
+  // its remote_* answer passed unchanged to the decode instance, which reads the blocks). With
+  // nixl, worker_url (optional) is the instance's NIXL side channel: its answer's remote_host
+  // and remote_port must name it (without one, remote_host must be the host of `url`).
+  // Default: kvfabric with a worker_url.
+  std::string kv_connector = "kvfabric";
 };
 
 struct HealthConfig {
