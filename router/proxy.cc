@@ -341,7 +341,19 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
   auto response_body = co_await upstream->readAll(64u << 20);
   endPrefillPhase(ctx);
   if (!response_body.ok()) {
-    co_return failedBeforeFirstByte(ctx, "read", response_body.status());
+    if (ctx.life->client_gone || ctx.life->stalled) {
+      co_return failedBeforeFirstByte(ctx, "read", response_body.status());
+    }
+    // The engine failed while working on it: another engine may fail the same way, so it is
+    // not retried (a stall is: the engine stopped, not the request).
+    predictHeld(ctx);
+    recordUpstreamFailure(*instance, "read");
+    metrics_->requests_upstream_error->inc();
+    ctx.status = 502;
+    std::string message = strCat("upstream ", instance->config.id,
+                                 " failed: ", std::string(response_body.status().message()));
+    co_await writer.sendError(502, message);
+    co_return ForwardResult::kDone;
   }
   noteAlive(*instance);
   ctx.first_byte = clock_.now();
@@ -381,10 +393,17 @@ asio::awaitable<Router::ForwardResult> Router::forwardStream(RequestContext& ctx
   for (;;) {
     auto piece = co_await upstream.next();
     if (!piece.ok()) {
-      if (!writer.started()) co_return failedBeforeFirstByte(ctx, "stream", piece.status());
       if (ctx.life->client_gone) co_return ForwardResult::kClientGone;
-      // Bytes are out: the client cannot be retried elsewhere, so it gets an SSE error event
-      // and a clean end instead of a hang or a silently truncated stream.
+      if (!writer.started() && ctx.life->stalled) {
+        co_return failedBeforeFirstByte(ctx, "stream", piece.status());
+      }
+      if (!writer.started() &&
+          !(co_await writer.beginStream(ctx.status, "text/event-stream", headers)).ok()) {
+        ctx.life->clientLeft();
+        co_return ForwardResult::kClientGone;
+      }
+      // Bytes are out, or the engine failed on this request: the client gets an SSE error
+      // event and a clean end instead of a hang or a silently truncated stream.
       const bool stalled = ctx.life->stalled;
       recordUpstreamFailure(*ctx.instance, stalled ? "stall" : "stream");
       if (stalled) metrics_->stall_stream_errors->inc();

@@ -92,14 +92,14 @@ class Router : public std::enable_shared_from_this<Router> {
   void drainQueue();
   // Replaces a text prompt by the engine's token ids (POST /tokenize); false when unavailable.
   asio::awaitable<bool> tokenize(RequestContext& ctx, const http::Request& request);
-  // kRetry: the attempt failed before any byte reached the client; kClientGone: the client
-  // left, nothing more is sent.
+  // kRetry: the attempt failed before any byte reached the client (no connection, or its
+  // instance stalled); kClientGone: the client left, nothing more is sent.
   enum class ForwardResult { kDone, kRetry, kClientGone };
   asio::awaitable<ForwardResult> forward(RequestContext& ctx, const http::Request& request,
                                          std::optional<std::string> body,
                                          http::ResponseWriter& writer);
   // Passes an SSE response through; its head goes to the client with the first body bytes, so
-  // an attempt that fails before them can still be retried.
+  // an attempt whose instance stalls before them can still be retried.
   asio::awaitable<ForwardResult> forwardStream(RequestContext& ctx, http::ResponseStream& upstream,
                                                http::ResponseWriter& writer,
                                                const http::Headers& headers);
