@@ -25,7 +25,7 @@ struct KvEventsConfig {
   bool enabled = true;
   std::string endpoint = "tcp://*:5557";
   std::string replay_endpoint = "tcp://*:5558";  // empty disables replay
-  std::string topic = "kv-events";
+  std::string topic;                             // vLLM's default: "" (KVEventsConfig.topic)
   int64_t buffer_batches = 10000;
 };
 

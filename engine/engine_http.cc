@@ -204,11 +204,24 @@ asio::awaitable<void> EngineHttpSide::handleApi(ApiKind kind, const http::Reques
   }
   const bool remote_decode = parsed->kv_transfer && parsed->kv_transfer->do_remote_decode;
   core_.add(std::move(spec), shared_.engineNow(steadyNanos()), p);
+  // As vLLM's server does: a client that disconnects aborts its request, streaming or not, at
+  // once (not at the next write), so its blocks and batch slot go to requests someone awaits.
+  w.watchClientGone([this, id, p] {
+    if (p->done) return;
+    core_.abort(id);
+    pending_.erase(id);
+    fetch_options_.erase(id);
+    shared_.m.aborted->inc();
+    p->done = true;
+    p->finish_reason = "abort";
+    p->signal.cancel();
+  });
   if (parsed->stream) {
     co_await streamResponse(kind, *parsed, summary, p, id, remote_decode, w);
     co_return;
   }
   while (!p->done) co_await p->signal.async_wait(kAwait);
+  if (w.clientGone()) co_return;  // aborted: nobody to answer
   summary.output = p->tokens;
   summary.cached_tokens = p->cached_tokens;
   summary.finish_reason = p->finish_reason;
@@ -231,7 +244,7 @@ asio::awaitable<void> EngineHttpSide::streamResponse(ApiKind kind, ParsedRequest
   size_t sent = 0;
   bool first = true;
   bool finish_sent = false;
-  while (st.ok() && !finish_sent) {
+  while (st.ok() && !finish_sent && !w.clientGone()) {
     while (!p->done && sent == p->tokens.size()) co_await p->signal.async_wait(kAwait);
     while (st.ok() && (sent < p->tokens.size() || (p->done && !finish_sent))) {
       std::string text = sent < p->tokens.size() ? tokenText(p->tokens[sent++]) : std::string();
@@ -248,6 +261,7 @@ asio::awaitable<void> EngineHttpSide::streamResponse(ApiKind kind, ParsedRequest
       st = co_await w.writeEvent(chunk);
     }
   }
+  if (w.clientGone()) co_return;  // aborted when the client left
   if (st.ok() && parsed.include_usage) {
     summary.output = p->tokens;
     summary.cached_tokens = p->cached_tokens;

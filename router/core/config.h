@@ -85,6 +85,13 @@ struct RouterConfig {
   Nanos circuit_open = 10 * kNanosPerSecond;
   Nanos connect_timeout = 2 * kNanosPerSecond;
   Nanos read_timeout = 600 * kNanosPerSecond;  // longest gap between upstream bytes
+  // An instance with requests in flight that shows no sign of life (no byte on any of its
+  // responses, no health answer) for this long is stalled: its requests without a first byte
+  // are retried elsewhere, its started streams end with an SSE error, and it takes nothing new
+  // until a health check passes (docs/router.md "Stalls"). 0: off. Must exceed health.interval.
+  Nanos stall_timeout = 5 * kNanosPerSecond;
+  // No new attempt (retry) starts later than this after the request arrived.
+  Nanos retry_deadline = 30 * kNanosPerSecond;
   // String and chat prompts are tokenized through an admitted instance's POST /tokenize so
   // they hash exactly; false (or a failed call) falls back to the approximate text index.
   bool tokenize = false;

@@ -18,6 +18,7 @@
 #include "common/sse.h"
 #include "common/strings.h"
 #include "tests/testing/child_process.h"
+#include "tests/testing/http_call.h"
 #include "tests/testing/io_thread.h"
 
 namespace kvf::testing {
@@ -97,22 +98,14 @@ class MigrationMultiprocessTest : public ::testing::Test {
         {bin_ + "/kvf-router", "--config", (dir_ / "router.yaml").string(), "--log_level", "warn"},
         (dir_ / "router.log").string());
     ASSERT_TRUE(waitForLog(*router_, "listening on port ", 20s)) << readLog(*router_);
-    std::string log = readLog(*router_);
-    size_t at = log.find("listening on port ") + std::string("listening on port ").size();
-    uint16_t port = static_cast<uint16_t>(std::stoi(log.substr(at)));
-    client_ = http::HttpClient::create(io_.executor(), "127.0.0.1", port);
+    client_ =
+        http::HttpClient::create(io_.executor(), "127.0.0.1", routerPort(*router_).value_or(0));
   }
 
   absl::StatusOr<http::Response> call(std::string method, std::string target, std::string body,
                                       http::Headers headers = {}) {
-    http::ClientRequest r;
-    r.method = std::move(method);
-    r.target = std::move(target);
-    r.body = std::move(body);
-    r.headers = std::move(headers);
-    return io_.run([&]() -> asio::awaitable<absl::StatusOr<http::Response>> {
-      co_return co_await client_->request(r);
-    });
+    return httpCall(io_, *client_, std::move(method), std::move(target), std::move(body),
+                    std::move(headers));
   }
 
   int64_t indexBlocks(const std::string& id) {
