@@ -95,7 +95,13 @@ bool isStaleConnectionError(const boost::system::error_code& ec) {
 ResponseStream::ResponseStream(std::shared_ptr<HttpClient> client, std::unique_ptr<State> state)
     : client_(std::move(client)), state_(std::move(state)) {}
 
+void RequestCanceller::cancel() {
+  cancelled_ = true;
+  if (conn_ != nullptr) conn_->close();
+}
+
 ResponseStream::~ResponseStream() {
+  if (canceller_) canceller_->conn_ = nullptr;
   if (!state_ || !state_->conn) return;
   if (done_ && !failed_ && state_->parser.keep_alive()) {
     client_->release(std::move(state_->conn));
@@ -111,7 +117,8 @@ void ResponseStream::cancel() {
 
 asio::awaitable<absl::StatusOr<std::optional<std::string>>> ResponseStream::next() {
   if (done_) co_return std::optional<std::string>();
-  if (failed_ || !state_ || !state_->conn) {
+  if (failed_ || !state_ || !state_->conn || (canceller_ && canceller_->cancelled())) {
+    failed_ = true;
     co_return absl::CancelledError("response stream was cancelled");
   }
   auto& parser = state_->parser;
@@ -141,6 +148,9 @@ asio::awaitable<absl::StatusOr<std::optional<std::string>>> ResponseStream::next
     if (ec) {
       failed_ = true;
       conn.close();
+      if (canceller_ && canceller_->cancelled()) {
+        co_return absl::CancelledError("response stream was cancelled");
+      }
       co_return ioError(ec, "reading response body from", client_->host(), client_->port());
     }
     size_t got = Connection::kBodyBufBytes - parser.get().body().size;
@@ -269,24 +279,42 @@ asio::awaitable<absl::StatusOr<std::unique_ptr<ResponseStream>>> HttpClient::ope
   message.body() = boost::span<const char>(body.data(), body.size());
   message.prepare_payload();
   auto read_timeout = request.read_timeout.value_or(options_.read_timeout);
+  RequestCanceller* canceller = request.canceller.get();
+  // The canceller closes the connection in use; it never outlives this frame's hold on it.
+  struct Unregister {
+    RequestCanceller* canceller;
+    ~Unregister() {
+      if (canceller != nullptr) canceller->conn_ = nullptr;
+    }
+  } unregister{canceller};
+  auto cancelled = [&] { return canceller != nullptr && canceller->cancelled(); };
+  const absl::Status cancelled_status = absl::CancelledError("request was cancelled");
 
   // A pooled connection may have been closed by the server while idle; if it fails before any
   // response byte arrives, the request is sent once more on a fresh connection.
   for (int attempt = 0;; ++attempt) {
+    if (cancelled()) co_return cancelled_status;
     std::unique_ptr<Connection> conn = attempt == 0 ? takeIdle() : nullptr;
     bool reused = conn != nullptr;
     if (!conn) {
       auto connected = co_await connect();
       if (!connected.ok()) co_return connected.status();
       conn = std::move(*connected);
+      if (cancelled()) {
+        conn->close();
+        co_return cancelled_status;
+      }
     }
+    if (canceller != nullptr) canceller->conn_ = conn.get();
     // A request usually fits the socket's send buffer and goes out at once; a large body or a
     // slow upstream continues asynchronously under the write timeout.
     bhttp::request_serializer<bhttp::span_body<const char>> serializer{message};
     boost::system::error_code wec =
         co_await internal::writeNowOrAsync(conn->stream, serializer, options_.write_timeout);
     if (wec) {
+      if (canceller != nullptr) canceller->conn_ = nullptr;
       conn->close();
+      if (cancelled()) co_return cancelled_status;
       if (reused && isStaleConnectionError(wec)) continue;
       co_return ioError(wec, "sending request to", host_, port_);
     }
@@ -298,12 +326,16 @@ asio::awaitable<absl::StatusOr<std::unique_ptr<ResponseStream>>> HttpClient::ope
     conn->stream.expires_after(read_timeout);
     auto [rec, n] = co_await internal::readHeader(conn->stream, conn->buffer, state->parser);
     if (rec) {
+      if (canceller != nullptr) canceller->conn_ = nullptr;
       conn->close();
+      if (cancelled()) co_return cancelled_status;
       if (reused && isStaleConnectionError(rec) && n == 0) continue;
       co_return ioError(rec, "reading response from", host_, port_);
     }
     state->conn = std::move(conn);
     auto stream = std::unique_ptr<ResponseStream>(new ResponseStream(self, std::move(state)));
+    stream->canceller_ = request.canceller;
+    unregister.canceller = nullptr;  // the stream holds the connection now
     auto& header = stream->state_->parser.get();
     stream->status_ = static_cast<int>(header.result_int());
     for (const auto& field : header) {

@@ -26,6 +26,24 @@ struct ClientOptions {
   size_t max_body_bytes = 64 * 1024 * 1024;  // buffered responses (request()/readAll())
 };
 
+class Connection;
+
+// Lets code on the client's executor abort one request from outside the coroutine that waits
+// on it (its client left, its upstream stalled): cancel() closes the request's connection, so
+// a pending open() or ResponseStream::next() completes with Cancelled at once, and a request
+// not yet sent is not sent. Shared by the caller and the client; one request per canceller.
+class RequestCanceller {
+ public:
+  void cancel();  // idempotent
+  bool cancelled() const { return cancelled_; }
+
+ private:
+  friend class HttpClient;
+  friend class ResponseStream;
+  bool cancelled_ = false;
+  Connection* conn_ = nullptr;  // the request's connection, from open() to the stream's end
+};
+
 struct ClientRequest {
   std::string method = "GET";
   std::string target = "/";
@@ -37,9 +55,10 @@ struct ClientRequest {
   // When non-empty, sent as the body instead of `body`, without a copy (a proxy forwarding a
   // large body it received). The bytes must stay valid until open()/request() returns.
   std::string_view body_view;
+  // Optional: aborts the request from elsewhere (see RequestCanceller).
+  std::shared_ptr<RequestCanceller> canceller;
 };
 
-class Connection;
 class HttpClient;
 
 // A response whose body is read as it arrives. Destroying it returns the connection to the
@@ -69,6 +88,7 @@ class ResponseStream {
 
   std::shared_ptr<HttpClient> client_;
   std::unique_ptr<State> state_;
+  std::shared_ptr<RequestCanceller> canceller_;
   int status_ = 0;
   Headers headers_;
   bool done_ = false;

@@ -6,7 +6,13 @@
 #include <mutex>
 #include <set>
 
+#include <sys/socket.h>
+
+#include <cerrno>
+
 #include <boost/asio/as_tuple.hpp>
+#include <boost/asio/bind_cancellation_slot.hpp>
+#include <boost/asio/cancellation_signal.hpp>
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 #include <boost/asio/ip/tcp.hpp>
@@ -112,6 +118,27 @@ class BeastResponseWriter final : public ResponseWriter {
         write_timeout_(write_timeout),
         stopping_(stopping) {}
 
+  ~BeastResponseWriter() override { endWatch(); }
+
+  // The handler returned: its callback may reference its frame, so it must never run now.
+  void endWatch() {
+    if (!watch_ || !watch_->active) return;
+    watch_->active = false;
+    watch_->cancel.emit(asio::cancellation_type::terminal);
+  }
+
+  void watchClientGone(std::function<void()> on_gone) override {
+    if (!watch_) {
+      watch_ = std::make_shared<ClientWatch>();
+      watch_->on_gone = std::move(on_gone);
+      armWatch(watch_, &stream_.socket());
+    } else {
+      watch_->on_gone = std::move(on_gone);
+    }
+  }
+
+  bool clientGone() const override { return watch_ && watch_->gone; }
+
   asio::awaitable<absl::Status> send(int status, std::string_view content_type, std::string body,
                                      const Headers& extra) override {
     if (started_) co_return absl::FailedPreconditionError("response already started");
@@ -210,6 +237,44 @@ class BeastResponseWriter final : public ResponseWriter {
   bool finished_ = false;
   bool chunked_ = false;
   const std::atomic<bool>* stopping_;
+
+  // Shared with the pending wait, which may complete after the writer is gone: `active` says
+  // whether the socket may still be touched.
+  struct ClientWatch {
+    std::function<void()> on_gone;
+    asio::cancellation_signal cancel;
+    bool active = true;
+    bool gone = false;
+  };
+  std::shared_ptr<ClientWatch> watch_;
+
+  // Waits for the socket to turn readable, then peeks: end of stream or an error means the
+  // client left; bytes mean a pipelined request, so the watch ends; nothing yet, wait again.
+  static void armWatch(std::shared_ptr<ClientWatch> watch, tcp::socket* socket) {
+    auto& slot_owner = *watch;
+    socket->async_wait(
+        tcp::socket::wait_read,
+        asio::bind_cancellation_slot(
+            slot_owner.cancel.slot(),
+            [watch = std::move(watch), socket](const boost::system::error_code& ec) mutable {
+              if (!watch->active || ec == asio::error::operation_aborted) return;
+              if (!ec) {
+                char byte;
+                ssize_t n = ::recv(socket->native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+                if (n > 0) return;
+                if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+                  armWatch(std::move(watch), socket);
+                  return;
+                }
+              }
+              watch->gone = true;
+              watch->active = false;
+              if (watch->on_gone) {
+                auto on_gone = std::move(watch->on_gone);
+                on_gone();
+              }
+            }));
+  }
 };
 
 }  // namespace
@@ -505,6 +570,7 @@ asio::awaitable<void> HttpServer::Impl::dispatch(const Request& request, const R
   } catch (const std::exception& e) {
     failure = e.what();
   }
+  writer.endWatch();
   if (!failure.empty()) {
     log::error("handler threw", "path", request.path, "error", failure);
     if (!writer.started()) co_await writer.sendError(500, "internal error");

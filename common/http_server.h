@@ -70,6 +70,16 @@ class ResponseWriter {
   asio::awaitable<absl::Status> writeEvent(std::string_view data);
   virtual asio::awaitable<absl::Status> endStream() = 0;
 
+  // Calls `on_gone` once, on the connection's executor, when the client closes or resets its
+  // connection while the handler still runs: noticed while the handler waits (for an upstream,
+  // a queue, a first token), not only when it next writes. Bytes the client sends meanwhile (a
+  // pipelined request) end the watch, as a closed connection can no longer be told apart. A
+  // second call replaces the callback. The watch ends when the handler returns. Writers that
+  // cannot watch never call it.
+  virtual void watchClientGone(std::function<void()> on_gone) { (void)on_gone; }
+  // The watch saw the client go (false without a watch).
+  virtual bool clientGone() const { return false; }
+
   virtual bool started() const = 0;   // any byte of the response was written
   virtual bool finished() const = 0;  // the response is complete
   virtual asio::any_io_executor executor() const = 0;

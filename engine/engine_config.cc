@@ -51,6 +51,11 @@ void parseWorker(config::ConfigMap& m, WorkerConfig* w) {
   m.get("push_deadline_cap_ms", &w->push_deadline_cap_ms, 1, 60'000);
   m.get("push_deadline_margin_ms", &w->push_deadline_margin_ms, 0, 60'000);
   m.get("layerwise", &w->layerwise);
+  m.get("kv_connector", &w->kv_connector);
+  if (w->kv_connector != "kvfabric" && w->kv_connector != "nixl") {
+    m.fail("kv_connector", "must be kvfabric or nixl");
+  }
+  m.get("engine_id", &w->engine_id);
   m.get("default_lease_ms", &w->default_lease_ms, 1, 86'400'000);
   m.get("max_lease_ms", &w->max_lease_ms, 1, 3'600'000);
   m.get("max_leases", &w->max_leases, 0, 1'000'000);

@@ -25,7 +25,7 @@ struct KvEventsConfig {
   bool enabled = true;
   std::string endpoint = "tcp://*:5557";
   std::string replay_endpoint = "tcp://*:5558";  // empty disables replay
-  std::string topic = "kv-events";
+  std::string topic;                             // vLLM's default: "" (KVEventsConfig.topic)
   int64_t buffer_batches = 10000;
 };
 
@@ -51,9 +51,15 @@ struct WorkerConfig {
   // the first prefill step (it ends at max(step, transfer + step / layers)). false: the
   // request waits for the whole modelled transfer before it is scheduled.
   bool layerwise = true;
+  // Which dialect of kv_transfer_params this engine answers: "kvfabric" (source/lease_id, the
+  // holder pushes) or "nixl" (vLLM's NixlConnector: P returns remote_* fields, D reads).
+  std::string kv_connector = "kvfabric";
+  std::string engine_id;  // nixl: P's remote_engine_id; empty: the instance id
   // Remote-decode leases pin KV for a peer: bounded in time, in number and in blocks so that
   // no sender can pin the cache (docs/security.md). Requests beyond a bound are refused (429).
-  int64_t default_lease_ms = 30000;  // do_remote_decode without lease_ms
+  // A NIXL-dialect lease is a lease: the same bounds hold, and a heartbeat (/kv/nixl/meta)
+  // never extends one past max_lease_ms from its start.
+  int64_t default_lease_ms = 30000;  // do_remote_decode without lease_ms (vLLM's kv_lease_duration)
   int64_t max_lease_ms = 60000;
   int64_t max_leases = 64;            // held plus being prefilled
   double max_leased_fraction = 0.25;  // of the KV cache's blocks, held plus being prefilled

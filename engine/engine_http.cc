@@ -35,6 +35,7 @@ std::optional<bj::value> echoedTransferParams(const std::optional<bj::value>& pa
   if (params && params->is_object() && params->as_object().contains("source")) {
     return std::nullopt;
   }
+  if (params && protocol::isNixlDecodeLeg(*params)) return std::nullopt;  // P's, consumed here
   return params;
 }
 
@@ -143,7 +144,16 @@ asio::awaitable<void> EngineHttpSide::handleApi(ApiKind kind, const http::Reques
   spec.id = id;
   spec.prompt = std::move(parsed->prompt);
   spec.sampling = parsed->sampling;
-  if (parsed->kv_transfer) {
+  detail::FetchOptions fo;
+  std::string nixl_invalid;
+  if (parsed->nixl_decode_leg && nixlDialect()) {
+    absl::Status st =
+        applyNixlDecodeLeg(*parsed->kv_transfer_params, req, spec, &fo, &nixl_invalid);
+    if (!st.ok()) {
+      co_await w.sendStatus(st);
+      co_return;
+    }
+  } else if (parsed->kv_transfer) {
     absl::Status st = applyKvTransfer(*parsed->kv_transfer, *parsed->kv_transfer_params, req, spec);
     if (!st.ok()) {
       co_await w.sendStatus(st);
@@ -180,25 +190,45 @@ asio::awaitable<void> EngineHttpSide::handleApi(ApiKind kind, const http::Reques
   auto p = std::make_shared<Pending>(ioc_.get_executor());
   pending_[id] = p;
   if (spec.remote_kv) {
-    detail::FetchOptions fo;
-    fo.source = parsed->kv_transfer->source;
-    fo.lease_id = parsed->kv_transfer->lease_id;
-    fo.deadline_ms = parsed->kv_transfer->deadline_ms;
+    if (!fo.nixl) {
+      fo.source = parsed->kv_transfer->source;
+      fo.lease_id = parsed->kv_transfer->lease_id;
+      fo.deadline_ms = parsed->kv_transfer->deadline_ms;
+    }
     fetch_options_[id] = std::move(fo);
   }
+  if (!nixl_invalid.empty()) {
+    KvTransferResult r;
+    r.reason = strCat("invalid kv_transfer_params: ", nixl_invalid);
+    p->kv_transfer_result = std::move(r);
+  }
+  const bool remote_decode = parsed->kv_transfer && parsed->kv_transfer->do_remote_decode;
   core_.add(std::move(spec), shared_.engineNow(steadyNanos()), p);
+  // As vLLM's server does: a client that disconnects aborts its request, streaming or not, at
+  // once (not at the next write), so its blocks and batch slot go to requests someone awaits.
+  w.watchClientGone([this, id, p] {
+    if (p->done) return;
+    core_.abort(id);
+    pending_.erase(id);
+    fetch_options_.erase(id);
+    shared_.m.aborted->inc();
+    p->done = true;
+    p->finish_reason = "abort";
+    p->signal.cancel();
+  });
   if (parsed->stream) {
-    co_await streamResponse(kind, *parsed, summary, p, id, w);
+    co_await streamResponse(kind, *parsed, summary, p, id, remote_decode, w);
     co_return;
   }
   while (!p->done) co_await p->signal.async_wait(kAwait);
+  if (w.clientGone()) co_return;  // aborted: nobody to answer
   summary.output = p->tokens;
   summary.cached_tokens = p->cached_tokens;
   summary.finish_reason = p->finish_reason;
   summary.kv_transfer_result = p->kv_transfer_result;
   fetch_options_.erase(id);
   std::optional<bj::value> params = echoedTransferParams(parsed->kv_transfer_params);
-  if (p->lease_id) params = leaseParams(*p);
+  if (remote_decode) params = holderParams(*p);
   std::string body = completionBody(kind, summary, params);
   co_await w.sendJson(200, std::move(body));
 }
@@ -206,7 +236,7 @@ asio::awaitable<void> EngineHttpSide::handleApi(ApiKind kind, const http::Reques
 asio::awaitable<void> EngineHttpSide::streamResponse(ApiKind kind, ParsedRequest& parsed,
                                                      CompletionSummary& summary,
                                                      std::shared_ptr<Pending> p,
-                                                     const std::string& id,
+                                                     const std::string& id, bool remote_decode,
                                                      http::ResponseWriter& w) {
   http::Headers headers = {{"Cache-Control", "no-cache"}};
   parsed.kv_transfer_params = echoedTransferParams(parsed.kv_transfer_params);
@@ -214,14 +244,14 @@ asio::awaitable<void> EngineHttpSide::streamResponse(ApiKind kind, ParsedRequest
   size_t sent = 0;
   bool first = true;
   bool finish_sent = false;
-  while (st.ok() && !finish_sent) {
+  while (st.ok() && !finish_sent && !w.clientGone()) {
     while (!p->done && sent == p->tokens.size()) co_await p->signal.async_wait(kAwait);
     while (st.ok() && (sent < p->tokens.size() || (p->done && !finish_sent))) {
       std::string text = sent < p->tokens.size() ? tokenText(p->tokens[sent++]) : std::string();
       bool last = p->done && sent == p->tokens.size();
       if (last) {
         summary.kv_transfer_result = p->kv_transfer_result;
-        if (p->lease_id) parsed.kv_transfer_params = leaseParams(*p);  // offload, streamed
+        if (remote_decode) parsed.kv_transfer_params = holderParams(*p);  // offload, streamed
       }
       std::string chunk =
           streamChunk(kind, summary, text, first, last ? &p->finish_reason : nullptr,
@@ -231,6 +261,7 @@ asio::awaitable<void> EngineHttpSide::streamResponse(ApiKind kind, ParsedRequest
       st = co_await w.writeEvent(chunk);
     }
   }
+  if (w.clientGone()) co_return;  // aborted when the client left
   if (st.ok() && parsed.include_usage) {
     summary.output = p->tokens;
     summary.cached_tokens = p->cached_tokens;
@@ -291,6 +322,7 @@ void EngineHttpSide::deliver(const std::vector<RequestOutput>& outputs, Nanos en
     if (out.lease_id) {
       p.lease_id = out.lease_id;
       p.lease_block_hashes = out.lease_block_hashes;
+      p.lease_blocks = out.lease_blocks;
     }
     if (out.finish) {
       p.done = true;

@@ -4,6 +4,7 @@
 // kv_transfer_result. The push itself is the agent's (worker/agent.h).
 #include <boost/json.hpp>
 
+#include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/engine_server_impl.h"
@@ -11,6 +12,7 @@
 namespace kvf::engine {
 
 using detail::kMs;
+namespace bj = boost::json;
 
 int64_t EngineHttpSide::promptBlocks(const RequestSpec& spec) const {
   return static_cast<int64_t>(spec.prompt.size()) /
@@ -73,6 +75,8 @@ absl::Status EngineHttpSide::applyKvTransfer(const KvTransferParams& k,
     // The lease runs on the engine clock (time_scale x wall time).
     spec.remote_decode_lease =
         static_cast<Nanos>(static_cast<double>(lease_ms * kMs) * shared_.config.time_scale);
+    spec.remote_decode_lease_cap =
+        static_cast<Nanos>(static_cast<double>(wc.max_lease_ms * kMs) * shared_.config.time_scale);
     spec.sampling.max_tokens = 1;  // prefill and one token; decode happens elsewhere
     spec.sampling.min_tokens = 0;
     return absl::OkStatus();
@@ -93,6 +97,63 @@ boost::json::value EngineHttpSide::leaseParams(const detail::Pending& p) const {
   params.block_hashes = p.lease_block_hashes;
   params.lease_id = *p.lease_id;
   return protocol::kvTransferParamsJson(params);
+}
+
+std::optional<bj::value> EngineHttpSide::holderParams(const detail::Pending& p) const {
+  if (!nixlDialect()) {
+    if (!p.lease_id) return std::nullopt;
+    return leaseParams(p);
+  }
+  // vLLM's P keeps the blocks only for a request that finished; otherwise it answers null.
+  if (!p.lease_id || agent_ == nullptr) return bj::value(nullptr);
+  const WorkerConfig& wc = shared_.config.worker;
+  protocol::NixlRemoteParams n;
+  n.remote_engine_id = wc.engine_id.empty() ? shared_.config.instance_id : wc.engine_id;
+  n.remote_block_ids.emplace_back(p.lease_blocks.begin(), p.lease_blocks.end());
+  n.remote_request_id = *p.lease_id;
+  n.remote_host = wc.host == "0.0.0.0" ? "127.0.0.1" : wc.host;  // the side channel
+  n.remote_port = agent_->port();
+  n.tp_size = 1;
+  n.remote_num_tokens = p.prompt_tokens;
+  return bj::value(protocol::nixlRemoteParamsJson(n));
+}
+
+absl::Status EngineHttpSide::applyNixlDecodeLeg(const bj::value& params, const http::Request& req,
+                                                RequestSpec& spec, detail::FetchOptions* fetch,
+                                                std::string* invalid) {
+  if (agent_ == nullptr) {
+    return absl::InvalidArgumentError(
+        "kv_transfer_params: this engine has no worker control server (--worker_port)");
+  }
+  // Before anything in the params is looked at: remote_host and remote_port decide where this
+  // engine sends its worker token, so only the router may name them.
+  KVF_RETURN_IF_ERROR(authenticateKvTransfer(params, req));
+  protocol::KvTransferLimits kl;
+  kl.max_block_hashes = static_cast<size_t>(limits_.max_model_len);
+  absl::StatusOr<protocol::NixlRemoteParams> n = protocol::parseNixlRemoteParams(params, kl);
+  std::string source;
+  if (n.ok()) {
+    source = strCat("http://", n->remote_host, ":", n->remote_port);
+    if (absl::Status url = worker::validateWorkerUrl(source); !url.ok()) n = url;
+  }
+  if (n.ok() && (n->remote_block_ids.empty() || n->remote_block_ids[0].empty())) {
+    n = absl::InvalidArgumentError("kv_transfer_params.remote_block_ids: no blocks");
+  }
+  if (!n.ok()) {
+    // vLLM logs "Got invalid KVTransferParams" and prefills locally.
+    static log::RateLimitedLog invalid_log;
+    invalid_log.warn("nixl decode leg with invalid kv_transfer_params: prefilling locally", "error",
+                     std::string(n.status().message()));
+    *invalid = std::string(n.status().message());
+    return absl::OkStatus();
+  }
+  RemoteKvSpec remote;
+  remote.source = source;
+  spec.remote_kv = std::move(remote);
+  fetch->source = std::move(source);
+  fetch->nixl = worker::NixlRead{n->remote_request_id, n->remote_engine_id,
+                                 std::move(n->remote_block_ids[0])};
+  return absl::OkStatus();
 }
 
 void EngineHttpSide::startFetch(RemoteKvFetch f) {
@@ -116,6 +177,7 @@ void EngineHttpSide::startFetch(RemoteKvFetch f) {
   fetch.id = std::move(f.id);
   fetch.source = std::move(opt.source);
   fetch.lease_id = std::move(opt.lease_id);
+  fetch.nixl = std::move(opt.nixl);
   fetch.hashes = std::move(f.hashes);
   fetch.blocks = std::move(f.blocks);
   fetch.deadline = std::chrono::milliseconds(std::max<Nanos>(1, deadline / kMs));

@@ -58,6 +58,7 @@ absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::create(asio::io_cont
     ao.max_push_blocks = static_cast<size_t>(wc.max_push_blocks);
     ao.connect_timeout = std::chrono::milliseconds(wc.push_deadline_cap_ms);
     ao.metric_labels = {{"model_name", c.served_model_name}};
+    ao.engine_id = wc.engine_id.empty() ? c.instance_id : wc.engine_id;
     ao.fault = wc.fault;
     ao.fault_stall_ms = wc.fault_stall_ms;
     KVF_ASSIGN_OR_RETURN(impl->agent,

@@ -61,6 +61,7 @@ struct Pending {
   std::optional<KvTransferResult> kv_transfer_result;  // set before the request's first output
   std::optional<std::string> lease_id;                 // remote decode: the lease taken
   std::vector<BlockHash> lease_block_hashes;
+  std::vector<BlockIndex> lease_blocks;
 };
 
 // A fetch the core started, as the core side keeps it until the agent's outcome.
@@ -75,6 +76,7 @@ struct FetchOptions {
   std::string source;  // worker URL
   std::string lease_id;
   int64_t deadline_ms = 0;
+  std::optional<worker::NixlRead> nixl;  // a NIXL-dialect read instead of a push
 };
 
 }  // namespace detail
@@ -209,7 +211,7 @@ class EngineHttpSide {
   asio::awaitable<void> streamResponse(ApiKind kind, ParsedRequest& parsed,
                                        CompletionSummary& summary,
                                        std::shared_ptr<detail::Pending> p, const std::string& id,
-                                       http::ResponseWriter& w);
+                                       bool remote_decode, http::ResponseWriter& w);
   asio::awaitable<void> handleTokenize(const http::Request& req, http::ResponseWriter& w);
   asio::awaitable<void> handleModels(const http::Request& req, http::ResponseWriter& w);
   // kv_transfer_params of an API request -> the spec (receiver or remote decode).
@@ -220,6 +222,16 @@ class EngineHttpSide {
   absl::Status authenticateKvTransfer(const boost::json::value& raw, const http::Request& req);
   int64_t promptBlocks(const RequestSpec& spec) const;
   boost::json::value leaseParams(const detail::Pending& p) const;
+  // What a finished remote-decode request answers in kv_transfer_params: the kvfabric lease, or
+  // in the nixl dialect vLLM's remote_* fields (null when no lease was taken, e.g. an abort).
+  std::optional<boost::json::value> holderParams(const detail::Pending& p) const;
+  // nixl dialect, D leg: P's params, signed by the router like every kv_transfer_params (an
+  // unsigned or tampered leg is refused), -> a NIXL read of P's blocks (or, when they are
+  // invalid, a local prefill, as vLLM's "Got invalid KVTransferParams").
+  absl::Status applyNixlDecodeLeg(const boost::json::value& params, const http::Request& req,
+                                  RequestSpec& spec, detail::FetchOptions* fetch,
+                                  std::string* invalid);
+  bool nixlDialect() const { return shared_.config.worker.kv_connector == "nixl"; }
   void recordFinished(const RequestOutput& out, Nanos end);
 
   asio::io_context& ioc_;

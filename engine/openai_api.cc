@@ -197,6 +197,7 @@ absl::Status parseStreaming(const bj::object& obj, const ApiLimits& limits, Pars
     kl.max_block_hashes = static_cast<size_t>(limits.max_model_len);
     KVF_ASSIGN_OR_RETURN(KvTransferParams p, protocol::parseKvTransferParams(*kv, kl));
     if (p.namesTransfer()) out->kv_transfer = std::move(p);
+    out->nixl_decode_leg = protocol::isNixlDecodeLeg(*kv);
   }
   return absl::OkStatus();
 }

@@ -36,6 +36,7 @@ struct ParsedRequest {
   bool include_usage = false;
   std::optional<boost::json::value> kv_transfer_params;  // as given
   std::optional<KvTransferParams> kv_transfer;           // parsed when it names a push or lease
+  bool nixl_decode_leg = false;  // kv_transfer_params.do_remote_prefill is true (NIXL dialect)
 };
 
 // InvalidArgument naming the field for malformed input, NotFound for an unknown model.

@@ -64,6 +64,8 @@ struct RequestSpec {
   // Prefill offload (do_remote_decode): when the request finishes, the prompt's cached full
   // blocks stay pinned under a lease (id = request id) for this long, or until released.
   std::optional<Nanos> remote_decode_lease;
+  // The most the lease may live, heartbeats included (worker.max_lease_ms); 0: its duration.
+  Nanos remote_decode_lease_cap = 0;
 };
 
 enum class RequestStatus {
@@ -114,6 +116,7 @@ struct Request {
   // first step computing this request cannot end before it plus one layer's share of the step.
   Nanos kv_ready_at = -1;
   std::optional<Nanos> remote_decode_lease;
+  Nanos remote_decode_lease_cap = 0;
   std::vector<worker::BlockHash> lease_hashes;  // pinned at finish (remote decode)
 
   Nanos arrival_time = 0;

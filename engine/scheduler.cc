@@ -80,6 +80,7 @@ absl::Status Scheduler::add(RequestSpec spec, Nanos now) {
   r->arrival_time = now;
   r->remote_kv = std::move(spec.remote_kv);
   r->remote_decode_lease = spec.remote_decode_lease;
+  r->remote_decode_lease_cap = spec.remote_decode_lease_cap;
   waiting_.push_back(r.get());
   requests_.emplace(r->id, std::move(r));
   return absl::OkStatus();
@@ -405,6 +406,7 @@ void Scheduler::fillOutput(const Request& r, RequestOutput& o) const {
   if (r.status == RequestStatus::kFinished && r.remote_decode_lease) {
     o.lease_id = r.id;
     o.lease_block_hashes = r.lease_hashes;
+    o.lease_blocks = pool_->findCachedPrefix(r.lease_hashes);
   }
 }
 

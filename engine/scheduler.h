@@ -78,6 +78,7 @@ struct RequestOutput {
   // Set on the finishing output of a remote-decode request: the pinned prompt blocks.
   std::optional<std::string> lease_id;
   std::vector<BlockHash> lease_block_hashes;
+  std::vector<BlockIndex> lease_blocks;  // where they are (a NIXL reader's remote_block_ids)
 };
 
 // A request admitted with RemoteKvSpec whose peer must fill `blocks` (in order) with the KV of

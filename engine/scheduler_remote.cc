@@ -139,6 +139,8 @@ void Scheduler::takeLease(Request& r, Nanos now) {
   worker::Lease lease;
   lease.hashes = r.lease_hashes;
   lease.expires_at = now + *r.remote_decode_lease;
+  lease.duration = *r.remote_decode_lease;
+  lease.not_after = now + std::max(*r.remote_decode_lease, r.remote_decode_lease_cap);
   unpinAll(*pool_, leases_.take(r.id, std::move(lease)));  // a reused id replaces its old lease
 }
 

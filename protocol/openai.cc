@@ -44,22 +44,32 @@ absl::Status readCount(const bj::object& o, std::string_view key, int64_t max, i
   return absl::OkStatus();
 }
 
-absl::Status readHashes(const bj::value& v, size_t max, std::vector<EngineBlockHash>* out) {
-  if (!v.is_array()) return invalid("block_hashes", "must be an array");
+// A JSON array of unsigned 64-bit integers (block hashes, block ids) named `field` in errors.
+absl::Status readU64Array(const bj::value& v, size_t max, std::string_view field,
+                          std::vector<uint64_t>* out) {
+  if (!v.is_array()) return invalid(field, "must be an array");
   const bj::array& arr = v.as_array();
   if (arr.size() > max) {
-    return invalid("block_hashes", strCat(arr.size(), " entries exceed the limit of ", max));
+    return invalid(field, strCat(arr.size(), " entries exceed the limit of ", max));
   }
   out->reserve(arr.size());
   for (size_t i = 0; i < arr.size(); ++i) {
     if (arr[i].is_uint64()) {
-      out->emplace_back(arr[i].as_uint64());
+      out->push_back(arr[i].as_uint64());
     } else if (arr[i].is_int64() && arr[i].as_int64() >= 0) {
-      out->emplace_back(static_cast<uint64_t>(arr[i].as_int64()));
+      out->push_back(static_cast<uint64_t>(arr[i].as_int64()));
     } else {
-      return invalid(strCat("block_hashes[", i, "]"), "must be a non-negative integer");
+      return invalid(strCat(field, "[", i, "]"), "must be a non-negative integer");
     }
   }
+  return absl::OkStatus();
+}
+
+absl::Status readHashes(const bj::value& v, size_t max, std::vector<EngineBlockHash>* out) {
+  std::vector<uint64_t> raw;
+  KVF_RETURN_IF_ERROR(readU64Array(v, max, "block_hashes", &raw));
+  out->reserve(raw.size());
+  for (uint64_t h : raw) out->emplace_back(h);
   return absl::OkStatus();
 }
 
@@ -117,6 +127,102 @@ bj::object kvTransferParamsJson(const KvTransferParams& p) {
   if (p.deadline_ms > 0) o["deadline_ms"] = p.deadline_ms;
   if (p.do_remote_decode) o["do_remote_decode"] = true;
   if (p.lease_ms > 0) o["lease_ms"] = p.lease_ms;
+  return o;
+}
+
+bj::object nixlPrefillLegParams() {
+  bj::object o;
+  o["do_remote_decode"] = true;
+  o["do_remote_prefill"] = false;
+  o["remote_engine_id"] = nullptr;
+  o["remote_block_ids"] = nullptr;
+  o["remote_host"] = nullptr;
+  o["remote_port"] = nullptr;
+  return o;
+}
+
+bool isNixlDecodeLeg(const bj::value& params) {
+  const bj::object* o = params.if_object();
+  if (o == nullptr) return false;
+  const bj::value* v = o->if_contains("do_remote_prefill");
+  return v != nullptr && v->is_bool() && v->as_bool();
+}
+
+namespace {
+
+absl::Status requireString(const bj::object& o, std::string_view key, size_t max,
+                           std::string* out) {
+  KVF_RETURN_IF_ERROR(readString(o, key, max, out));
+  if (out->empty()) return invalid(key, "is required");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<NixlRemoteParams> parseNixlRemoteParams(const bj::value& params,
+                                                       const KvTransferLimits& limits,
+                                                       bool require_request_id) {
+  if (!params.is_object()) {
+    return absl::InvalidArgumentError(strCat(kKvTransferParamsKey, ": must be an object"));
+  }
+  const bj::object& o = params.as_object();
+  NixlRemoteParams p;
+  const bj::value* ids = o.if_contains("remote_block_ids");
+  if (ids == nullptr || ids->is_null()) return invalid("remote_block_ids", "is required");
+  if (!ids->is_array()) return invalid("remote_block_ids", "must be an array");
+  const bj::array& arr = ids->as_array();
+  if (!arr.empty() && arr[0].is_array()) {  // per KV cache group (vLLM v0.18+)
+    if (arr.size() > 64) return invalid("remote_block_ids", "more than 64 groups");
+    for (size_t g = 0; g < arr.size(); ++g) {
+      KVF_RETURN_IF_ERROR(readU64Array(arr[g], limits.max_block_hashes,
+                                       strCat("remote_block_ids[", g, "]"),
+                                       &p.remote_block_ids.emplace_back()));
+    }
+  } else {
+    KVF_RETURN_IF_ERROR(readU64Array(*ids, limits.max_block_hashes, "remote_block_ids",
+                                     &p.remote_block_ids.emplace_back()));
+  }
+  KVF_RETURN_IF_ERROR(
+      requireString(o, "remote_engine_id", limits.max_source_bytes, &p.remote_engine_id));
+  if (require_request_id) {
+    KVF_RETURN_IF_ERROR(
+        requireString(o, "remote_request_id", limits.max_lease_id_bytes, &p.remote_request_id));
+  } else {
+    KVF_RETURN_IF_ERROR(
+        readString(o, "remote_request_id", limits.max_lease_id_bytes, &p.remote_request_id));
+  }
+  KVF_RETURN_IF_ERROR(requireString(o, "remote_host", limits.max_source_bytes, &p.remote_host));
+  const bj::value* port = o.if_contains("remote_port");
+  if (port == nullptr || port->is_null()) return invalid("remote_port", "is required");
+  int64_t port_value = 0;
+  KVF_RETURN_IF_ERROR(readCount(o, "remote_port", 65535, &port_value));
+  if (port_value < 1) return invalid("remote_port", "must be in [1, 65535]");
+  p.remote_port = static_cast<uint16_t>(port_value);
+  KVF_RETURN_IF_ERROR(readCount(o, "tp_size", 1 << 16, &p.tp_size));
+  if (o.contains("remote_num_tokens") && !o.at("remote_num_tokens").is_null()) {
+    KVF_RETURN_IF_ERROR(readCount(o, "remote_num_tokens", INT64_MAX, &p.remote_num_tokens));
+  }
+  return p;
+}
+
+bj::object nixlRemoteParamsJson(const NixlRemoteParams& p) {
+  bj::object o;
+  o["do_remote_prefill"] = true;
+  o["do_remote_decode"] = false;
+  bj::array groups;
+  for (const auto& group : p.remote_block_ids) {
+    bj::array ids;
+    for (uint64_t id : group) ids.emplace_back(id);
+    groups.emplace_back(std::move(ids));
+  }
+  o["remote_block_ids"] = std::move(groups);
+  o["remote_engine_id"] = p.remote_engine_id;
+  o["remote_request_id"] = p.remote_request_id;
+  o["remote_host"] = p.remote_host;
+  o["remote_port"] = static_cast<int64_t>(p.remote_port);  // a JSON integer, as on the wire
+  o["tp_size"] = p.tp_size;
+  if (p.remote_num_tokens >= 0) o["remote_num_tokens"] = p.remote_num_tokens;
+  o["remote_blocks_expiry_time"] = nullptr;
   return o;
 }
 

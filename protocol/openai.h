@@ -60,6 +60,41 @@ absl::StatusOr<KvTransferParams> parseKvTransferParams(const boost::json::value&
 // Only the members that are set (non-empty, non-zero, true).
 boost::json::object kvTransferParamsJson(const KvTransferParams& params);
 
+// ---- vLLM's NixlConnector dialect (docs/protocols.md, "NixlConnector dialect") ----
+// The first leg goes to the prefill (or cache-holding) instance P with nixlPrefillLegParams();
+// P answers with NixlRemoteParams (remote_* naming its blocks and side channel); the second leg
+// carries P's object unchanged to the decode instance D, which reads the blocks.
+
+// {do_remote_decode: true, do_remote_prefill: false, remote_engine_id: null, remote_block_ids:
+// null, remote_host: null, remote_port: null}, exactly as vLLM's toy_proxy_server sends it.
+boost::json::object nixlPrefillLegParams();
+
+// True for a D leg: `do_remote_prefill` is true.
+bool isNixlDecodeLeg(const boost::json::value& params);
+
+// What P returns and D needs. remote_block_ids is read flat ([ids], before v0.18) or per KV
+// cache group ([[ids], ...]); group 0 holds the attention blocks D reads.
+struct NixlRemoteParams {
+  std::string remote_engine_id;
+  std::vector<std::vector<uint64_t>> remote_block_ids;
+  std::string remote_request_id;  // empty only when parsed with require_request_id false
+  std::string remote_host;
+  uint16_t remote_port = 0;
+  int64_t tp_size = 1;
+  int64_t remote_num_tokens = -1;  // -1: absent (before v0.21)
+  bool operator==(const NixlRemoteParams&) const = default;
+};
+
+// Parses P's kv_transfer_params as D (and the router) must: InvalidArgument naming the first
+// missing or malformed field of remote_block_ids, remote_engine_id, remote_request_id (when
+// required: vLLM v0.13+), remote_host, remote_port - vLLM's "Got invalid KVTransferParams".
+absl::StatusOr<NixlRemoteParams> parseNixlRemoteParams(const boost::json::value& params,
+                                                       const KvTransferLimits& limits,
+                                                       bool require_request_id = true);
+// P's answer in the newest shape (blocks per group, remote_num_tokens, remote_blocks_expiry_time
+// null), members in vLLM's order.
+boost::json::object nixlRemoteParamsJson(const NixlRemoteParams& params);
+
 // What happened to the KV a receiver asked a holder for.
 enum class TransferOutcome {
   kOk,        // every requested block arrived and was used

@@ -179,4 +179,68 @@ absl::StatusOr<PushResponse> parsePushResponse(std::string_view body, const Push
   return r;
 }
 
+std::string serializeNixlMetaRequest(const NixlMetaRequest& r) {
+  bj::object o;
+  o["remote_request_id"] = r.remote_request_id;
+  o["block_ids"] = toArray(r.block_ids);
+  return bj::serialize(o);
+}
+
+absl::StatusOr<NixlMetaRequest> parseNixlMetaRequest(std::string_view body,
+                                                     const PushLimits& limits) {
+  KVF_ASSIGN_OR_RETURN(bj::object o, json::parseObject(body, 8));
+  NixlMetaRequest r;
+  KVF_ASSIGN_OR_RETURN(r.remote_request_id,
+                       stringField(o, "remote_request_id", limits.max_string_bytes, true));
+  KVF_ASSIGN_OR_RETURN(r.block_ids, u64Array(o, "block_ids", limits.max_blocks, true));
+  if (r.block_ids.empty()) return invalid("block_ids", "must not be empty");
+  return r;
+}
+
+std::string serializeNixlMetaResponse(const NixlMetaResponse& r) {
+  bj::object o;
+  o["engine_id"] = r.engine_id;
+  o["rkey"] = r.rkey;
+  o["region_base"] = r.region_base;
+  o["region_length"] = r.region_length;
+  o["block_ids"] = toArray(r.block_ids);
+  o["block_hashes"] = toArray(r.block_hashes);
+  o["checksums"] = toArray(r.checksums);
+  o["lease_remaining_ms"] = r.lease_remaining_ms;
+  return bj::serialize(o);
+}
+
+absl::StatusOr<NixlMetaResponse> parseNixlMetaResponse(std::string_view body,
+                                                       const PushLimits& limits) {
+  KVF_ASSIGN_OR_RETURN(bj::object o, json::parseObject(body, 8));
+  NixlMetaResponse r;
+  KVF_ASSIGN_OR_RETURN(r.engine_id, stringField(o, "engine_id", limits.max_string_bytes, false));
+  KVF_ASSIGN_OR_RETURN(r.rkey, stringField(o, "rkey", limits.max_blob_bytes, true));
+  KVF_ASSIGN_OR_RETURN(r.region_base, u64Field(o, "region_base", true));
+  KVF_ASSIGN_OR_RETURN(r.region_length, u64Field(o, "region_length", true));
+  KVF_ASSIGN_OR_RETURN(r.block_ids, u64Array(o, "block_ids", limits.max_blocks, true));
+  KVF_ASSIGN_OR_RETURN(r.block_hashes, hashArray(o, "block_hashes", limits.max_blocks, true));
+  KVF_ASSIGN_OR_RETURN(r.checksums, u64Array(o, "checksums", limits.max_blocks, true));
+  if (r.block_hashes.size() != r.block_ids.size() || r.checksums.size() != r.block_ids.size()) {
+    return invalid("block_hashes", "block_ids, block_hashes and checksums differ in length");
+  }
+  KVF_ASSIGN_OR_RETURN(uint64_t ms, u64Field(o, "lease_remaining_ms", false));
+  r.lease_remaining_ms = static_cast<int64_t>(std::min<uint64_t>(ms, INT64_MAX));
+  return r;
+}
+
+std::string serializeNixlNotify(const NixlNotify& r) {
+  bj::object o;
+  o["remote_request_id"] = r.remote_request_id;
+  return bj::serialize(o);
+}
+
+absl::StatusOr<NixlNotify> parseNixlNotify(std::string_view body, const PushLimits& limits) {
+  KVF_ASSIGN_OR_RETURN(bj::object o, json::parseObject(body, 8));
+  NixlNotify r;
+  KVF_ASSIGN_OR_RETURN(r.remote_request_id,
+                       stringField(o, "remote_request_id", limits.max_string_bytes, true));
+  return r;
+}
+
 }  // namespace kvf::protocol

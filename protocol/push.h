@@ -58,6 +58,44 @@ struct PushResponse {
   int64_t elapsed_us = 0;  // holder-side time from request to completion
 };
 
+// NixlConnector side channel (docs/protocols.md, "NixlConnector dialect"): what a decode
+// instance's worker asks the holder's worker before it reads (vLLM's handshake, GET_META_MSG,
+// plus the heartbeat that extends the lease) and the notification that ends the hold.
+// POST /kv/nixl/meta body: the holder's request id (its lease) and the block ids D will read.
+struct NixlMetaRequest {
+  std::string remote_request_id;
+  std::vector<uint64_t> block_ids;
+};
+
+// POST /kv/nixl/meta answer (HTTP 200; 404 when no lease holds the request's blocks). Each
+// entry of `block_ids` that the lease holds comes back with the block's engine hash and the
+// xxh3-64 of its payload now; the lease was extended (a heartbeat).
+struct NixlMetaResponse {
+  std::string engine_id;
+  std::string rkey;  // base64 of the packed remote key of the holder's KV pool
+  uint64_t region_base = 0;
+  uint64_t region_length = 0;
+  std::vector<uint64_t> block_ids;
+  std::vector<EngineBlockHash> block_hashes;
+  std::vector<uint64_t> checksums;
+  int64_t lease_remaining_ms = 0;
+};
+
+// POST /kv/nixl/notify body: D is done with the blocks of `remote_request_id` (read, or given
+// up); the holder releases its lease.
+struct NixlNotify {
+  std::string remote_request_id;
+};
+
+std::string serializeNixlMetaRequest(const NixlMetaRequest& r);
+absl::StatusOr<NixlMetaRequest> parseNixlMetaRequest(std::string_view body,
+                                                     const PushLimits& limits);
+std::string serializeNixlMetaResponse(const NixlMetaResponse& r);
+absl::StatusOr<NixlMetaResponse> parseNixlMetaResponse(std::string_view body,
+                                                       const PushLimits& limits);
+std::string serializeNixlNotify(const NixlNotify& r);
+absl::StatusOr<NixlNotify> parseNixlNotify(std::string_view body, const PushLimits& limits);
+
 std::string serializeWorkerInfo(const WorkerInfo& info);
 absl::StatusOr<WorkerInfo> parseWorkerInfo(std::string_view body, const PushLimits& limits);
 std::string serializePushRequest(const PushRequest& request);

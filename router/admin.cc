@@ -94,6 +94,8 @@ std::string Router::instancesJson() const {
     o["admitted"] = admitted(*i);
     const InstanceState& state = core_->instance(i->slot);
     o["health_check_ok"] = state.check_healthy;
+    o["stalled"] = state.stalled;
+    o["requests_in_flight"] = i->attempts.size();
     o["draining"] = state.draining;
     o["circuit_open"] = clock_.now() < state.circuit_open_until;
     o["running"] = state.running;

@@ -66,6 +66,7 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
     auto response = co_await instance->client->request(std::move(check));
     if (instance->removed || stopped_) break;
     bool ok = response.ok() && response->status == 200;
+    if (ok) noteAlive(*instance);
     switch (core_->healthCheck(instance->slot, ok)) {
       case RoutingCore::HealthChange::kReadmitted:
         // What it held before the ejection is unknown now; its events rebuild the index.
@@ -79,6 +80,9 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
         log::warn("instance ejected", "instance", instance->config.id, "error",
                   response.ok() ? std::to_string(response->status)
                                 : std::string(response.status().message()));
+        break;
+      case RoutingCore::HealthChange::kUnstalled:
+        log::info("stalled instance answers again", "instance", instance->config.id);
         break;
       case RoutingCore::HealthChange::kNone:
         break;

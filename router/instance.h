@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,6 +21,8 @@
 #include "router/kv_subscriber.h"
 
 namespace kvf::router {
+
+struct RequestLifecycle;
 
 struct Instance {
   InstanceConfig config;
@@ -53,6 +56,12 @@ struct Instance {
   double kv_check_unpredicted = 0;
   log::RateLimitedLog kv_check_log{std::chrono::seconds(30)};
 
+  // Stall watch (router/lifecycle.cc): the attempts in flight here, and the last sign of life (a
+  // response byte, response headers or a health answer; reset when attempts start on an idle
+  // instance).
+  std::set<RequestLifecycle*> attempts;
+  Nanos last_alive = 0;
+
   // Closed loop and counters (owned by the router's registry).
   metrics::Counter* decisions = nullptr;
   metrics::Counter* prompt_tokens = nullptr;
@@ -60,6 +69,7 @@ struct Instance {
   metrics::Counter* actual_cached_tokens = nullptr;
   metrics::Counter* ejections = nullptr;
   metrics::Counter* circuit_opens = nullptr;
+  metrics::Counter* stalls = nullptr;
   metrics::Counter* kv_batches = nullptr;
   metrics::Counter* kv_resets = nullptr;
   metrics::Counter* kv_decode_errors = nullptr;
@@ -70,7 +80,9 @@ struct Instance {
   std::shared_ptr<const void> retired_metrics;
 
   bool hasEvents() const { return !config.kv_events.endpoint.empty(); }
-  bool pushCapable() const { return !config.worker_url.empty(); }
+  bool pushCapable() const { return !config.worker_url.empty() || nixl(); }
+  // KV moves from this instance in vLLM's NixlConnector dialect.
+  bool nixl() const { return config.kv_connector == "nixl"; }
 };
 
 }  // namespace kvf::router

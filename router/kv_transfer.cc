@@ -86,6 +86,61 @@ absl::StatusOr<KvTransferParams> parseRemotePrefillResponse(std::string_view bod
   return out;
 }
 
+absl::StatusOr<std::string> nixlPrefillBody(std::string_view body) {
+  auto obj = json::parseObject(body);
+  if (!obj.ok()) return obj.status();
+  obj->erase("stream_options");
+  obj->erase("min_tokens");
+  obj->erase("min_completion_tokens");
+  (*obj)["stream"] = false;
+  (*obj)["max_tokens"] = 1;
+  if (obj->contains("max_completion_tokens")) (*obj)["max_completion_tokens"] = 1;
+  (*obj)[kParamsKey] = protocol::nixlPrefillLegParams();
+  return bj::serialize(*obj);
+}
+
+NixlSideChannel nixlSideChannel(const InstanceConfig& holder) {
+  NixlSideChannel out;
+  out.host = holder.host;
+  std::string host;
+  uint16_t port = 0;
+  if (!holder.worker_url.empty() && parseInstanceUrl(holder.worker_url, &host, &port).ok()) {
+    out.host = std::move(host);
+    out.port = port;
+  }
+  return out;
+}
+
+absl::StatusOr<bj::value> parseNixlPrefillResponse(std::string_view body,
+                                                   const NixlSideChannel& side_channel) {
+  auto obj = json::parseObject(body);
+  if (!obj.ok()) return obj.status();
+  const auto* p = obj->if_contains(kParamsKey);
+  if (p == nullptr || p->is_null()) {
+    return absl::InvalidArgumentError("prefill response has kv_transfer_params null");
+  }
+  protocol::KvTransferLimits limits;
+  limits.max_block_hashes = kMaxTransferBlockHashes;
+  limits.max_lease_id_bytes = kMaxLeaseIdBytes;
+  KVF_ASSIGN_OR_RETURN(protocol::NixlRemoteParams n, protocol::parseNixlRemoteParams(*p, limits));
+  if (n.remote_host != side_channel.host ||
+      (side_channel.port && n.remote_port != *side_channel.port)) {
+    return absl::PermissionDeniedError(
+        strCat("prefill response names side channel ", n.remote_host, ":", n.remote_port,
+               ", the registry names ", side_channel.host, ":",
+               side_channel.port ? std::to_string(*side_channel.port) : std::string("*")));
+  }
+  return *p;
+}
+
+absl::StatusOr<std::string> withRawKvTransferParams(std::string_view body,
+                                                    const bj::value& params) {
+  auto obj = json::parseObject(body);
+  if (!obj.ok()) return obj.status();
+  (*obj)[kParamsKey] = params;
+  return bj::serialize(*obj);
+}
+
 ResponseReport readResponseReport(std::string_view json_text) {
   ResponseReport report;
   bool has_usage = json_text.find("\"usage\"") != std::string_view::npos;

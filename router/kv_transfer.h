@@ -11,8 +11,11 @@
 #include <string_view>
 #include <vector>
 
+#include <boost/json/value.hpp>
+
 #include "absl/status/statusor.h"
 #include "protocol/openai.h"
+#include "router/core/config.h"
 
 namespace kvf::router {
 
@@ -43,6 +46,30 @@ absl::StatusOr<std::string> remotePrefillBody(std::string_view body, int64_t lea
 // configured worker): a peer never redirects D.
 absl::StatusOr<KvTransferParams> parseRemotePrefillResponse(std::string_view body,
                                                             std::string_view worker_url);
+
+// NixlConnector dialect. The first leg, as vLLM's toy_proxy_server builds it: the client's
+// body with kv_transfer_params {do_remote_decode: true, do_remote_prefill: false, remote_*:
+// null}, stream false, max_tokens 1 (max_completion_tokens 1 when present), stream_options,
+// min_tokens and min_completion_tokens removed.
+absl::StatusOr<std::string> nixlPrefillBody(std::string_view body);
+// Where the router lets a holder's NIXL answer send D: the holder's side channel as the
+// router's registry names it (an instance's worker_url, else only the host of its url).
+struct NixlSideChannel {
+  std::string host;
+  std::optional<uint16_t> port;  // nullopt: any port on `host`
+};
+// The side channel that `holder`'s config names.
+NixlSideChannel nixlSideChannel(const InstanceConfig& holder);
+// P's answer: its kv_transfer_params object, returned unchanged once it holds every field D
+// needs (protocol::parseNixlRemoteParams) and its remote_host / remote_port name `side_channel`
+// (a peer never redirects D, which sends its worker token there); InvalidArgument for null (P
+// kept nothing) or a missing field, so that D never gets params it will not read;
+// PermissionDenied for a side channel the registry does not name.
+absl::StatusOr<boost::json::value> parseNixlPrefillResponse(std::string_view body,
+                                                            const NixlSideChannel& side_channel);
+// The client's body (its kv_transfer_params stripped) with `params` as kv_transfer_params.
+absl::StatusOr<std::string> withRawKvTransferParams(std::string_view body,
+                                                    const boost::json::value& params);
 
 // From a response body or stream event: usage.prompt_tokens_details.cached_tokens and
 // kv_transfer_result (D's report on the transfer), each when present (a parse is attempted only

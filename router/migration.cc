@@ -13,6 +13,8 @@
 namespace kvf::router {
 namespace {
 
+namespace bj = boost::json;
+
 log::RateLimitedLog offload_log;
 
 }  // namespace
@@ -22,6 +24,23 @@ asio::awaitable<std::optional<std::string>> Router::upstreamBody(RequestContext&
   KvTransferParams params;
   bool with_params = false;
   policy::Mode mode = ctx.route.decision().mode;
+  if (mode != policy::Mode::kLocal && ctx.peer && ctx.peer->nixl()) {
+    // vLLM's NixlConnector: the holder's leg first (P prefills; C's prefill of the prefix it
+    // holds is a cache hit), then D gets its answer unchanged and reads the blocks.
+    std::optional<bj::value> nixl;
+    if (co_await remotePrefill(ctx, request, &params, &nixl)) {
+      auto body = withRawKvTransferParams(request.body, *nixl);
+      if (body.ok()) {
+        ctx.transfer_auth = signTransfer(*nixl, ctx.id);
+        co_return std::move(*body);
+      }
+    }
+    // No usable answer: D prefills locally, without params it would not read.
+    ctx.transfer_auth.clear();
+    auto body = withKvTransferParams(request.body, ctx.parsed.has_kv_transfer_params, nullptr);
+    if (!body.ok()) co_return std::nullopt;
+    co_return std::move(*body);
+  }
   if (mode == policy::Mode::kPushMigrate && ctx.peer) {
     params.source = ctx.peer->config.worker_url;
     with_params = true;
@@ -42,7 +61,8 @@ asio::awaitable<std::optional<std::string>> Router::upstreamBody(RequestContext&
 }
 
 asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Request& request,
-                                            KvTransferParams* params) {
+                                            KvTransferParams* params,
+                                            std::optional<bj::value>* nixl_params) {
   std::shared_ptr<Instance> p = ctx.peer;
   const policy::OffloadTerms terms = core_->policy().offloadTerms();
   // `outcome` is a static string: the route keeps it for the record and the header.
@@ -64,7 +84,8 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
     }
     return outcome == "ok";
   };
-  auto body = remotePrefillBody(request.body, terms.lease_ms);
+  auto body = nixl_params != nullptr ? nixlPrefillBody(request.body)
+                                     : remotePrefillBody(request.body, terms.lease_ms);
   if (!body.ok()) {
     ctx.route.endPeerLoad();
     co_return fail("bad_request", std::string(body.status().message()));
@@ -73,13 +94,21 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
   call.method = "POST";
   call.target = request.target;
   call.body = std::move(*body);
-  std::string prefill_id = ctx.id + "-prefill";
-  KvTransferParams prefill_params;
-  prefill_params.do_remote_decode = true;
-  prefill_params.lease_ms = terms.lease_ms;
+  // vLLM's proxy sends one X-Request-Id on both legs of a NIXL transfer; each leg's params are
+  // signed under it with their own nonce, exactly as they are sent.
+  const std::string prefill_id = nixl_params != nullptr ? ctx.id : ctx.id + "-prefill";
   call.headers.emplace_back("x-request-id", prefill_id);
-  if (std::string auth = signTransfer(prefill_params, prefill_id); !auth.empty()) {
-    call.headers.emplace_back(std::string(protocol::kTransferAuthHeader), std::move(auth));
+  std::string signature;
+  if (nixl_params != nullptr) {
+    signature = signTransfer(bj::value(protocol::nixlPrefillLegParams()), prefill_id);
+  } else {
+    KvTransferParams prefill_params;
+    prefill_params.do_remote_decode = true;
+    prefill_params.lease_ms = terms.lease_ms;
+    signature = signTransfer(prefill_params, prefill_id);
+  }
+  if (!signature.empty()) {
+    call.headers.emplace_back(std::string(protocol::kTransferAuthHeader), std::move(signature));
   }
   if (auto auth = request.header("authorization"); !auth.empty()) {
     call.headers.emplace_back("authorization", std::string(auth));
@@ -96,6 +125,13 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
     co_return fail("error", strCat("status ", response->status));
   }
   recordUpstreamSuccess(*p);
+  if (nixl_params != nullptr) {
+    auto answer = parseNixlPrefillResponse(response->body, nixlSideChannel(p->config));
+    if (!answer.ok()) co_return fail("bad_response", std::string(answer.status().message()));
+    *nixl_params = std::move(*answer);
+    core_->predictPeer(ctx.route, clock_.now());
+    co_return fail("ok", "");
+  }
   auto parsed = parseRemotePrefillResponse(response->body, p->config.worker_url);
   if (!parsed.ok()) co_return fail("bad_response", std::string(parsed.status().message()));
   *params = std::move(*parsed);
@@ -106,6 +142,10 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
 
 std::string Router::signTransfer(const KvTransferParams& params,
                                  const std::string& request_id) const {
+  return signTransfer(bj::value(protocol::kvTransferParamsJson(params)), request_id);
+}
+
+std::string Router::signTransfer(const bj::value& params, const std::string& request_id) const {
   if (transfer_key_.empty()) return {};
   const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                              std::chrono::system_clock::now().time_since_epoch())
@@ -117,8 +157,9 @@ std::string Router::signTransfer(const KvTransferParams& params,
 void Router::recordTransferOutcome(const RequestContext& ctx) {
   policy::Mode mode = ctx.route.decision().mode;
   if (mode == policy::Mode::kLocal || !ctx.peer || ctx.status != 200) return;
-  // An offload whose prefill failed sent D no params: nothing was transferred.
-  if (mode == policy::Mode::kPrefillOffload && ctx.route.offloadOutcome() != "ok") return;
+  // A first leg that failed (offload, or a NIXL-dialect migration) sent D no params: nothing
+  // was transferred.
+  if (!ctx.route.offloadOutcome().empty() && ctx.route.offloadOutcome() != "ok") return;
   std::string status(ctx.transfer ? protocol::transferOutcomeName(ctx.transfer->outcome)
                                   : "unreported");
   registry_

@@ -102,8 +102,11 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
   route.max_tokens = ctx.parsed.max_tokens;
   route.exact = ctx.parsed.has_token_ids;
   route.tokens = ctx.parsed.token_ids;
+  // One mechanism for every wait below (queue, response head, body, stream): the client's
+  // connection closing cancels what the request awaits.
+  writer.watchClientGone([life = ctx.life] { life->clientLeft(); });
   if (!(co_await admit(ctx, writer))) co_return;
-  while (route.attempt() < config_.max_attempts) {
+  for (;;) {
     if (!decide(ctx)) {
       if (route.attempt() > 1) break;  // earlier attempts failed: that is the upstream's error
       metrics_->requests_unavailable->inc();
@@ -114,17 +117,30 @@ asio::awaitable<void> Router::handleCompletion(ApiKind kind, const http::Request
     }
     std::optional<std::string> body = co_await upstreamBody(ctx, request);
     ForwardResult result = co_await forward(ctx, request, std::move(body), writer);
-    if (result == ForwardResult::kDone) {
+    if (result == ForwardResult::kClientGone) {
+      metrics_->requests_cancelled->inc();
+      ctx.status = 499;  // nginx's "client closed request", in the decision log only
+    }
+    if (result != ForwardResult::kRetry) {
       finishRequest(ctx);
       co_return;
     }
     route.exclude();
     finishRequest(ctx);  // logs the failed attempt and releases its load
-    if (route.attempt() < config_.max_attempts) metrics_->retries->inc();
+    if (route.attempt() >= config_.max_attempts) break;
+    if (!mayRetry(ctx)) {
+      if (ctx.life->client_gone) {
+        metrics_->requests_cancelled->inc();
+        co_return;
+      }
+      break;
+    }
+    metrics_->retries->inc();
   }
   metrics_->requests_upstream_error->inc();
   ctx.status = 502;
-  std::string message = strCat("upstream unavailable after ", config_.max_attempts, " attempts");
+  std::string message = strCat("upstream unavailable after ", route.attempt(), " attempt",
+                               route.attempt() == 1 ? "" : "s");
   co_await writer.sendError(502, message);
 }
 
@@ -142,8 +158,12 @@ asio::awaitable<bool> Router::admit(RequestContext& ctx, http::ResponseWriter& w
     QueuedWait wait(writer.executor());
     wait.timer.expires_after(std::chrono::nanoseconds(config_.overload.max_wait));
     queued_[ticket] = &wait;
+    ctx.life->queue_wait = &wait.timer;
     const Nanos queued_at = clock_.now();
-    co_await wait.timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    if (!ctx.life->client_gone) {
+      co_await wait.timer.async_wait(asio::as_tuple(asio::use_awaitable));
+    }
+    ctx.life->queue_wait = nullptr;
     queued_.erase(ticket);
     std::vector<double> bounds(OverloadStats::kWaitBuckets.begin(),
                                OverloadStats::kWaitBuckets.end());
@@ -151,9 +171,18 @@ asio::awaitable<bool> Router::admit(RequestContext& ctx, http::ResponseWriter& w
         .histogram("kvfabric_router_queue_wait_seconds",
                    "Time requests waited in the router's queue", std::move(bounds))
         .observe(nanosToSeconds(clock_.now() - queued_at));
-    if (wait.dispatched) co_return true;
-    // Woken by the deadline (or the router stopping): still queued, so it is shed.
-    if (!core_->expireQueued(ticket, clock_.now())) core_->cancelQueued(ticket);
+    if (wait.dispatched && !ctx.life->client_gone) co_return true;
+    if (wait.dispatched) {
+      drainQueue();  // its turn passes to the next in line
+    } else if (ctx.life->client_gone || !core_->expireQueued(ticket, clock_.now())) {
+      // The client left, or the router stops: it leaves the queue without counting as shed.
+      core_->cancelQueued(ticket);
+    }
+    if (ctx.life->client_gone) {
+      metrics_->requests_cancelled->inc();
+      co_return false;
+    }
+    // Woken by the deadline: still queued, so it is shed.
     why = ShedReason::kWaitTimeout;
   } else if (admission == RoutingCore::Admission::kDispatch) {
     co_return true;
@@ -256,9 +285,18 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
                                                        std::optional<std::string> body,
                                                        http::ResponseWriter& writer) {
   std::shared_ptr<Instance> instance = ctx.instance;
+  if (ctx.life->client_gone) co_return ForwardResult::kClientGone;
+  // While it waits on the instance, the attempt is the stall watch's to cancel.
+  beginAttempt(ctx);
+  struct AttemptScope {
+    Router* router;
+    RequestContext* ctx;
+    ~AttemptScope() { router->endAttempt(*ctx); }
+  } attempt_scope{this, &ctx};
   http::ClientRequest upstream_request;
   upstream_request.method = "POST";
   upstream_request.target = request.target;
+  upstream_request.canceller = ctx.life->upstream;
   if (body) {
     upstream_request.body = std::move(*body);
   } else {
@@ -274,14 +312,10 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
   }
   auto opened = co_await instance->client->open(std::move(upstream_request));
   if (!opened.ok()) {
-    ctx.status = 0;  // the attempt failed before response headers
-    recordUpstreamFailure(*instance, "connect");
-    upstream_log.warn("upstream failed before response headers", "instance", instance->config.id,
-                      "attempt", ctx.route.attempt(), "error",
-                      std::string(opened.status().message()));
-    co_return ForwardResult::kRetry;
+    co_return failedBeforeFirstByte(ctx, "connect", opened.status());
   }
   std::unique_ptr<http::ResponseStream> upstream = std::move(*opened);
+  noteAlive(*instance);
   recordUpstreamSuccess(*instance);
 
   const policy::Decision& decision = ctx.route.decision();
@@ -300,13 +334,18 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
   if (content_type.empty()) content_type = "application/json";
   ctx.status = upstream->status();
   if (ctx.status == 200 && content_type.starts_with("text/event-stream")) {
-    co_await forwardStream(ctx, *upstream, writer, headers);
-    predictHeld(ctx);
-    co_return ForwardResult::kDone;
+    ForwardResult result = co_await forwardStream(ctx, *upstream, writer, headers);
+    if (result == ForwardResult::kDone) predictHeld(ctx);
+    co_return result;
   }
   auto response_body = co_await upstream->readAll(64u << 20);
   endPrefillPhase(ctx);
   if (!response_body.ok()) {
+    if (ctx.life->client_gone || ctx.life->stalled) {
+      co_return failedBeforeFirstByte(ctx, "read", response_body.status());
+    }
+    // The engine failed while working on it: another engine may fail the same way, so it is
+    // not retried (a stall is: the engine stopped, not the request).
     predictHeld(ctx);
     recordUpstreamFailure(*instance, "read");
     metrics_->requests_upstream_error->inc();
@@ -316,6 +355,7 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
     co_await writer.sendError(502, message);
     co_return ForwardResult::kDone;
   }
+  noteAlive(*instance);
   ctx.first_byte = clock_.now();
   if (ctx.status < 400) {
     metrics_->requests_ok->inc();
@@ -344,34 +384,50 @@ asio::awaitable<Router::ForwardResult> Router::forward(RequestContext& ctx,
   co_return ForwardResult::kDone;
 }
 
-asio::awaitable<void> Router::forwardStream(RequestContext& ctx, http::ResponseStream& upstream,
-                                            http::ResponseWriter& writer,
-                                            const http::Headers& headers) {
-  if (!(co_await writer.beginStream(ctx.status, "text/event-stream", headers)).ok()) {
-    upstream.cancel();
-    co_return;
-  }
+asio::awaitable<Router::ForwardResult> Router::forwardStream(RequestContext& ctx,
+                                                             http::ResponseStream& upstream,
+                                                             http::ResponseWriter& writer,
+                                                             const http::Headers& headers) {
   sse::Parser parser;
   bool parser_ok = true;
   for (;;) {
     auto piece = co_await upstream.next();
     if (!piece.ok()) {
-      // Headers are out: the client cannot be retried elsewhere, so it gets an SSE error event
-      // and a clean end instead of a hang or a silently truncated stream.
-      recordUpstreamFailure(*ctx.instance, "stream");
+      if (ctx.life->client_gone) co_return ForwardResult::kClientGone;
+      if (!writer.started() && ctx.life->stalled) {
+        co_return failedBeforeFirstByte(ctx, "stream", piece.status());
+      }
+      if (!writer.started() &&
+          !(co_await writer.beginStream(ctx.status, "text/event-stream", headers)).ok()) {
+        ctx.life->clientLeft();
+        co_return ForwardResult::kClientGone;
+      }
+      // Bytes are out, or the engine failed on this request: the client gets an SSE error
+      // event and a clean end instead of a hang or a silently truncated stream.
+      const bool stalled = ctx.life->stalled;
+      recordUpstreamFailure(*ctx.instance, stalled ? "stall" : "stream");
+      if (stalled) metrics_->stall_stream_errors->inc();
       metrics_->stream_aborts->inc();
       metrics_->requests_upstream_error->inc();
       ctx.status = 502;
+      std::string why = stalled ? strCat("stalled: no byte and no health answer for ",
+                                         nanosToSeconds(config_.stall_timeout), " s")
+                                : std::string(piece.status().message());
       std::string error =
-          json::errorBody(strCat("upstream ", ctx.instance->config.id,
-                                 " failed mid-stream: ", std::string(piece.status().message())),
+          json::errorBody(strCat("upstream ", ctx.instance->config.id, " failed mid-stream: ", why),
                           "upstream_error", 502);
       co_await writer.writeEvent(error);
       co_await writer.writeEvent("[DONE]");
       co_await writer.endStream();
-      co_return;
+      co_return ForwardResult::kDone;
     }
     if (!piece->has_value()) break;
+    noteAlive(*ctx.instance);
+    if (!writer.started() &&
+        !(co_await writer.beginStream(ctx.status, "text/event-stream", headers)).ok()) {
+      ctx.life->clientLeft();
+      co_return ForwardResult::kClientGone;
+    }
     if (ctx.first_byte == 0) ctx.first_byte = clock_.now();
     endPrefillPhase(ctx);  // first bytes: the prefill is done
     if (parser_ok) {
@@ -379,13 +435,19 @@ asio::awaitable<void> Router::forwardStream(RequestContext& ctx, http::ResponseS
           parser.feed(**piece, [&](sse::Event&& e) { applyResponseReport(ctx, e.data); }).ok();
     }
     if (!(co_await writer.writeChunk(**piece)).ok()) {
-      upstream.cancel();  // the client left: stop the engine's work too
-      co_return;
+      ctx.life->clientLeft();  // stops the engine's work too
+      co_return ForwardResult::kClientGone;
     }
     predictHeld(ctx);  // once, after the first chunk is on its way
   }
+  if (!writer.started() &&
+      !(co_await writer.beginStream(ctx.status, "text/event-stream", headers)).ok()) {
+    ctx.life->clientLeft();
+    co_return ForwardResult::kClientGone;
+  }
   metrics_->requests_ok->inc();
   co_await writer.endStream();
+  co_return ForwardResult::kDone;
 }
 
 void Router::predictHeld(RequestContext& ctx) {
@@ -434,6 +496,7 @@ void Router::finishRequest(RequestContext& ctx) {
   record.status = ctx.status;
   record.duration_s = nanosToSeconds(now - ctx.start);
   if (ctx.first_byte > 0) record.ttft_s = nanosToSeconds(ctx.first_byte - ctx.start);
+  if (ctx.peer && !record.source.empty()) record.kv_connector = ctx.peer->config.kv_connector;
   if (ctx.transfer) {
     record.transfer_status = protocol::transferOutcomeName(ctx.transfer->outcome);
     record.pushed_tokens = ctx.transfer->pushed_tokens;

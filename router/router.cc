@@ -66,7 +66,10 @@ absl::Status Router::init() {
                       {{"outcome", std::string(outcome)}});
   };
   metrics_ = std::make_unique<Metrics>(Metrics{
-      requests("ok"), requests("client_error"), requests("upstream_error"), requests("unavailable"),
+      requests("ok"),
+      requests("client_error"),
+      requests("upstream_error"),
+      requests("unavailable"),
       &r.counter("kvfabric_router_retries_total", "Attempts retried on another instance"),
       &r.counter("kvfabric_router_stream_aborts_total",
                  "Streams ended with an SSE error event after an upstream failure"),
@@ -95,7 +98,21 @@ absl::Status Router::init() {
                  {{"reason", "other_group"}}),
       &r.counter("kvfabric_router_kv_events_skipped_total", "KV-event content skipped, by reason",
                  {{"reason", "tier_full"}}),
-      tokenizeFallbacks("disabled"), tokenizeFallbacks("failed")});
+      tokenizeFallbacks("disabled"),
+      tokenizeFallbacks("failed"),
+      &r.counter("kvfabric_router_requests_cancelled_total",
+                 "Requests whose client disconnected before the answer was complete (the "
+                 "upstream request was cancelled)"),
+      &r.counter("kvfabric_router_stalled_requests_total",
+                 "Attempts cancelled because their instance stalled, by outcome",
+                 {{"outcome", "before_first_byte"}}),
+      &r.counter("kvfabric_router_stalled_requests_total",
+                 "Attempts cancelled because their instance stalled, by outcome",
+                 {{"outcome", "stream_error"}}),
+      &r.counter("kvfabric_router_retries_skipped_total", "Retries not made, by reason",
+                 {{"reason", "client_gone"}}),
+      &r.counter("kvfabric_router_retries_skipped_total", "Retries not made, by reason",
+                 {{"reason", "deadline"}})});
   r.callback("kvfabric_router_offloads_in_flight",
              "Prefill offloads whose prefill phase is in flight (against elastic's cap)",
              metrics::MetricType::kGauge, {},
@@ -149,6 +166,9 @@ absl::Status Router::init() {
   }
   registerRoutes();
   server_->start();
+  if (config_.stall_timeout > 0) {
+    asio::co_spawn(ioc_, stallWatch(stall_watch_stop_), asio::detached);
+  }
   log::info("router listening", "host", config_.host, "port", server_->port(), "policy",
             core_->policy().name(), "instances", config_.instances.size());
   return absl::OkStatus();
@@ -159,6 +179,7 @@ uint16_t Router::port() const { return server_->port(); }
 void Router::stop() {
   if (stopped_) return;
   stopped_ = true;
+  *stall_watch_stop_ = true;
   if (membership_) membership_->stop();
   if (server_) server_->stop();
   for (auto& instance : slots_) {
@@ -251,6 +272,9 @@ void Router::registerInstanceMetrics(const std::shared_ptr<Instance>& instance) 
       &r.counter("kvfabric_router_instance_ejections_total", "Health-check ejections", labels);
   instance->circuit_opens = &r.counter("kvfabric_router_instance_circuit_opens_total",
                                        "Circuit breaker openings", labels);
+  instance->stalls =
+      &r.counter("kvfabric_router_instance_stalls_total",
+                 "Times the instance was found stalled (upstream.stall_timeout_s)", labels);
   instance->kv_batches =
       &r.counter("kvfabric_router_instance_kv_batches_total", "KV event batches applied", labels);
   instance->kv_resets = &r.counter("kvfabric_router_instance_kv_resets_total",
@@ -276,8 +300,10 @@ void Router::registerInstanceMetrics(const std::shared_ptr<Instance>& instance) 
         "Uncached tokens routed and not yet past first token", [this](const Instance& i) {
           return static_cast<double>(core_->instance(i.slot).pending_prefill_tokens);
         });
+  gauge("kvfabric_router_instance_stalled", "1 while stalled (until a health check passes)",
+        [this](const Instance& i) { return core_->instance(i.slot).stalled ? 1.0 : 0.0; });
   gauge("kvfabric_router_instance_healthy",
-        "1 when admitted (healthy, not drained, circuit closed)",
+        "1 when admitted (healthy, not stalled, not drained, circuit closed)",
         [this](const Instance& i) { return admitted(i) ? 1.0 : 0.0; });
   gauge("kvfabric_router_instance_index_blocks", "Blocks the instance holds per its KV events",
         [this](const Instance& i) {

@@ -92,12 +92,20 @@ class Router : public std::enable_shared_from_this<Router> {
   void drainQueue();
   // Replaces a text prompt by the engine's token ids (POST /tokenize); false when unavailable.
   asio::awaitable<bool> tokenize(RequestContext& ctx, const http::Request& request);
-  enum class ForwardResult { kDone, kRetry };
+  // kRetry: the attempt failed before any byte reached the client (no connection, or its
+  // instance stalled); kClientGone: the client left, nothing more is sent.
+  enum class ForwardResult { kDone, kRetry, kClientGone };
   asio::awaitable<ForwardResult> forward(RequestContext& ctx, const http::Request& request,
                                          std::optional<std::string> body,
                                          http::ResponseWriter& writer);
-  asio::awaitable<void> forwardStream(RequestContext& ctx, http::ResponseStream& upstream,
-                                      http::ResponseWriter& writer, const http::Headers& headers);
+  // Passes an SSE response through; its head goes to the client with the first body bytes, so
+  // an attempt whose instance stalls before them can still be retried.
+  asio::awaitable<ForwardResult> forwardStream(RequestContext& ctx, http::ResponseStream& upstream,
+                                               http::ResponseWriter& writer,
+                                               const http::Headers& headers);
+  // An attempt failed before the client got a byte: counted, retried when the caller may.
+  ForwardResult failedBeforeFirstByte(RequestContext& ctx, std::string_view kind,
+                                      const absl::Status& error);
   void finishRequest(RequestContext& ctx);
   // The prefill on the chosen instance is over (first bytes arrived, or the attempt ended):
   // its pending prefill tokens and the offload cap are released.
@@ -114,17 +122,35 @@ class Router : public std::enable_shared_from_this<Router> {
   // The body to send upstream; nullopt: the client's body as it is (forwarded without a copy).
   asio::awaitable<std::optional<std::string>> upstreamBody(RequestContext& ctx,
                                                            const http::Request& request);
-  // The prefill half of an offload on ctx.peer; false when D must prefill locally.
+  // The first leg on ctx.peer (the prefill half of an offload; in the NIXL dialect also the
+  // holder's leg of a migration); false when D must prefill locally. kvfabric: `params` gets
+  // D's params; NIXL (`nixl_params` given): `*nixl_params` gets P's object, unchanged.
   asio::awaitable<bool> remotePrefill(RequestContext& ctx, const http::Request& request,
-                                      KvTransferParams* params);
+                                      KvTransferParams* params,
+                                      std::optional<boost::json::value>* nixl_params = nullptr);
   // The x-kvf-transfer-auth header for `params` sent with x-request-id `request_id` (""
-  // without a worker token: the params go unsigned).
+  // without a worker token: the params go unsigned). The JSON form signs a NIXL leg's object
+  // exactly as it is sent.
   std::string signTransfer(const KvTransferParams& params, const std::string& request_id) const;
+  std::string signTransfer(const boost::json::value& params, const std::string& request_id) const;
   // Counts the transfer outcome of a finished push-migrate / offload attempt.
   void recordTransferOutcome(const RequestContext& ctx);
   void recordUpstreamFailure(Instance& instance, std::string_view kind);
   void recordUpstreamSuccess(Instance& instance);
   bool admitted(const Instance& instance) const;
+
+  // Stall detection and retry rules (lifecycle.cc). An attempt registers with its instance while it
+  // waits on it.
+  void beginAttempt(RequestContext& ctx);
+  void endAttempt(RequestContext& ctx);
+  void noteAlive(Instance& instance);  // a byte, a response head or a health answer came
+  asio::awaitable<void> stallWatch(std::shared_ptr<bool> stop);
+  // Marks the instance stalled and cancels its attempts in flight.
+  void declareStalled(Instance& instance, Nanos now);
+  // The client of `ctx` left: cancels what the request waits on (shared by every path).
+  void onClientGone(RequestContext& ctx);
+  // Whether a failed attempt may be retried: the client is there and the deadline not passed.
+  bool mayRetry(const RequestContext& ctx);
 
   // Health checks (health.cc).
   asio::awaitable<void> healthLoop(std::shared_ptr<Instance> instance);
@@ -184,6 +210,7 @@ class Router : public std::enable_shared_from_this<Router> {
   struct QueuedWait;
   std::unordered_map<uint64_t, QueuedWait*> queued_;
   uint64_t next_ticket_ = 1;
+  std::shared_ptr<bool> stall_watch_stop_ = std::make_shared<bool>(false);
 
   struct Metrics;
   std::unique_ptr<Metrics> metrics_;

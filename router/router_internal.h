@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include <boost/asio/steady_timer.hpp>
+
+#include "common/http_client.h"
 #include "common/metrics.h"
 #include "policy/policy.h"
 #include "router/core/routing_core.h"
@@ -16,6 +19,24 @@
 #include "router/request_parse.h"
 
 namespace kvf::router {
+
+// What a request's watches share with its coroutine: the client watch (the client closed its
+// connection) and the stall watch (the attempt's instance went silent) fire while any await of
+// the request is pending, and both end that await by cancelling what it waits on.
+struct RequestLifecycle {
+  bool client_gone = false;
+  bool stalled = false;  // the current attempt was cancelled because its instance stalled
+  std::shared_ptr<http::RequestCanceller> upstream;  // the attempt in flight (null between)
+  asio::steady_timer* queue_wait = nullptr;          // while the request waits in the queue
+
+  // The client left (its connection closed while the request waited, or a write failed):
+  // ends whatever the request awaits, so its coroutine stops and releases what it holds.
+  void clientLeft() {
+    client_gone = true;
+    if (upstream) upstream->cancel();
+    if (queue_wait != nullptr) queue_wait->cancel();
+  }
+};
 
 // One client request through the shell: what was parsed, its routing in the core (attempts,
 // decision, leases, exclusions), and what the upstream answered.
@@ -38,6 +59,7 @@ struct RequestContext {
   std::optional<KvTransferResult> transfer;
   std::string transfer_auth;  // x-kvf-transfer-auth for the params added to this attempt's body
   Nanos first_byte = 0;       // when the first response body bytes arrived (0: not yet)
+  std::shared_ptr<RequestLifecycle> life = std::make_shared<RequestLifecycle>();
 };
 
 struct Router::Metrics {
@@ -61,6 +83,14 @@ struct Router::Metrics {
   metrics::Counter* kv_skipped_tier_full;
   metrics::Counter* tokenize_fallbacks_disabled;
   metrics::Counter* tokenize_fallbacks_failed;
+  // Requests whose client left before the answer was complete (the upstream was cancelled).
+  metrics::Counter* requests_cancelled;
+  // Attempts cancelled because their instance stalled, by what became of the request.
+  metrics::Counter* stall_retried;
+  metrics::Counter* stall_stream_errors;
+  // Retries not made: the client had left, or the retry deadline had passed.
+  metrics::Counter* retries_skipped_client_gone;
+  metrics::Counter* retries_skipped_deadline;
 };
 
 }  // namespace kvf::router

@@ -383,6 +383,7 @@ void Core::closePeer(Peer* peer, const absl::Status& status, bool peer_exited, b
       batch->source_held = false;
       std::static_pointer_cast<RegionImpl>(batch->request.source)->dropUser();
       batch->request.source.reset();
+      batch->drained_.store(true, std::memory_order_release);
     }
   }
   Closing closing{nullptr, {}};
@@ -466,6 +467,9 @@ TransportStats Core::stats() const {
   s.bytes_put = stats_.bytes_put.load();
   s.landings_ok = stats_.landings_ok.load();
   s.landings_failed = stats_.landings_failed.load();
+  s.gets_ok = stats_.gets_ok.load();
+  s.gets_failed = stats_.gets_failed.load();
+  s.bytes_got = stats_.bytes_got.load();
   s.checksum_mismatches = stats_.checksum_mismatches.load();
   s.peer_failures = stats_.peer_failures.load();
   s.endpoints_created = stats_.endpoints_created.load();

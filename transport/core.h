@@ -150,6 +150,9 @@ struct PutOp {
   uint64_t length;
 };
 
+// The coalesced operations for `blocks` (adjacent on both sides merged), in local order.
+std::vector<PutOp> coalesceBlocks(const std::vector<BlockCopy>& blocks);
+
 class Batch final : public PutHandle, public std::enable_shared_from_this<Batch> {
  public:
   Batch(std::shared_ptr<Core> core, uint64_t id) : core_(std::move(core)), id_(id) {}
@@ -160,6 +163,7 @@ class Batch final : public PutHandle, public std::enable_shared_from_this<Batch>
   }
   absl::StatusOr<PutResult> result() const override;
   void cancel() override;
+  bool drained() const override { return done() && drained_.load(std::memory_order_acquire); }
 
   // Progress-thread state.
   std::shared_ptr<Core> core_;
@@ -178,6 +182,11 @@ class Batch final : public PutHandle, public std::enable_shared_from_this<Batch>
   // still read it, even after a force close (pending sends on shared memory are not purged).
   uint32_t outstanding = 0;
   ucs_status_t put_error = UCS_OK;
+  // A get: request.source is the destination, the ops read from the peer (ucp_get_nbx), and
+  // `expected` holds the holder's checksums (empty: none).
+  bool get = false;
+  std::vector<uint64_t> expected;
+  std::atomic<bool> drained_{true};
   std::shared_ptr<Batch> self_ref;
   Completion<absl::StatusOr<PutResult>> completion_;
 };
@@ -245,6 +254,7 @@ class Core : public std::enable_shared_from_this<Core> {
   absl::StatusOr<std::shared_ptr<MemoryRegion>> mapMemory(void* ptr, uint64_t length);
   absl::Status connect(const std::string& peer_address);
   absl::StatusOr<std::shared_ptr<PutHandle>> postPut(PutRequest request, PutCallback done);
+  absl::StatusOr<std::shared_ptr<PutHandle>> postGet(GetRequest request, PutCallback done);
   absl::StatusOr<std::shared_ptr<Landing>> expectPut(const std::shared_ptr<MemoryRegion>& region,
                                                      LandingSpec spec, LandingCallback done);
   absl::Status disconnect(const std::string& peer_address);
@@ -258,14 +268,17 @@ class Core : public std::enable_shared_from_this<Core> {
   void opStarted(Batch& batch);
   void opDone(Batch* batch);
   void untrackBatch(Batch& batch);
+  void flushed(const std::shared_ptr<Batch>& batch, ucs_status_t status);
   void onFlushDone(Batch* batch, ucs_status_t status);
+  void finishGet(Batch* batch);
   void onNoticeSent(Batch* batch, ucs_status_t status);
   void onNotice(const void* header, size_t header_len, const void* data, size_t len);
   void onEndpointError(ucp_ep_h ep, ucs_status_t status);
 
   struct Stats {
     std::atomic<uint64_t> puts_ok{0}, puts_failed{0}, bytes_put{0}, landings_ok{0},
-        landings_failed{0}, checksum_mismatches{0}, peer_failures{0}, endpoints_created{0};
+        landings_failed{0}, gets_ok{0}, gets_failed{0}, bytes_got{0}, checksum_mismatches{0},
+        peer_failures{0}, endpoints_created{0};
     std::atomic<uint32_t> endpoints_cached{0};
   } stats_;
 
@@ -284,6 +297,7 @@ class Core : public std::enable_shared_from_this<Core> {
                  bool graceful = false);
   void evictIdlePeer();
   void startBatch(const std::shared_ptr<Batch>& batch);
+  std::shared_ptr<Batch> newBatch(std::chrono::milliseconds deadline);
   void sendNotice(Batch* batch);
   void startLanding(const std::shared_ptr<LandingImpl>& landing);
   void finishLanding(LandingImpl& landing, absl::Status status, bool resolved);

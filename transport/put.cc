@@ -13,11 +13,9 @@
 
 namespace kvf::transport {
 
-namespace {
-
 // Sorted by local offset (skipped when already sorted), then adjacent blocks - contiguous on both
 // sides - merged in place.
-std::vector<PutOp> coalesce(const std::vector<BlockCopy>& blocks) {
+std::vector<PutOp> coalesceBlocks(const std::vector<BlockCopy>& blocks) {
   std::vector<PutOp> ops;
   ops.reserve(blocks.size());
   for (const auto& b : blocks) ops.push_back({b.local_offset, b.remote_addr, b.length});
@@ -38,6 +36,8 @@ std::vector<PutOp> coalesce(const std::vector<BlockCopy>& blocks) {
   ops.resize(ops.empty() ? 0 : out + 1);
   return ops;
 }
+
+namespace {
 
 absl::Status validatePut(const PutRequest& r, const RegionImpl& source, uint32_t max_blocks) {
   if (r.blocks.empty()) return absl::InvalidArgumentError("blocks: empty");
@@ -96,11 +96,8 @@ absl::StatusOr<std::shared_ptr<PutHandle>> Core::postPut(PutRequest request, Put
     return absl::InvalidArgumentError("source: not a region registered with this context");
   }
   KVF_RETURN_IF_ERROR(validatePut(request, *source, options_.max_blocks_per_put));
-  auto batch = std::make_shared<Batch>(shared_from_this(), next_id_.fetch_add(1));
-  batch->posted_at = clock_.now();
-  auto deadline = request.deadline.count() > 0 ? request.deadline : options_.default_deadline;
-  batch->deadline_at = batch->posted_at + std::chrono::nanoseconds(deadline).count();
-  batch->ops = coalesce(request.blocks);
+  auto batch = newBatch(request.deadline);
+  batch->ops = coalesceBlocks(request.blocks);
   PutResult& p = batch->partial;
   p.blocks = static_cast<uint32_t>(request.blocks.size());
   p.operations = static_cast<uint32_t>(batch->ops.size());
@@ -136,8 +133,17 @@ absl::StatusOr<std::shared_ptr<PutHandle>> Core::postPut(PutRequest request, Put
   return std::shared_ptr<PutHandle>(batch);
 }
 
+std::shared_ptr<Batch> Core::newBatch(std::chrono::milliseconds deadline) {
+  auto batch = std::make_shared<Batch>(shared_from_this(), next_id_.fetch_add(1));
+  batch->posted_at = clock_.now();
+  if (deadline.count() <= 0) deadline = options_.default_deadline;
+  batch->deadline_at = batch->posted_at + std::chrono::nanoseconds(deadline).count();
+  return batch;
+}
+
 void Core::opStarted(Batch& batch) {
   if (batch.outstanding++ == 0) {
+    batch.drained_.store(false, std::memory_order_release);
     batch.self_ref = batch.shared_from_this();
     ++busy_batches_;
   }
@@ -150,6 +156,7 @@ void Core::opDone(Batch* batch) {
     batch->source_held = false;
     std::static_pointer_cast<RegionImpl>(batch->request.source)->dropUser();
   }
+  batch->drained_.store(true, std::memory_order_release);
   std::shared_ptr<Batch> keep = std::move(batch->self_ref);
   if (batch->completion_.done()) untrackBatch(*batch);
 }
@@ -194,8 +201,10 @@ void Core::startBatch(const std::shared_ptr<Batch>& batch) {
   };
   ucs_status_t post_error = UCS_OK;
   for (const PutOp& op : batch->ops) {
-    void* req = ucp_put_nbx(peer->ep, source->bytes() + op.local_offset, op.length, op.remote_addr,
-                            *rkey_or, &param);
+    void* local = source->bytes() + op.local_offset;
+    void* req = batch->get
+                    ? ucp_get_nbx(peer->ep, local, op.length, op.remote_addr, *rkey_or, &param)
+                    : ucp_put_nbx(peer->ep, local, op.length, op.remote_addr, *rkey_or, &param);
     if (UCS_PTR_IS_ERR(req)) {
       post_error = UCS_PTR_STATUS(req);
       break;
@@ -204,25 +213,36 @@ void Core::startBatch(const std::shared_ptr<Batch>& batch) {
   }
   if (post_error != UCS_OK) {
     // The endpoint is unusable; closing it fails every batch on it, this one included.
-    closePeer(peer, ucsToStatus(post_error, "ucp_put_nbx"));
+    closePeer(peer, ucsToStatus(post_error, batch->get ? "ucp_get_nbx" : "ucp_put_nbx"));
     opDone(batch.get());
     return;
   }
   param.cb.send = [](void* request, ucs_status_t status, void* user_data) {
     ucp_request_free(request);
     auto* b = static_cast<Batch*>(user_data);
-    b->core_->onFlushDone(b, status);
-    b->core_->opDone(b);
+    b->core_->flushed(b->shared_from_this(), status);
   };
   void* req = ucp_ep_flush_nbx(peer->ep, &param);
-  if (req == nullptr) {
-    onFlushDone(batch.get(), UCS_OK);
-  } else if (UCS_PTR_IS_ERR(req)) {
-    onFlushDone(batch.get(), UCS_PTR_STATUS(req));
-  } else {
+  if (UCS_PTR_IS_PTR(req)) {
     opStarted(*batch);
+    opDone(batch.get());  // the posting guard
+    return;
   }
-  opDone(batch.get());
+  opStarted(*batch);    // the flush completed inline: account for it as for a callback
+  opDone(batch.get());  // the posting guard
+  flushed(batch, req == nullptr ? UCS_OK : UCS_PTR_STATUS(req));
+}
+
+void Core::flushed(const std::shared_ptr<Batch>& batch, ucs_status_t status) {
+  if (batch->get) {
+    // Every read is done: drop the destination hold before the caller hears of it, so a
+    // completed get is drained() and its destination free to reuse.
+    opDone(batch.get());
+    onFlushDone(batch.get(), status);
+  } else {
+    onFlushDone(batch.get(), status);  // may send the notice, which keeps the batch busy
+    opDone(batch.get());
+  }
 }
 
 void Core::onFlushDone(Batch* batch, ucs_status_t status) {
@@ -234,7 +254,11 @@ void Core::onFlushDone(Batch* batch, ucs_status_t status) {
     return;
   }
   if (status != UCS_OK) {
-    finishBatch(*batch, ucsToStatus(status, "put"));
+    finishBatch(*batch, ucsToStatus(status, batch->get ? "get" : "put"));
+    return;
+  }
+  if (batch->get) {
+    finishGet(batch);
     return;
   }
   if (batch->notice.empty()) {
@@ -287,10 +311,10 @@ void Core::finishBatch(Batch& batch, absl::StatusOr<PutResult> result) {
   if (batch.completion_.done()) return;  // first outcome wins (only this thread completes)
   // Counters first, so a caller woken by the completion sees them.
   if (result.ok()) {
-    stats_.puts_ok.fetch_add(1);
-    stats_.bytes_put.fetch_add(result->bytes);
+    (batch.get ? stats_.gets_ok : stats_.puts_ok).fetch_add(1);
+    (batch.get ? stats_.bytes_got : stats_.bytes_put).fetch_add(result->bytes);
   } else {
-    stats_.puts_failed.fetch_add(1);
+    (batch.get ? stats_.gets_failed : stats_.puts_failed).fetch_add(1);
   }
   batch.completion_.complete(result);
   std::shared_ptr<Batch> keep = batch.shared_from_this();
@@ -316,10 +340,10 @@ void Core::checkDeadlines(Nanos now) {
     }
   }
   for (Batch* batch : late_batches) {
-    log::warn("transport put missed its deadline", "name", options_.name, "batch", batch->id_);
+    log::warn("transport transfer missed its deadline", "name", options_.name, "batch", batch->id_);
     cancelBatch(batch, absl::DeadlineExceededError(strCat(
-                           "put of ", batch->partial.blocks, " blocks (", batch->partial.bytes,
-                           " bytes) did not complete within its deadline")));
+                           batch->get ? "get of " : "put of ", batch->partial.blocks, " blocks (",
+                           batch->partial.bytes, " bytes) did not complete within its deadline")));
   }
   std::vector<LandingImpl*> late_landings;
   for (auto& [id, landing] : landings_) {

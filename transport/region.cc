@@ -129,6 +129,10 @@ class Context final : public TransportContext {
                                                      PutCallback done) override {
     return core_->postPut(std::move(request), std::move(done));
   }
+  absl::StatusOr<std::shared_ptr<PutHandle>> postGet(GetRequest request,
+                                                     PutCallback done) override {
+    return core_->postGet(std::move(request), std::move(done));
+  }
   absl::StatusOr<std::shared_ptr<Landing>> expectPut(const std::shared_ptr<MemoryRegion>& region,
                                                      LandingSpec spec,
                                                      LandingCallback done) override {

@@ -110,6 +110,30 @@ class PutHandle {
   // The result once done(); an error status otherwise.
   virtual absl::StatusOr<PutResult> result() const = 0;
   virtual void cancel() = 0;
+  // True once UCX no longer touches this transfer's local memory. A put or get abandoned by
+  // cancel() or its deadline is done() at once but drains in the background: a get's
+  // destination blocks must not be reused before this turns true.
+  virtual bool drained() const { return done(); }
+};
+
+// One-sided read: copy blocks out of a peer's registered region into a region of this context,
+// without the peer's CPU taking part (the NIXL READ a decode instance issues). The peer is not
+// trusted: it advertised its region's bounds with its rkey, and every remote range must lie
+// inside them; what was read is checked against the checksums the holder published, when given.
+struct GetRequest {
+  std::shared_ptr<MemoryRegion> destination;  // a region of this context (BlockCopy::local_offset)
+  std::string peer_address;                   // the peer's workerAddress() bytes
+  std::string peer_rkey;                      // the peer's packedRkey() bytes for its region
+  uint64_t peer_region_base = 0;              // the peer's region as it advertised it
+  uint64_t peer_region_length = 0;
+  std::vector<BlockCopy> blocks;          // remote_addr in the peer's region -> local_offset here
+  std::chrono::milliseconds deadline{0};  // 0: TransportOptions::default_deadline
+  // Empty, or one xxh3-64 per block as the holder computed it: any mismatch fails the get with
+  // kDataLoss (the holder's block changed under the read, or the bytes were damaged).
+  std::vector<uint64_t> expected_checksums;
+  // Return the xxh3-64 of every block read in PutResult::checksums (implied by
+  // expected_checksums).
+  bool compute_checksums = false;
 };
 
 // What a receiver expects a sender to write into one of its regions.
@@ -172,6 +196,9 @@ struct TransportStats {
   uint64_t bytes_put = 0;
   uint64_t landings_ok = 0;
   uint64_t landings_failed = 0;
+  uint64_t gets_ok = 0;
+  uint64_t gets_failed = 0;
+  uint64_t bytes_got = 0;
   uint64_t checksum_mismatches = 0;
   uint64_t peer_failures = 0;
   uint64_t endpoints_created = 0;
@@ -213,6 +240,16 @@ class TransportContext {
   // flushes and calls `done` exactly once.
   virtual absl::StatusOr<std::shared_ptr<PutHandle>> postPut(PutRequest request,
                                                              PutCallback done) = 0;
+
+  // post: a batched one-sided read (see GetRequest), validated like postPut, coalesced, with one
+  // completion: `done` gets the bytes and blocks read, kDataLoss on a checksum mismatch,
+  // kUnavailable when the peer dies, kDeadlineExceeded at the deadline. The destination region
+  // stays held until the reads drained (PutHandle::drained()), even after a deadline.
+  virtual absl::StatusOr<std::shared_ptr<PutHandle>> postGet(GetRequest request, PutCallback done) {
+    (void)request;
+    (void)done;
+    return absl::UnimplementedError("this transport has no one-sided read");
+  }
 
   // Receiver: registers an expected batch into `region`; `done` is called exactly once.
   virtual absl::StatusOr<std::shared_ptr<Landing>> expectPut(

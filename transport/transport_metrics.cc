@@ -15,12 +15,18 @@ void exportMetrics(const TransportContext& ctx, metrics::Registry& registry,
           &TransportStats::puts_failed);
   counter("kvfabric_transport_put_bytes_total", "Bytes of completed puts",
           &TransportStats::bytes_put);
+  counter("kvfabric_transport_gets_ok_total", "Batched one-sided reads completed",
+          &TransportStats::gets_ok);
+  counter("kvfabric_transport_gets_failed_total", "Batched reads failed, cancelled or timed out",
+          &TransportStats::gets_failed);
+  counter("kvfabric_transport_get_bytes_total", "Bytes of completed reads",
+          &TransportStats::bytes_got);
   counter("kvfabric_transport_landings_ok_total", "Landings verified complete",
           &TransportStats::landings_ok);
   counter("kvfabric_transport_landings_failed_total", "Landings failed or timed out",
           &TransportStats::landings_failed);
-  counter("kvfabric_transport_checksum_mismatches_total", "Landed blocks whose xxh3 differed",
-          &TransportStats::checksum_mismatches);
+  counter("kvfabric_transport_checksum_mismatches_total",
+          "Landed or read blocks whose xxh3 differed", &TransportStats::checksum_mismatches);
   counter("kvfabric_transport_peer_failures_total", "Peers found dead (endpoint error or exit)",
           &TransportStats::peer_failures);
   counter("kvfabric_transport_endpoints_created_total", "UCX endpoints created",

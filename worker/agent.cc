@@ -165,6 +165,18 @@ void WorkerAgent::Impl::registerMetrics(metrics::Registry& registry) {
                                         metrics::exponentialBuckets(1e-4, 2, 16), labels);
   m.leases_expired = &registry.counter("kvfabric_worker_leases_expired_total",
                                        "Remote-decode leases that expired unused", labels);
+  m.nixl_meta_served = &registry.counter(
+      "kvfabric_worker_nixl_meta_total",
+      "NixlConnector side-channel metadata requests answered (each one a lease heartbeat)", labels);
+  m.nixl_notified =
+      &registry.counter("kvfabric_worker_nixl_notify_total",
+                        "NixlConnector read notifications that ended a lease", labels);
+  const char* refused = "kvfabric_worker_nixl_refused_total";
+  const char* refused_help =
+      "NixlConnector side-channel requests refused: they named no live lease (unknown, expired "
+      "or already released)";
+  m.nixl_meta_refused = &registry.counter(refused, refused_help, with("route", "meta"));
+  m.nixl_notify_refused = &registry.counter(refused, refused_help, with("route", "notify"));
   registry.callback("kvfabric_worker_unresolved_landings",
                     "Fetches whose landing a late write may still reach",
                     metrics::MetricType::kGauge, labels,
@@ -174,23 +186,28 @@ void WorkerAgent::Impl::registerMetrics(metrics::Registry& registry) {
 
 void WorkerAgent::Impl::registerRoutes() {
   // The token is checked on the request head, before any body byte is read: an
-  // unauthenticated peer costs no body buffer (a push body may be megabytes).
+  // unauthenticated peer costs no body buffer (a push body may be megabytes). The NIXL side
+  // channel (/kv/nixl/*) sits behind the same check.
   http::HeadCheck auth = [this](const http::Request& head) {
     return authorized(head) ? absl::OkStatus()
                             : absl::UnauthenticatedError("missing or wrong bearer token");
   };
-  server->route(
-      "GET", "/kv/info",
-      [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
-        co_await handleKvInfo(r, w);
-      },
-      nullptr, auth);
-  server->route(
-      "POST", "/kv/push",
-      [this](const http::Request& r, http::ResponseWriter& w) -> asio::awaitable<void> {
-        co_await handleKvPush(r, w);
-      },
-      nullptr, auth);
+  struct Route {
+    const char* method;
+    const char* target;
+    asio::awaitable<void> (Impl::*handler)(const http::Request&, http::ResponseWriter&);
+  };
+  const Route routes[] = {{"GET", "/kv/info", &Impl::handleKvInfo},
+                          {"POST", "/kv/push", &Impl::handleKvPush},
+                          {"POST", "/kv/nixl/meta", &Impl::handleNixlMeta},
+                          {"POST", "/kv/nixl/notify", &Impl::handleNixlNotify}};
+  for (const Route& r : routes) {
+    server->route(
+        r.method, r.target,
+        [this, h = r.handler](const http::Request& req, http::ResponseWriter& w)
+            -> asio::awaitable<void> { co_await (this->*h)(req, w); },
+        nullptr, auth);
+  }
   server->route("GET", "/health",
                 [](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
                   std::string empty;  // named: GCC 12 mishandles temporaries inside co_await

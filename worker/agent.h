@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -46,11 +47,22 @@ struct AgentOptions {
   std::chrono::milliseconds connect_timeout{1000};
   std::chrono::milliseconds lease_check_interval{50};
   metrics::Labels metric_labels;  // added to every metric the agent registers
+  // NixlConnector dialect: the engine id a holder reports (P's remote_engine_id).
+  std::string engine_id;
   // TEST ONLY holder-side faults: "" (none), "corrupt" (push damaged bytes with the checksums of
   // the good ones), "corrupt_content" (damaged bytes, matching checksums), "stall" (wait
   // fault_stall_ms before pushing).
   std::string fault;
   int64_t fault_stall_ms = 3000;
+};
+
+// A fetch in vLLM's NixlConnector dialect: the reader asks the holder's side channel (`source`)
+// for its blocks' metadata (extending the holder's lease), reads them with one-sided gets, and
+// notifies the holder, which then frees them.
+struct NixlRead {
+  std::string remote_request_id;           // the holder's lease
+  std::string remote_engine_id;            // must match the holder's engine id
+  std::vector<uint64_t> remote_block_ids;  // the holder's blocks of the prompt, in order
 };
 
 // One fetch: pull `hashes` from the holder at `source` into the engine's landing `blocks`.
@@ -61,6 +73,7 @@ struct RemoteKvFetch {
   std::vector<BlockHash> hashes;
   std::vector<BlockIndex> blocks;            // landing blocks, one per hash, reserved by the engine
   std::chrono::milliseconds deadline{1000};  // for the whole fetch, from fetch()
+  std::optional<NixlRead> nixl;              // set: read in the NIXL dialect, not push
 };
 
 // InvalidArgument ("source: ...") unless `url` is http://host:port, what RemoteKvFetch::source

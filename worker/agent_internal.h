@@ -51,7 +51,9 @@ struct TransferResult {
   uint64_t bytes = 0;
   std::string reason;  // why not everything arrived (empty when all did)
   bool writes_may_arrive = false;
-  std::shared_ptr<transport::Landing> landing;  // to watch until resolved
+  // Watched until no write can reach the landing blocks: the landing (push) or the get (NIXL).
+  std::shared_ptr<transport::Landing> landing;
+  std::shared_ptr<transport::PutHandle> get;
 };
 
 }  // namespace agent_internal
@@ -99,6 +101,9 @@ struct WorkerAgent::Impl {
     metrics::Counter* bytes_in = nullptr;
     metrics::Histogram* fetch_seconds = nullptr;
     metrics::Counter* leases_expired = nullptr;
+    metrics::Counter *nixl_meta_served = nullptr, *nixl_notified = nullptr;
+    // Side-channel requests naming no live lease (unknown, expired or released), by route.
+    metrics::Counter *nixl_meta_refused = nullptr, *nixl_notify_refused = nullptr;
   } m;
   metrics::Registry own_registry;  // when create() got none
 
@@ -117,7 +122,15 @@ struct WorkerAgent::Impl {
                                                                  Nanos deadline);
   asio::awaitable<absl::StatusOr<std::shared_ptr<agent_internal::SourceWorker>>> sourceWorker(
       const std::string& url, Nanos deadline);
-  asio::awaitable<void> awaitResolved(std::string id, std::shared_ptr<transport::Landing> landing);
+  asio::awaitable<void> awaitResolved(std::string id, agent_internal::TransferResult result);
+  // NixlConnector dialect (nixl_agent.cc): the holder's side channel and the reader.
+  asio::awaitable<void> handleNixlMeta(const http::Request& req, http::ResponseWriter& w);
+  asio::awaitable<void> handleNixlNotify(const http::Request& req, http::ResponseWriter& w);
+  asio::awaitable<agent_internal::TransferResult> readNixlBlocks(const RemoteKvFetch& fetch,
+                                                                 Nanos deadline);
+  // postGet as a coroutine on the agent thread; `*handle` receives the get (to watch drained()).
+  asio::awaitable<absl::StatusOr<transport::PutResult>> asyncRead(
+      const transport::GetRequest& get, std::shared_ptr<transport::PutHandle>* handle);
 
   // Leases (engine thread, but for leaseLoop).
   void releaseLease(const std::string& lease_id);

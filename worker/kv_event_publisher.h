@@ -23,9 +23,9 @@ namespace kvf::worker {
 struct PublisherOptions {
   std::string endpoint = "tcp://*:5557";  // PUB bind address
   std::string replay_endpoint;            // ROUTER bind address; empty disables replay
-  std::string topic = "kv-events";
-  size_t buffer_batches = 10000;       // batches kept for replay
-  size_t max_queued_batches = 100000;  // enqueued beyond this are dropped (and counted)
+  std::string topic;                      // vLLM's default: "" (KVEventsConfig.topic)
+  size_t buffer_batches = 10000;          // batches kept for replay
+  size_t max_queued_batches = 100000;     // enqueued beyond this are dropped (and counted)
 };
 
 class KvEventPublisher {

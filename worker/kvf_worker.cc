@@ -224,7 +224,7 @@ kvf_status kvf_worker_create(const kvf_worker_config* c, const kvf_worker_callba
       kw::PublisherOptions po;
       po.endpoint = c->kv_events_endpoint;
       po.replay_endpoint = kw::orDefault(c->kv_events_replay_endpoint, "");
-      po.topic = kw::orDefault(c->kv_events_topic, "kv-events");
+      po.topic = kw::orDefault(c->kv_events_topic, "");
       auto pub = kw::KvEventPublisher::create(po);
       if (!pub.ok()) return report(pub.status(), err, err_len);
       cw.publisher = std::move(*pub);

@@ -83,7 +83,7 @@ typedef struct kvf_worker_config {
   /* KV events: ZMQ PUB bind address (e.g. "tcp://127.0.0.1:*"); NULL/"": no publisher. */
   const char* kv_events_endpoint;
   const char* kv_events_replay_endpoint; /* NULL/"": no replay socket */
-  const char* kv_events_topic;           /* NULL: "kv-events" */
+  const char* kv_events_topic;           /* NULL: "" (vLLM's default) */
   /* Non-zero: run the /kv/ routes without a token (no authentication at all; test only). */
   int32_t insecure;
 } kvf_worker_config;

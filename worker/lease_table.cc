@@ -1,5 +1,6 @@
 #include "worker/lease_table.h"
 
+#include <algorithm>
 #include <utility>
 
 namespace kvf::worker {
@@ -49,6 +50,17 @@ std::optional<Nanos> LeaseTable::nextExpiry() const {
     if (!next || lease.expires_at < *next) next = lease.expires_at;
   }
   return next;
+}
+
+const Lease* LeaseTable::heartbeat(const std::string& id, Nanos now) {
+  auto it = leases_.find(id);
+  if (it == leases_.end()) return nullptr;
+  Lease& lease = it->second;
+  if (lease.expires_at <= now) return nullptr;  // due: expire() frees it, no resurrection
+  Nanos extended = now + lease.duration * 2 / 3;
+  if (lease.not_after > 0) extended = std::min(extended, lease.not_after);
+  lease.expires_at = std::max(lease.expires_at, extended);
+  return &lease;
 }
 
 }  // namespace kvf::worker

@@ -19,6 +19,12 @@ namespace kvf::worker {
 struct Lease {
   std::vector<BlockHash> hashes;  // pinned, one pin each
   Nanos expires_at = 0;
+  // The lease's full duration; a heartbeat (vLLM NixlConnector) extends expires_at to at least
+  // now + duration * 2 / 3. 0: heartbeats do not extend it.
+  Nanos duration = 0;
+  // Heartbeats never extend expires_at past this (0: no bound): a reader that keeps asking
+  // cannot pin the blocks for longer than the holder's lease cap.
+  Nanos not_after = 0;
 };
 
 class LeaseTable {
@@ -30,6 +36,10 @@ class LeaseTable {
   std::optional<std::vector<BlockHash>> release(const std::string& id);
   // Removes the lease and returns it whole (its new owner keeps the pins); nullopt if none.
   std::optional<Lease> detach(const std::string& id);
+  // The lease under `id` (owned by the table; valid until the next call), or null. A heartbeat
+  // at `now` extends it first: expires_at = max(expires_at, now + duration * 2 / 3), at most
+  // not_after.
+  const Lease* heartbeat(const std::string& id, Nanos now);
   // Removes every lease due at `now` (expires_at <= now) and returns them, to unpin.
   std::vector<Lease> expire(Nanos now);
   std::optional<Nanos> nextExpiry() const;

@@ -207,7 +207,12 @@ asio::awaitable<void> WorkerAgent::Impl::runFetch(RemoteKvFetch f) {
     result.reason = strCat("fetch: landing block ", *bad, " is outside the pool of ",
                            geometry.num_blocks, " blocks");
   } else {
-    result = co_await transferBlocks(f, t0 + std::max<Nanos>(1, f.deadline.count()) * kMs);
+    const Nanos deadline = t0 + std::max<Nanos>(1, f.deadline.count()) * kMs;
+    if (f.nixl) {
+      result = co_await readNixlBlocks(f, deadline);
+    } else {
+      result = co_await transferBlocks(f, deadline);
+    }
   }
   outcome.landed = result.landed;
   outcome.bytes = result.bytes;
@@ -236,18 +241,21 @@ asio::awaitable<void> WorkerAgent::Impl::runFetch(RemoteKvFetch f) {
       adapter.failRemoteKv(outcome);
     }
   });
-  if (outcome.writes_may_arrive) co_await awaitResolved(f.id, result.landing);
+  if (outcome.writes_may_arrive) co_await awaitResolved(f.id, std::move(result));
   adapter.post([this, id = f.id] { adapter.releaseLanding(id); });
 }
 
-asio::awaitable<void> WorkerAgent::Impl::awaitResolved(
-    std::string id, std::shared_ptr<transport::Landing> landing) {
-  // Until the sender's late notice arrives or the sender is gone, a write may still land in the
-  // quarantined blocks; only then do they go back to the engine.
+asio::awaitable<void> WorkerAgent::Impl::awaitResolved(std::string id, TransferResult result) {
+  // Until the sender's late notice arrives or the sender is gone (push), or our abandoned reads
+  // drained (NIXL), a write may still land in the quarantined blocks; only then do they go back
+  // to the engine.
+  auto resolved = [&] {
+    return result.landing ? result.landing->resolved() : !result.get || result.get->drained();
+  };
   asio::steady_timer poll(ioc);
   Nanos start = steadyNanos();
   bool warned = false;
-  while (!landing->resolved()) {
+  while (!resolved()) {
     poll.expires_after(std::chrono::milliseconds(20));
     co_await poll.async_wait(kAwait);
     if (!warned && steadyNanos() - start > 60 * kNanosPerSecond) {

@@ -1,5 +1,6 @@
 #include "router/core/config.h"
 
+#include <algorithm>
 #include <charconv>
 #include <set>
 
@@ -59,6 +60,13 @@ void parseInstanceConfig(config::ConfigMap& map, InstanceConfig* out) {
     absl::Status s = parseInstanceUrl(out->worker_url, &host, &port);
     if (!s.ok()) map.fail("worker_url", std::string(s.message()));
     while (out->worker_url.back() == '/') out->worker_url.pop_back();
+  }
+  map.get("kv_connector", &out->kv_connector);
+  if (out->kv_connector != "kvfabric" && out->kv_connector != "nixl") {
+    map.fail("kv_connector", "must be kvfabric or nixl");
+  } else if (out->kv_connector == "kvfabric" && out->worker_url.empty() &&
+             map.has("kv_connector")) {
+    map.fail("kv_connector", "kvfabric needs worker_url");
   }
   if (auto ev = map.map("kv_events")) {
     ev->get("endpoint", &out->kv_events.endpoint);
@@ -174,12 +182,21 @@ void parseRoot(config::ConfigMap& root, RouterConfig* out, const policy::PolicyR
   if (auto i = root.map("index")) parseIndex(*i, &out->index);
   if (auto h = root.map("health")) parseHealth(*h, &out->health);
   if (auto o = root.map("overload")) parseOverload(*o, &out->overload);
+  // Unset, the stall window spans a few health intervals (at least its 5 s default).
+  out->stall_timeout = std::max(out->stall_timeout, 3 * out->health.interval);
   if (auto u = root.map("upstream")) {
     u->get("max_attempts", &out->max_attempts, 1, 10);
     u->get("circuit_failure_threshold", &out->circuit_failure_threshold, 1, 1000);
     getSeconds(*u, "circuit_open_s", &out->circuit_open, 0.01, 3600);
     getSeconds(*u, "connect_timeout_s", &out->connect_timeout, 0.01, 600);
     getSeconds(*u, "read_timeout_s", &out->read_timeout, 0.1, 86400);
+    getSeconds(*u, "stall_timeout_s", &out->stall_timeout, 0, 3600);
+    getSeconds(*u, "retry_deadline_s", &out->retry_deadline, 0.01, 86400);
+    // A live engine in a long prefill sends nothing but health answers: the stall window must
+    // hold at least one health interval, or every long prefill would look stalled.
+    if (out->stall_timeout > 0 && out->stall_timeout <= out->health.interval) {
+      u->fail("stall_timeout_s", "must be longer than health.interval_s (or 0: off)");
+    }
     u->rejectUnknownKeys();
   }
   if (auto t = root.map("tokenize")) {

@@ -46,6 +46,14 @@ struct InstanceConfig {
   // the router index. 0: learned from the engine's /metrics (vllm:cache_config_info's
   // num_gpu_blocks), else only index.max_blocks_per_instance bounds it.
   uint64_t kv_capacity_blocks = 0;
+  // How KV reaches a decode instance from this one as the holder (prefill instance P or cache
+  // holder C): "kvfabric" (the decode instance's worker pulls from worker_url with kvfabric's
+  // push) or "nixl" (vLLM's NixlConnector: a first leg with do_remote_decode to this instance,
+  // its remote_* answer passed unchanged to the decode instance, which reads the blocks). With
+  // nixl, worker_url (optional) is the instance's NIXL side channel: its answer's remote_host
+  // and remote_port must name it (without one, remote_host must be the host of `url`).
+  // Default: kvfabric with a worker_url.
+  std::string kv_connector = "kvfabric";
 };
 
 struct HealthConfig {
@@ -77,6 +85,13 @@ struct RouterConfig {
   Nanos circuit_open = 10 * kNanosPerSecond;
   Nanos connect_timeout = 2 * kNanosPerSecond;
   Nanos read_timeout = 600 * kNanosPerSecond;  // longest gap between upstream bytes
+  // An instance with requests in flight that shows no sign of life (no byte on any of its
+  // responses, no health answer) for this long is stalled: its requests without a first byte
+  // are retried elsewhere, its started streams end with an SSE error, and it takes nothing new
+  // until a health check passes (docs/router.md "Stalls"). 0: off. Must exceed health.interval.
+  Nanos stall_timeout = 5 * kNanosPerSecond;
+  // No new attempt (retry) starts later than this after the request arrived.
+  Nanos retry_deadline = 30 * kNanosPerSecond;
   // String and chat prompts are tokenized through an admitted instance's POST /tokenize so
   // they hash exactly; false (or a failed call) falls back to the approximate text index.
   bool tokenize = false;

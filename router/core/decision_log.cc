@@ -55,6 +55,7 @@ std::string decisionToJson(const DecisionRecord& r) {
   o["source"] = stringOrNull(r.source);
   o["predicted_costs"] = numbers(r.predicted_costs);
   o["offload_prefill"] = stringOrNull(r.offload_prefill);
+  o["kv_connector"] = stringOrNull(r.kv_connector);
   if (r.transfer_status.empty()) {
     o["transfer"] = nullptr;
   } else {

@@ -45,6 +45,7 @@ struct DecisionRecord {
   std::string source;
   std::vector<std::pair<std::string, double>> predicted_costs;
   std::string offload_prefill;
+  std::string kv_connector;  // the dialect KV moved in ("kvfabric", "nixl"; "" for none)
   std::string transfer_status;
   int64_t pushed_tokens = 0;
   int64_t pushed_bytes = 0;

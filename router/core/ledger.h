@@ -37,6 +37,9 @@ struct InstanceState {
   int check_failures = 0;
   int check_passes = 0;
   bool draining = false;
+  // Its in-flight requests went silent past stall_timeout with no other sign of life: takes
+  // nothing new until a health check passes.
+  bool stalled = false;
   // Circuit breaker on consecutive request failures.
   int request_failures = 0;
   Nanos circuit_open_until = 0;

@@ -72,11 +72,13 @@ RoutingCore::HealthChange RoutingCore::healthCheck(int slot, bool ok) {
   const HealthConfig& h = config_.health;
   if (ok) {
     s.check_failures = 0;
+    const bool was_stalled = s.stalled;
+    s.stalled = false;  // it answered: alive again
     if (!s.check_healthy && ++s.check_passes >= h.healthy_threshold) {
       s.check_healthy = true;
       return HealthChange::kReadmitted;
     }
-    return HealthChange::kNone;
+    return was_stalled && s.check_healthy ? HealthChange::kUnstalled : HealthChange::kNone;
   }
   s.check_passes = 0;
   if (s.check_healthy && ++s.check_failures >= h.unhealthy_threshold) {
@@ -114,7 +116,14 @@ void RoutingCore::upstreamSuccess(int slot) {
 
 bool RoutingCore::reachable(int slot, Nanos now) const {
   const InstanceState& s = ledger_->instances[static_cast<size_t>(slot)];
-  return s.present && s.check_healthy && now >= s.circuit_open_until;
+  return s.present && s.check_healthy && !s.stalled && now >= s.circuit_open_until;
+}
+
+bool RoutingCore::markStalled(int slot) {
+  InstanceState& s = ledger_->instances[static_cast<size_t>(slot)];
+  if (s.stalled) return false;
+  s.stalled = true;
+  return true;
 }
 
 bool RoutingCore::admitted(int slot, Nanos now) const {

@@ -126,19 +126,23 @@ class RoutingCore {
   int slotEnd() const { return slot_end_; }
 
   // Health checks: `ok` or not; ejects after unhealthy_threshold failures in a row, re-admits
-  // after healthy_threshold passes.
-  enum class HealthChange { kNone, kEjected, kReadmitted };
+  // after healthy_threshold passes. A passing check also ends a stall (kUnstalled when the
+  // instance was not ejected meanwhile; its cache index stays, as a stall loses no blocks).
+  enum class HealthChange { kNone, kEjected, kReadmitted, kUnstalled };
   HealthChange healthCheck(int slot, bool ok);
   // The engine's own figures (its /metrics); nullopt leaves a figure as it was.
   void reportEngineLoad(int slot, std::optional<int64_t> waiting, std::optional<double> kv_usage);
   void setDraining(int slot, bool draining);
+  // The shell found the instance stalled (its in-flight requests silent, no health answer):
+  // it is not routable until a health check passes. True when it was not stalled before.
+  bool markStalled(int slot);
   // A request failed on the instance (connection, read, stream, P's prefill): consecutive
   // failures open its circuit for circuit_open, half-open afterwards. True when this one
   // opened it.
   bool upstreamFailure(int slot, Nanos now);
   // The instance answered: its failure count starts again.
   void upstreamSuccess(int slot);
-  // Routable: present, health checks pass, not drained, circuit closed.
+  // Routable: present, health checks pass, not stalled, not drained, circuit closed.
   bool admitted(int slot, Nanos now) const;
   // Alive for peer traffic (may be drained).
   bool reachable(int slot, Nanos now) const;

@@ -16,7 +16,7 @@ TEST(EngineConfigTest, ShippedConfigLoadsWithProfileRelativeToTheFile) {
   EXPECT_EQ(c->served_model_name, "qwen3-coder-30b-a3b");
   EXPECT_EQ(c->scheduler.eos_token_id, 151645);
   EXPECT_EQ(c->scheduler.vocab_size, 151936);
-  EXPECT_EQ(c->kv_events.topic, "kv-events");
+  EXPECT_EQ(c->kv_events.topic, "");  // vLLM's default
   EXPECT_EQ(c->io_thread_nice, 5);
 }
 

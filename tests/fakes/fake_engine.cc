@@ -280,6 +280,18 @@ asio::awaitable<void> FakeEngine::completion(bool chat, const http::Request& r,
     co_await w.sendError(status, "engine error (fake)");
     co_return;
   }
+  if (int ms = first_byte_delay_ms.load(); ms > 0) {
+    asio::steady_timer prefill(co_await asio::this_coro::executor);
+    prefill.expires_after(std::chrono::milliseconds(ms));
+    w.watchClientGone([&prefill] { prefill.cancel(); });
+    ++waiting_first_byte;
+    co_await prefill.async_wait(asio::as_tuple(asio::use_awaitable));
+    --waiting_first_byte;
+    if (w.clientGone()) {
+      ++abandoned;
+      co_return;
+    }
+  }
   if (int ms = stall_ms.load(); ms > 0) {
     auto begun = co_await w.beginStream(200, "text/event-stream");
     if (!begun.ok()) co_return;

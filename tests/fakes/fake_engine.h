@@ -68,6 +68,11 @@ class FakeEngine {
   std::atomic<int> stall_ms{0};
   std::atomic<bool> refuse_push{false};
   std::atomic<bool> tokenize_fails{false};  // POST /tokenize answers 500
+  // > 0 ms: every completion waits this long before its answer (a long prefill), while health
+  // checks are answered; a client that disconnects meanwhile ends the wait (counted below).
+  std::atomic<int> first_byte_delay_ms{0};
+  std::atomic<int> waiting_first_byte{0};  // completions inside that wait now
+  std::atomic<int> abandoned{0};           // completions whose client left during the wait
   std::string workerUrl() const;
   bool holds(uint64_t hash) const;                        // on the engine's io thread
   size_t cachedBlocks() const { return cached_.size(); }  // on the engine's io thread

@@ -38,7 +38,7 @@ std::string encodeBatch(const std::vector<FakeKvEvent>& events, const EncodeOpti
 
 class FakeKvPublisher {
  public:
-  FakeKvPublisher(std::string topic = "kv-events");
+  FakeKvPublisher(std::string topic = "");  // vLLM's default topic
   ~FakeKvPublisher();
 
   std::string endpoint() const { return pub_endpoint_; }

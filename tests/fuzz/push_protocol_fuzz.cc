@@ -1,5 +1,6 @@
 // Fuzz target: the KV push control API's wire format (protocol/push.h) as a hostile peer
-// could send it: GET /kv/info answers, POST /kv/push requests and their answers. Input: byte 0
+// could send it: GET /kv/info answers, POST /kv/push requests and their answers, and the
+// NixlConnector side channel's POST /kv/nixl/meta requests and answers. Input: byte 0
 // picks the message kind, the rest is the JSON body. Properties: every count within the limits,
 // and what parses serializes to a body that parses back to the same message.
 #include <cstdint>
@@ -37,7 +38,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view body = in->rest;
   PushLimits limits;
   limits.max_blocks = 1024;  // small, so the fuzzer reaches the bound
-  switch (in->choice % 3) {
+  switch (in->choice % 5) {
     case 0: {
       auto request = parsePushRequest(body, limits);
       if (!request.ok()) return 0;
@@ -55,6 +56,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto again = parsePushResponse(serializePushResponse(*response), limits);
       KVF_FUZZ_CHECK(again.ok(), "a parsed push response does not parse after serializing");
       checkResponse(*response, *again);
+      break;
+    }
+    case 3: {  // NixlConnector side channel: a reader's metadata request
+      auto request = parseNixlMetaRequest(body, limits);
+      if (!request.ok()) return 0;
+      KVF_FUZZ_CHECK(request->block_ids.size() <= limits.max_blocks, "ids past the limit");
+      auto again = parseNixlMetaRequest(serializeNixlMetaRequest(*request), limits);
+      KVF_FUZZ_CHECK(again.ok() && again->remote_request_id == request->remote_request_id &&
+                         again->block_ids == request->block_ids,
+                     "nixl meta request changed in a round trip");
+      break;
+    }
+    case 4: {  // ... and the holder's answer
+      auto meta = parseNixlMetaResponse(body, limits);
+      if (!meta.ok()) return 0;
+      KVF_FUZZ_CHECK(meta->block_hashes.size() == meta->block_ids.size() &&
+                         meta->checksums.size() == meta->block_ids.size(),
+                     "nixl meta arrays differ in length");
+      auto again = parseNixlMetaResponse(serializeNixlMetaResponse(*meta), limits);
+      KVF_FUZZ_CHECK(again.ok() && again->block_ids == meta->block_ids &&
+                         again->block_hashes == meta->block_hashes &&
+                         again->checksums == meta->checksums && again->rkey == meta->rkey &&
+                         again->region_base == meta->region_base &&
+                         again->region_length == meta->region_length,
+                     "nixl meta response changed in a round trip");
       break;
     }
     default: {

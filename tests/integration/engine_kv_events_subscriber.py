@@ -15,7 +15,7 @@ import urllib.request
 import msgpack
 import zmq
 
-TOPIC = b"kv-events"
+TOPIC = b""  # vLLM's default topic (vllm/config/kv_events.py)
 END_SEQ = (-1).to_bytes(8, "big", signed=True)
 
 

@@ -18,6 +18,7 @@
 #include "common/sse.h"
 #include "common/strings.h"
 #include "tests/testing/child_process.h"
+#include "tests/testing/http_call.h"
 #include "tests/testing/io_thread.h"
 
 namespace kvf::testing {
@@ -61,13 +62,16 @@ class MigrationMultiprocessTest : public ::testing::Test {
   }
 
   // Starts 3 engines with worker servers and a router with `policy_yaml`.
-  void startCluster(const std::string& policy_yaml, double health_interval_s = 0.2) {
+  // `connector`: every instance's kv_connector (engines and router), "kvfabric" or "nixl".
+  void startCluster(const std::string& policy_yaml, double health_interval_s = 0.2,
+                    const std::string& connector = "kvfabric") {
     std::ofstream(dir_ / "engine.yaml")
         << "port: 0\nprofile: " << source_ << "/engine/profiles/qwen3-coder-30b-a3b-h20.yaml\n"
         << "served_model_name: test-model\ntime_scale: 20\nmax_model_len: 32768\n"
         << "cache: {block_size: " << kBlockSize
         << ", payload_bytes_per_block: " << kPayloadBytesPerBlock << ", num_gpu_blocks: 4096}\n"
-        << "kv_events: {endpoint: 'tcp://127.0.0.1:*', replay_endpoint: 'tcp://127.0.0.1:*'}\n";
+        << "kv_events: {endpoint: 'tcp://127.0.0.1:*', replay_endpoint: 'tcp://127.0.0.1:*'}\n"
+        << "worker: {kv_connector: " << connector << "}\n";
     std::string yaml =
         strCat("listen: {port: 0}\npolicy: ", policy_yaml,
                "\nhealth: {interval_s: ", health_interval_s, "}\nadmin: {token: adm}\n",
@@ -85,31 +89,23 @@ class MigrationMultiprocessTest : public ::testing::Test {
       auto& e = *engines_.back();
       yaml += strCat(
           "  - id: ", id, "\n    url: http://127.0.0.1:", logValue(e, "kvf-engine ready", "port"),
-          "\n    worker_url: http://127.0.0.1:", *worker, "\n    kv_events: {endpoint: \"",
-          logValue(e, "kvf-engine ready", "kv_events"), "\", replay_endpoint: \"",
-          logValue(e, "kvf-engine ready", "kv_replay"), "\"}\n");
+          "\n    worker_url: http://127.0.0.1:", *worker, "\n    kv_connector: ", connector,
+          "\n    kv_events: {endpoint: \"", logValue(e, "kvf-engine ready", "kv_events"),
+          "\", replay_endpoint: \"", logValue(e, "kvf-engine ready", "kv_replay"), "\"}\n");
     }
     std::ofstream(dir_ / "router.yaml") << yaml;
     router_ = startLogged(
         {bin_ + "/kvf-router", "--config", (dir_ / "router.yaml").string(), "--log_level", "warn"},
         (dir_ / "router.log").string());
     ASSERT_TRUE(waitForLog(*router_, "listening on port ", 20s)) << readLog(*router_);
-    std::string log = readLog(*router_);
-    size_t at = log.find("listening on port ") + std::string("listening on port ").size();
-    uint16_t port = static_cast<uint16_t>(std::stoi(log.substr(at)));
-    client_ = http::HttpClient::create(io_.executor(), "127.0.0.1", port);
+    client_ =
+        http::HttpClient::create(io_.executor(), "127.0.0.1", routerPort(*router_).value_or(0));
   }
 
   absl::StatusOr<http::Response> call(std::string method, std::string target, std::string body,
                                       http::Headers headers = {}) {
-    http::ClientRequest r;
-    r.method = std::move(method);
-    r.target = std::move(target);
-    r.body = std::move(body);
-    r.headers = std::move(headers);
-    return io_.run([&]() -> asio::awaitable<absl::StatusOr<http::Response>> {
-      co_return co_await client_->request(r);
-    });
+    return httpCall(io_, *client_, std::move(method), std::move(target), std::move(body),
+                    std::move(headers));
   }
 
   int64_t indexBlocks(const std::string& id) {
@@ -264,6 +260,63 @@ TEST_F(MigrationMultiprocessTest, KilledPrefillInstanceFallsBackToLocalPrefillOn
   EXPECT_EQ(next->status, 200);
   EXPECT_EQ(next->header("x-kvf-mode"), "prefill_offload") << next->header("x-kvf-reason");
   EXPECT_EQ(next->header("x-kvf-offload-prefill"), "ok");
+}
+
+// vLLM's NixlConnector dialect (kv_connector: nixl): the router sends the holder's leg first
+// and D reads the blocks; the decision record names the dialect.
+TEST_F(MigrationMultiprocessTest, NixlTurnTwoReadsTheHoldersBlocksAfterItsFirstLeg) {
+  startCluster("{kind: unified}", 0.2, "nixl");
+  http::Headers session = {{"X-Session-Id", "nixl-session"}};
+  auto first = call("POST", "/v1/completions", prompt(4096), session);
+  ASSERT_TRUE(first.ok() && first->status == 200);
+  std::string holder(first->header("x-kvf-instance"));
+  ASSERT_TRUE(eventually([&] { return indexBlocks(holder) == 256; })) << indexBlocks(holder);
+  auto drain =
+      call("POST", "/admin/instances/" + holder + "/drain", "", {{"Authorization", "Bearer adm"}});
+  ASSERT_TRUE(drain.ok() && drain->status == 200);
+  auto second = call("POST", "/v1/completions", prompt(4608), session);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(second->status, 200) << second->body;
+  EXPECT_EQ(second->header("x-kvf-mode"), "push_migrate");
+  EXPECT_EQ(second->header("x-kvf-source"), holder);
+  auto body = json::parseObject(second->body);
+  ASSERT_TRUE(body.ok()) << second->body;
+  // C's first leg recomputed nothing past its prefix and held all 287 readable blocks; D read
+  // them and verified every byte against the blocks' content.
+  const auto& result = body->at("kv_transfer_result").as_object();
+  EXPECT_EQ(result.at("status").as_string(), "ok") << second->body;
+  EXPECT_EQ(result.at("pushed_bytes").as_int64(), 287 * kPayloadBytesPerBlock);
+  EXPECT_FALSE(body->contains("kv_transfer_params"));
+  std::string log = readFile((dir_ / "decisions.jsonl").string());
+  EXPECT_NE(log.find("\"kv_connector\":\"nixl\""), std::string::npos) << log;
+}
+
+TEST_F(MigrationMultiprocessTest, NixlHeavyPrefillIsOffloadedAndReadByD) {
+  startCluster("{kind: elastic, classify: {warm_max_new_tokens: 100, medium_max_new_tokens: 1000}}",
+               0.2, "nixl");
+  auto r = call("POST", "/v1/completions", prompt(4100, true));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->header("x-kvf-mode"), "prefill_offload");
+  EXPECT_EQ(r->header("x-kvf-offload-prefill"), "ok") << readLog(*router_);
+  EXPECT_NE(r->body.find("\"cached_tokens\":4096"), std::string::npos) << r->body;
+  EXPECT_NE(r->body.find("\"status\":\"ok\""), std::string::npos) << r->body;
+  EXPECT_NE(r->body.find("[DONE]"), std::string::npos);
+}
+
+TEST_F(MigrationMultiprocessTest, NixlKilledPrefillInstanceFallsBackToLocalPrefillOnD) {
+  startCluster("{kind: elastic, classify: {warm_max_new_tokens: 100, medium_max_new_tokens: 1000}}",
+               60, "nixl");
+  engines_[1]->kill();
+  auto r = call("POST", "/v1/completions", prompt(4100));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(r->header("x-kvf-source"), "e1");
+  EXPECT_EQ(r->header("x-kvf-offload-prefill"), "error");
+  auto body = json::parseObject(r->body);
+  ASSERT_TRUE(body.ok());
+  EXPECT_EQ(cachedTokens(*body), 0);  // D prefilled everything itself, with no params
+  EXPECT_FALSE(body->contains("kv_transfer_result"));
 }
 
 }  // namespace

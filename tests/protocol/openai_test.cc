@@ -104,5 +104,50 @@ TEST(OpenAiProtocolTest, KvTransferResultRoundTripsAndReadsPeersLeniently) {
   EXPECT_EQ(apiPath(ApiKind::kCompletions), "/v1/completions");
 }
 
+TEST(OpenAiProtocolTest, NixlRemoteParamsReadFlatAndGroupedAndRoundTrip) {
+  KvTransferLimits limits;
+  auto flat = parseNixlRemoteParams(
+      parse(R"({"remote_block_ids":[3,4],"remote_engine_id":"e","remote_host":"h",)"
+            R"("remote_port":5600})"),
+      limits, /*require_request_id=*/false);
+  ASSERT_TRUE(flat.ok()) << flat.status();
+  EXPECT_EQ(flat->remote_block_ids, (std::vector<std::vector<uint64_t>>{{3, 4}}));
+  EXPECT_EQ(flat->remote_num_tokens, -1);
+  NixlRemoteParams p;
+  p.remote_engine_id = "e";
+  p.remote_block_ids = {{1, 2, 3}, {9}};
+  p.remote_request_id = "cmpl-x-0";
+  p.remote_host = "10.0.0.1";
+  p.remote_port = 5601;
+  p.remote_num_tokens = 48;
+  auto back = parseNixlRemoteParams(bj::value(nixlRemoteParamsJson(p)), limits);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, p);
+  EXPECT_TRUE(isNixlDecodeLeg(bj::value(nixlRemoteParamsJson(p))));
+  EXPECT_FALSE(isNixlDecodeLeg(bj::value(nixlPrefillLegParams())));
+}
+
+TEST(OpenAiProtocolTest, NixlRemoteParamsErrorsNameTheField) {
+  KvTransferLimits limits;
+  auto code = [&](std::string_view text) {
+    auto r = parseNixlRemoteParams(parse(text), limits);
+    return r.ok() ? std::string("ok") : std::string(r.status().message());
+  };
+  const std::string base =
+      R"("remote_engine_id":"e","remote_request_id":"r","remote_host":"h","remote_port":1)";
+  EXPECT_NE(code("{" + base + "}").find("remote_block_ids"), std::string::npos);
+  EXPECT_NE(code(R"({"remote_block_ids":[-1],)" + base + "}").find("remote_block_ids[0]"),
+            std::string::npos);
+  EXPECT_NE(code(R"({"remote_block_ids":[1],"remote_engine_id":"e","remote_host":"h",)"
+                 R"("remote_port":1})")
+                .find("remote_request_id"),
+            std::string::npos);
+  EXPECT_NE(code(R"({"remote_block_ids":[1],"remote_engine_id":"e","remote_request_id":"r",)"
+                 R"("remote_host":"h","remote_port":70000})")
+                .find("remote_port"),
+            std::string::npos);
+  EXPECT_EQ(code(R"({"remote_block_ids":[1],)" + base + "}"), "ok");
+}
+
 }  // namespace
 }  // namespace kvf::protocol

@@ -197,4 +197,17 @@ instances:
 }
 
 }  // namespace
+TEST(RouterConfigTest, StallTimeoutMustExceedTheHealthInterval) {
+  auto config = parseRouterConfig(
+      "instances: [{id: a, url: \"http://127.0.0.1:1\"}]\nhealth: {interval_s: 2}\nupstream: "
+      "{stall_timeout_s: 1}\n",
+      "<test>");
+  ASSERT_FALSE(config.ok());
+  EXPECT_NE(config.status().message().find("stall_timeout_s"), std::string::npos);
+  auto unset = parseRouterConfig(
+      "instances: [{id: a, url: \"http://127.0.0.1:1\"}]\nhealth: {interval_s: 4}\n", "<test>");
+  ASSERT_TRUE(unset.ok()) << unset.status();
+  EXPECT_EQ(unset->stall_timeout, 12 * kNanosPerSecond);  // three health intervals
+}
+
 }  // namespace kvf::router

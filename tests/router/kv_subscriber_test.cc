@@ -90,7 +90,7 @@ uint64_t probeUntilConnected(fakes::FakeKvPublisher& pub, Collector& c) {
 TEST(KvSubscriberTest, GapIsRecoveredThroughReplayInOrder) {
   fakes::FakeKvPublisher pub;
   Collector c;
-  KvEventsConfig config{pub.endpoint(), pub.replayEndpoint(), "kv-events"};
+  KvEventsConfig config{pub.endpoint(), pub.replayEndpoint(), ""};
   KvSubscriber sub(std::make_shared<zmq::context_t>(1), config, c.sink());
   uint64_t sent = probeUntilConnected(pub, c);
   ASSERT_TRUE(c.waitFor([&](auto& u) { return u.size() >= 1; }));
@@ -118,7 +118,7 @@ TEST(KvSubscriberTest, RestartAndUnrecoverableGapReset) {
   fakes::FakeKvPublisher pub;
   Collector c;
   // No replay endpoint: a gap cannot be recovered.
-  KvEventsConfig config{pub.endpoint(), "", "kv-events"};
+  KvEventsConfig config{pub.endpoint(), "", ""};
   KvSubscriber sub(std::make_shared<zmq::context_t>(1), config, c.sink());
   probeUntilConnected(pub, c);
   c.take();
@@ -205,7 +205,7 @@ TEST(KvSubscriberTest, PythonVllmFormatPublisherFeedsTheIndex) {
       << "python publisher failed to start (python3-zmq / python3-msgpack missing?): " << ports;
   Collector c;
   KvEventsConfig config{"tcp://127.0.0.1:" + std::to_string(pub_port),
-                        "tcp://127.0.0.1:" + std::to_string(replay_port), "kv-events"};
+                        "tcp://127.0.0.1:" + std::to_string(replay_port), ""};
   KvSubscriber sub(std::make_shared<zmq::context_t>(1), config, c.sink());
   auto deadline = std::chrono::steady_clock::now() + 10s;
   uint64_t sent = 0;

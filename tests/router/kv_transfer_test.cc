@@ -4,6 +4,10 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
 #include "common/json.h"
 
 namespace kvf::router {
@@ -106,6 +110,99 @@ TEST(KvTransferTest, ReadsCachedTokensAndTransferResult) {
   EXPECT_FALSE(none.transfer.has_value());
   auto no_details = readResponseReport(R"({"usage":{"prompt_tokens":3}})");
   EXPECT_EQ(no_details.cached_tokens.value_or(-1), 0);
+}
+
+// vLLM's NixlConnector legs, against the bodies vLLM's toy_proxy_server sends
+// (tests/fixtures/vllm/nixl/, written by an independent generator).
+const NixlSideChannel kFixtureSideChannel{"192.0.2.10", 5600};  // P's, in the fixtures
+
+boost::json::object nixlFixture(const std::string& name) {
+  std::string dir =
+      std::string(std::getenv("KVF_SOURCE_DIR") ? std::getenv("KVF_SOURCE_DIR") : ".");
+  std::ifstream in(dir + "/tests/fixtures/vllm/nixl/" + name);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto obj = json::parseObject(text.str());
+  EXPECT_TRUE(obj.ok()) << name << ": " << obj.status();
+  return obj.ok() ? *obj : boost::json::object();
+}
+
+TEST(KvTransferTest, NixlFirstLegIsToyProxyServersPrefillLeg) {
+  for (const std::string kind : {"completion", "chat"}) {
+    auto client = nixlFixture("client_" + kind + ".json");
+    auto want = nixlFixture("p_leg_" + kind + ".json");
+    ASSERT_FALSE(client.empty());
+    auto body = nixlPrefillBody(boost::json::serialize(client.at("body")));
+    ASSERT_TRUE(body.ok()) << body.status();
+    auto got = json::parseObject(*body);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(*got, want.at("body").as_object()) << kind << ": " << *body;
+  }
+}
+
+TEST(KvTransferTest, NixlSecondLegCarriesPsAnswerUnchanged) {
+  for (const std::string version :
+       {"v0.9.0", "v0.9.2", "v0.13.0", "v0.18.0", "v0.18.0-stop", "v0.21.0", "main"}) {
+    for (const std::string kind : {"completion", "chat"}) {
+      const std::string name = version + "_" + kind;
+      auto client = nixlFixture("client_" + kind + ".json");
+      auto answer = nixlFixture("p_response_" + name + ".json");
+      auto want = nixlFixture("d_leg_" + name + ".json");
+      auto params = parseNixlPrefillResponse(boost::json::serialize(answer), kFixtureSideChannel);
+      // D (v0.13+) needs remote_request_id; null means P kept nothing: D prefills locally.
+      const bool readable = version != "v0.9.0" && version != "v0.9.2" && version != "v0.18.0-stop";
+      ASSERT_EQ(params.ok(), readable) << name << ": " << params.status();
+      if (!readable) {
+        EXPECT_EQ(params.status().code(), absl::StatusCode::kInvalidArgument);
+        continue;
+      }
+      auto body = withRawKvTransferParams(boost::json::serialize(client.at("body")), *params);
+      ASSERT_TRUE(body.ok());
+      auto got = json::parseObject(*body);
+      ASSERT_TRUE(got.ok());
+      EXPECT_EQ(*got, want.at("body").as_object()) << name;
+    }
+  }
+}
+
+TEST(KvTransferTest, NixlAnswerMissingAFieldIsRefusedNamingIt) {
+  auto answer = nixlFixture("p_response_v0.21.0_completion.json");
+  for (const char* field : {"remote_block_ids", "remote_engine_id", "remote_request_id",
+                            "remote_host", "remote_port"}) {
+    auto damaged = answer;
+    damaged.at("kv_transfer_params").as_object().erase(field);
+    auto params = parseNixlPrefillResponse(boost::json::serialize(damaged), kFixtureSideChannel);
+    ASSERT_FALSE(params.ok()) << field;
+    EXPECT_NE(std::string(params.status().message()).find(field), std::string::npos)
+        << params.status();
+  }
+  answer["kv_transfer_params"] = nullptr;
+  EXPECT_FALSE(parseNixlPrefillResponse(boost::json::serialize(answer), kFixtureSideChannel).ok());
+}
+
+TEST(KvTransferTest, NixlAnswerNamingAnotherSideChannelIsRefused) {
+  const std::string answer =
+      boost::json::serialize(nixlFixture("p_response_v0.21.0_completion.json"));
+  // P may not send D (and D's worker token) anywhere the registry does not name.
+  for (const NixlSideChannel& registry :
+       {NixlSideChannel{"192.0.2.11", 5600}, NixlSideChannel{"192.0.2.10", 5601},
+        NixlSideChannel{"192.0.2.11", std::nullopt}}) {
+    auto params = parseNixlPrefillResponse(answer, registry);
+    ASSERT_FALSE(params.ok()) << registry.host;
+    EXPECT_EQ(params.status().code(), absl::StatusCode::kPermissionDenied) << params.status();
+  }
+  // Without a worker_url only the host is named, and any port on it is P's.
+  EXPECT_TRUE(parseNixlPrefillResponse(answer, {"192.0.2.10", std::nullopt}).ok());
+
+  InstanceConfig with_worker;
+  with_worker.host = "192.0.2.10";
+  with_worker.worker_url = "http://192.0.2.12:7000";
+  NixlSideChannel named = nixlSideChannel(with_worker);
+  EXPECT_EQ(named.host, "192.0.2.12");
+  EXPECT_EQ(named.port, std::optional<uint16_t>(7000));
+  InstanceConfig without_worker;
+  without_worker.host = "192.0.2.10";
+  EXPECT_EQ(nixlSideChannel(without_worker).port, std::nullopt);
 }
 
 }  // namespace

@@ -7,6 +7,11 @@
 #include <boost/asio/use_awaitable.hpp>
 #include <boost/asio/write.hpp>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "tests/router/router_fixture.h"
 #include "tests/testing/socket_read.h"
 
@@ -387,6 +392,106 @@ TEST_F(ProxyTest, ClientDisconnectCancelsUpstreamAndReleasesLoad) {
     auto state = instanceState("e0");
     return state["running"].as_int64() == 0 && state["pending_prefill_tokens"].as_int64() == 0;
   }));
+}
+
+// Sends a whole HTTP request for `body` on a new blocking connection to the router and
+// returns the socket, left open (the caller closes it: a client that hangs up).
+int sendRaw(uint16_t port, const std::string& body) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (fd < 0 || ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) return -1;
+  std::string request =
+      "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+      "application/json\r\nContent-Length: " +
+      std::to_string(body.size()) + "\r\n\r\n" + body;
+  if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+TEST_F(ProxyTest, NonStreamingClientDisconnectCancelsUpstreamWhileWaiting) {
+  start(1, "{kind: round_robin}", false, "", [](fakes::FakeEngineOptions&) {});
+  engines_[0]->first_byte_delay_ms = 30'000;  // a prefill far longer than the test
+  int fd = sendRaw(router_->port(), tokenPrompt(0, 64));
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(eventually([&] { return engines_[0]->waiting_first_byte.load() == 1; }));
+  ::close(fd);  // the client gives up while the router waits for the engine's answer
+  // The router noticed the closed socket without writing to it, and closed its upstream
+  // connection: the engine saw its client go long before its answer was due.
+  EXPECT_TRUE(eventually([&] { return engines_[0]->abandoned.load() == 1; }, 5s));
+  EXPECT_TRUE(eventually([&] {
+    auto state = instanceState("e0");
+    return state["running"].as_int64() == 0 && state["pending_prefill_tokens"].as_int64() == 0 &&
+           state["requests_in_flight"].as_int64() == 0;
+  }));
+  EXPECT_TRUE(eventually([&] {
+    auto m = call(get("/metrics"));
+    return m.ok() &&
+           m->body.find("kvfabric_router_requests_cancelled_total 1\n") != std::string::npos;
+  }));
+  ASSERT_TRUE(eventually([&] { return decisionLog().size() == 1; }));
+  EXPECT_EQ(decisionLog()[0]["status"].as_int64(), 499);
+  EXPECT_EQ(engines_[0]->requests.load(), 1);  // and it was not retried anywhere
+}
+
+TEST_F(ProxyTest, StreamingClientDisconnectBeforeFirstTokenCancelsUpstream) {
+  start(1, "{kind: round_robin}", false);
+  engines_[0]->first_byte_delay_ms = 30'000;
+  int fd = sendRaw(router_->port(), tokenPrompt(0, 64, true));
+  ASSERT_GE(fd, 0);
+  ASSERT_TRUE(eventually([&] { return engines_[0]->waiting_first_byte.load() == 1; }));
+  ::close(fd);  // nothing was written to it yet: only a watch on the socket can tell
+  EXPECT_TRUE(eventually([&] { return engines_[0]->abandoned.load() == 1; }, 5s));
+  EXPECT_TRUE(eventually([&] { return instanceState("e0")["running"].as_int64() == 0; }));
+}
+
+TEST_F(ProxyTest, ClientThatLeftWhileQueuedIsNeverSentUpstream) {
+  start(1, "{kind: round_robin}", false,
+        "overload: {enabled: true, max_running: 1, max_wait_s: 60}\n");
+  engines_[0]->first_byte_delay_ms = 30'000;
+  int busy = sendRaw(router_->port(), tokenPrompt(0, 64));  // takes the only slot
+  ASSERT_GE(busy, 0);
+  ASSERT_TRUE(eventually([&] { return engines_[0]->waiting_first_byte.load() == 1; }));
+  int queued = sendRaw(router_->port(), tokenPrompt(1000, 64));
+  ASSERT_GE(queued, 0);
+  ASSERT_TRUE(eventually([&] {
+    auto m = call(get("/metrics"));
+    return m.ok() && m->body.find("kvfabric_router_queue_depth 1\n") != std::string::npos;
+  }));
+  ::close(queued);
+  EXPECT_TRUE(eventually([&] {
+    auto m = call(get("/metrics"));
+    return m.ok() && m->body.find("kvfabric_router_queue_depth 0\n") != std::string::npos &&
+           m->body.find("kvfabric_router_requests_cancelled_total 1\n") != std::string::npos;
+  }));
+  ::close(busy);  // frees the slot: the orphaned request must not take it
+  EXPECT_TRUE(eventually([&] { return engines_[0]->abandoned.load() == 1; }, 5s));
+  EXPECT_TRUE(eventually([&] { return instanceState("e0")["running"].as_int64() == 0; }));
+  EXPECT_EQ(engines_[0]->requests.load(), 1);
+}
+
+TEST_F(ProxyTest, LongPrefillOnALiveEngineIsNotAStall) {
+  // Nothing comes back for 1.5 s, three stall windows; health checks answer throughout.
+  start(2, "{kind: round_robin}", false,
+        "health: {interval_s: 0.1}\nupstream: {stall_timeout_s: 0.5}\n");
+  engines_[0]->first_byte_delay_ms = 1500;
+  engines_[1]->first_byte_delay_ms = 1500;
+  auto r = call(post("/v1/completions", tokenPrompt(0, 64)));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->status, 200) << r->body;
+  EXPECT_EQ(engines_[0]->requests.load() + engines_[1]->requests.load(), 1);  // no retry
+  auto m = call(get("/metrics"));
+  ASSERT_TRUE(m.ok());
+  EXPECT_NE(m->body.find("kvfabric_router_instance_stalls_total{instance=\"e0\"} 0"),
+            std::string::npos);
+  EXPECT_NE(m->body.find("kvfabric_router_instance_stalls_total{instance=\"e1\"} 0"),
+            std::string::npos);
 }
 
 TEST_F(ProxyTest, ConsecutiveFailuresOpenTheCircuit) {

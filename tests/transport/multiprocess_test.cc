@@ -1,6 +1,7 @@
 // Multi-process transport tests on loopback, over shared memory and TCP: this process and a
-// kvf-transport-peer child push thousands of blocks with checksums both ways, detect a corrupted
-// block, and survive kill -9 of either side mid-batch with an error inside the deadline.
+// kvf-transport-peer child push thousands of blocks with checksums both ways, read them with
+// one-sided gets, detect a corrupted block, and survive kill -9 of either side mid-batch with an
+// error inside the deadline.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -217,6 +218,88 @@ TEST_P(MultiProcessTest, SenderKilledMidBatchFailsTheLandingAndFreesTheRegion) {
   region_->release([&] { released.set_value(); });
   EXPECT_EQ(released.get_future().wait_for(2s), std::future_status::ready);
   EXPECT_TRUE(child->wait(5s).has_value());
+}
+
+// Reads (one-sided gets) from a holder child: every block of its pattern lands here scattered,
+// checked against the checksums of the pattern and byte for byte.
+TEST_P(MultiProcessTest, ReadsThousandsOfBlocksFromAnotherProcess) {
+  auto child = spawn("holder", {});
+  auto addr_line = child->readUntil("ADDR", 10s);
+  ASSERT_TRUE(addr_line.has_value());
+  auto w = words(*addr_line);
+  ASSERT_EQ(w.size(), 5u);
+  GetRequest req;
+  req.destination = region_;
+  req.peer_address = *base64Decode(w[1]);
+  req.peer_rkey = *base64Decode(w[2]);
+  req.peer_region_base = std::stoull(w[3]);
+  req.peer_region_length = std::stoull(w[4]);
+  // Block i of the holder (its pattern at i*kBlock) lands in our slot perm[i].
+  for (const auto& b : testing::layoutBlocks(kBlocks, kBlock, kSeed, 0)) {
+    req.blocks.push_back({b.remote_addr, req.peer_region_base + b.local_offset, kBlock});
+  }
+  std::vector<char> expected(kBlocks * kBlock);
+  testing::fillPattern(expected.data(), expected.size(), kSeed);
+  for (const auto& b : req.blocks) {
+    req.expected_checksums.push_back(
+        blockChecksum(expected.data() + (b.remote_addr - req.peer_region_base), kBlock));
+  }
+  std::memset(memory_, 0, kBlocks * kBlock);
+  req.deadline = 10s;
+  auto handle = ctx_->postGet(req, nullptr);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  ASSERT_TRUE((*handle)->waitFor(10s));
+  auto result = (*handle)->result();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->bytes, kBlocks * kBlock);
+  EXPECT_TRUE((*handle)->drained());
+  for (const auto& b : req.blocks) {
+    ASSERT_EQ(std::memcmp(memory_ + b.local_offset,
+                          expected.data() + (b.remote_addr - req.peer_region_base), kBlock),
+              0);
+  }
+  EXPECT_EQ(ctx_->stats().gets_ok, 1u);
+  child->closeStdin();
+  EXPECT_EQ(child->wait(5s), ExitStatus::exited(0));
+}
+
+TEST_P(MultiProcessTest, HolderKilledMidReadFailsTheGetWithinItsDeadline) {
+  auto child = spawn("holder", {});
+  auto addr_line = child->readUntil("ADDR", 10s);
+  ASSERT_TRUE(addr_line.has_value());
+  auto w = words(*addr_line);
+  ASSERT_EQ(w.size(), 5u);
+  GetRequest req;
+  req.destination = region_;
+  req.peer_address = *base64Decode(w[1]);
+  req.peer_rkey = *base64Decode(w[2]);
+  req.peer_region_base = std::stoull(w[3]);
+  req.peer_region_length = std::stoull(w[4]);
+  for (const auto& b : testing::layoutBlocks(kBlocks, kBlock, kSeed, 0)) {
+    req.blocks.push_back({b.remote_addr, req.peer_region_base + b.local_offset, kBlock});
+  }
+  req.deadline = 1000ms;
+  std::vector<std::shared_ptr<PutHandle>> handles;
+  auto killed_at = std::chrono::steady_clock::time_point::max();
+  for (int n = 0; n < 400; ++n) {
+    auto handle = ctx_->postGet(req, nullptr);
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    handles.push_back(*handle);
+    if (n == 3) {
+      killed_at = std::chrono::steady_clock::now();
+      child->kill();
+    }
+    if (n > 3 && (*handle)->waitFor(3s) && !(*handle)->check().ok()) break;
+  }
+  ASSERT_TRUE(child->wait(5s).has_value());
+  for (auto& h : handles) ASSERT_TRUE(h->waitFor(3s)) << "a get is stuck after the holder died";
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 2500ms);  // deadline (1 s) + slack
+  EXPECT_FALSE(handles.back()->check().ok()) << "reads from a dead peer must fail";
+  EXPECT_GE(ctx_->stats().gets_failed, 1u);
+  // The destination is released once no read can write into it any more.
+  std::promise<void> released;
+  region_->release([&] { released.set_value(); });
+  EXPECT_EQ(released.get_future().wait_for(3s), std::future_status::ready);
 }
 
 INSTANTIATE_TEST_SUITE_P(Loopback, MultiProcessTest, ::testing::Values("shm", "tcp"));

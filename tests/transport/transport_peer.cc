@@ -23,7 +23,7 @@
 #include "transport/base64.h"
 #include "transport/transport.h"
 
-ABSL_FLAG(std::string, role, "", "receiver or sender");
+ABSL_FLAG(std::string, role, "", "receiver, sender or holder (a filled region to read from)");
 ABSL_FLAG(std::string, transports, "shm", "shm, tcp or a UCX_TLS list");
 ABSL_FLAG(std::string, net_devices, "lo", "UCX_NET_DEVICES for tcp");
 ABSL_FLAG(uint64_t, blocks, 4096, "blocks per batch");
@@ -150,16 +150,36 @@ int runSender() {
   return finish(status);
 }
 
+// Holds a filled region for the reader tests (one-sided gets by the test process) until its
+// stdin closes or it is killed.
+int runHolder() {
+  uint64_t count = absl::GetFlag(FLAGS_blocks), block = absl::GetFlag(FLAGS_block_size);
+  auto ctx = makeContext("peer-holder");
+  auto region = ctx->allocateMemory(count * block);
+  if (!region.ok()) return finish(region.status());
+  kt::testing::fillPattern(static_cast<char*>((*region)->data()), count * block,
+                           absl::GetFlag(FLAGS_seed));
+  say(kvf::strCat("ADDR ", kt::base64Encode(ctx->workerAddress()), " ",
+                  kt::base64Encode((*region)->packedRkey()), " ", (*region)->base(), " ",
+                  (*region)->length()));
+  std::string word;
+  while (std::cin >> word) {
+  }
+  return finish(absl::OkStatus());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "kvf-transport-peer --role=receiver|sender [flags]: the second process of the transport "
+      "kvf-transport-peer --role=receiver|sender|holder [flags]: the second process of the "
+      "transport "
       "multi-process tests (protocol on stdin/stdout, see the source header).");
   absl::ParseCommandLine(argc, argv);
   kvf::log::init(absl::GetFlag(FLAGS_role), "warn");
   if (absl::GetFlag(FLAGS_role) == "receiver") return runReceiver();
   if (absl::GetFlag(FLAGS_role) == "sender") return runSender();
-  std::cerr << "--role must be receiver or sender\n";
+  if (absl::GetFlag(FLAGS_role) == "holder") return runHolder();
+  std::cerr << "--role must be receiver, sender or holder\n";
   return 2;
 }

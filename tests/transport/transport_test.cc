@@ -255,6 +255,144 @@ TEST_P(TransportTest, CancelFailsThePutAndDeliversOnTheExecutor) {
   EXPECT_TRUE((*next)->check().ok()) << (*next)->check();
 }
 
+// The receiver reads the sender's region (a get) instead of the sender writing (a put).
+GetRequest readAll(const Pair& p, const std::vector<BlockCopy>& pushes) {
+  GetRequest req;
+  req.destination = p.dst_region;
+  req.peer_address = p.sender->workerAddress();
+  req.peer_rkey = p.src_region->packedRkey();
+  req.peer_region_base = p.src_region->base();
+  req.peer_region_length = p.src_region->length();
+  for (const auto& b : pushes) {
+    req.blocks.push_back(
+        {b.remote_addr - p.dst_region->base(), p.src_region->base() + b.local_offset, b.length});
+  }
+  req.deadline = 5000ms;
+  return req;
+}
+
+TEST_P(TransportTest, ReadsThousandsOfBlocksWithTheHoldersChecksums) {
+  constexpr size_t kBlocks = 4096, kBlock = 4096;
+  Pair p = makePair(GetParam(), kBlocks * kBlock);
+  auto pushes = scatter(p, kBlocks, kBlock, true);
+  GetRequest req = readAll(p, pushes);
+  for (const auto& b : pushes) {
+    req.expected_checksums.push_back(blockChecksum(p.src.data() + b.local_offset, b.length));
+  }
+  std::promise<absl::StatusOr<PutResult>> got;
+  auto handle = p.receiver->postGet(req, [&](absl::StatusOr<PutResult> r) { got.set_value(r); });
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  auto result = got.get_future().get();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->blocks, kBlocks);
+  EXPECT_EQ(result->bytes, kBlocks * kBlock);
+  EXPECT_EQ(result->checksums, req.expected_checksums);
+  EXPECT_TRUE((*handle)->drained());
+  for (const auto& b : pushes) {
+    const char* landed = p.dst.data() + (b.remote_addr - p.dst_region->base());
+    ASSERT_EQ(std::memcmp(landed, p.src.data() + b.local_offset, kBlock), 0);
+  }
+  EXPECT_EQ(p.receiver->stats().gets_ok, 1u);
+  EXPECT_EQ(p.receiver->stats().bytes_got, kBlocks * kBlock);
+  EXPECT_EQ(p.dst_region->activeUsers(), 0u);
+  EXPECT_EQ(p.sender->stats().puts_ok, 0u);  // one-sided: the holder issued nothing
+}
+
+TEST_P(TransportTest, ReadCoalescesAdjacentBlocks) {
+  Pair p = makePair(GetParam(), 1 << 20);
+  GetRequest req = readAll(p, scatter(p, 64, 16384, false));
+  auto handle = p.receiver->postGet(req, nullptr);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE((*handle)->waitFor(5s));
+  ASSERT_TRUE((*handle)->result().ok()) << (*handle)->check();
+  EXPECT_EQ((*handle)->result()->operations, 1u);
+  EXPECT_TRUE((*handle)->result()->checksums.empty());
+  EXPECT_EQ(std::memcmp(p.src.data(), p.dst.data(), 1 << 20), 0);
+}
+
+TEST_P(TransportTest, ReadOfABlockThatChangedIsAChecksumMismatch) {
+  Pair p = makePair(GetParam(), 64 * 16384);
+  auto pushes = scatter(p, 64, 16384, true);
+  GetRequest req = readAll(p, pushes);
+  for (const auto& b : pushes) {
+    req.expected_checksums.push_back(blockChecksum(p.src.data() + b.local_offset, b.length));
+  }
+  p.src[pushes[17].local_offset + 5] ^= 1;  // the holder reused block 17 after publishing it
+  auto handle = p.receiver->postGet(req, nullptr);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE((*handle)->waitFor(5s));
+  absl::Status status = (*handle)->check();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(std::string(status.message()).find("block 17"), std::string::npos) << status;
+  EXPECT_EQ(p.receiver->stats().checksum_mismatches, 1u);
+  EXPECT_EQ(p.receiver->stats().gets_failed, 1u);
+}
+
+TEST_P(TransportTest, ReadRejectsRangesOutsideEitherRegion) {
+  Pair p = makePair(GetParam(), 1 << 16);
+  GetRequest good = readAll(p, {{0, p.dst_region->base(), 4096}});
+  auto code = [&](const GetRequest& r) { return p.receiver->postGet(r, nullptr).status().code(); };
+  GetRequest r = good;
+  r.blocks[0].remote_addr = p.src_region->base() + (1 << 16) - 100;  // runs past the peer's end
+  EXPECT_EQ(code(r), absl::StatusCode::kOutOfRange);
+  r.blocks[0].remote_addr = p.src_region->base() - 1;  // before its start
+  EXPECT_EQ(code(r), absl::StatusCode::kOutOfRange);
+  r.blocks[0] = {0, UINT64_MAX - 10, 4096};  // a hostile address that wraps
+  EXPECT_EQ(code(r), absl::StatusCode::kOutOfRange);
+  r = good;
+  r.peer_region_base = UINT64_MAX - 10;  // a hostile advertised region that wraps
+  EXPECT_EQ(code(r), absl::StatusCode::kOutOfRange);
+  r = good;
+  r.blocks[0].local_offset = (1 << 16) - 100;  // past our own destination
+  EXPECT_EQ(code(r), absl::StatusCode::kOutOfRange);
+  r = good;
+  r.blocks[0].length = 0;
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  r = good;
+  r.expected_checksums = {1, 2};
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  r = good;
+  r.peer_region_length = 0;
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  r = good;
+  r.destination = p.src_region;  // a region of another context
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  r = good;
+  r.blocks.clear();
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  auto handle = p.receiver->postGet(good, nullptr);  // nothing above reached UCX
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE((*handle)->waitFor(5s));
+  EXPECT_TRUE((*handle)->check().ok()) << (*handle)->check();
+  EXPECT_EQ(std::memcmp(p.src.data(), p.dst.data(), 4096), 0);
+}
+
+TEST_P(TransportTest, MissedReadDeadlineHoldsTheDestinationUntilDrained) {
+  Pair p = makePair(GetParam(), 16 << 20);
+  GetRequest req = readAll(p, scatter(p, 1024, 16384, true));
+  int expired = 0;
+  for (int i = 0; i < 5; ++i) {
+    req.deadline = std::chrono::milliseconds(1);
+    auto handle = p.receiver->postGet(req, nullptr);
+    ASSERT_TRUE(handle.ok());
+    ASSERT_TRUE((*handle)->waitFor(3s)) << "get stuck past its deadline";
+    absl::StatusCode code = (*handle)->check().code();
+    EXPECT_TRUE(code == absl::StatusCode::kDeadlineExceeded || code == absl::StatusCode::kOk)
+        << (*handle)->check();
+    expired += code == absl::StatusCode::kDeadlineExceeded;
+  }
+  EXPECT_GT(expired, 0);
+  req.deadline = 20s;
+  auto handle = p.receiver->postGet(req, nullptr);
+  ASSERT_TRUE(handle.ok());
+  ASSERT_TRUE((*handle)->waitFor(20s));
+  EXPECT_TRUE((*handle)->check().ok()) << (*handle)->check();
+  std::promise<void> released;  // only once every abandoned read drained
+  p.dst_region->release([&] { released.set_value(); });
+  EXPECT_EQ(released.get_future().wait_for(3s), std::future_status::ready);
+  EXPECT_TRUE((*handle)->drained());
+}
+
 INSTANTIATE_TEST_SUITE_P(Loopback, TransportTest, ::testing::Values("shm", "tcp"));
 
 }  // namespace

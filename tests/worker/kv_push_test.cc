@@ -23,6 +23,7 @@
 #include "protocol/transfer_auth.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/io_thread.h"
+#include "tests/testing/socket_read.h"
 
 namespace kvf::testing {
 namespace {
@@ -378,24 +379,12 @@ TEST_F(KvPushTest, LeasesAreBoundedServerSide) {
 // a large body gets its 401 at once, without the server waiting for (or buffering) the body.
 TEST_F(KvPushTest, WorkerApiRefusesBeforeReadingTheBody) {
   Engine& c = start("C");
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = htons(static_cast<uint16_t>(c.worker_port));
-  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  timeval tv{2, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  std::string head =
+  std::string answer = answerToHeadAlone(
+      static_cast<uint16_t>(c.worker_port),
       "POST /kv/push HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
-      "Content-Length: 4000000\r\n\r\n";
-  ASSERT_EQ(::send(fd, head.data(), head.size(), MSG_NOSIGNAL), static_cast<ssize_t>(head.size()));
-  char buf[512];
-  ssize_t n = ::recv(fd, buf, sizeof(buf), 0);  // within 2 s, with no body byte sent
-  ::close(fd);
-  ASSERT_GT(n, 0) << "no answer before the body arrived";
-  EXPECT_TRUE(std::string(buf, static_cast<size_t>(n)).starts_with("HTTP/1.1 401"))
-      << std::string(buf, static_cast<size_t>(n));
+      "Content-Length: 4000000\r\n\r\n");
+  ASSERT_FALSE(answer.empty()) << "no answer before the body arrived";
+  EXPECT_TRUE(answer.starts_with("HTTP/1.1 401")) << answer;
 }
 
 // The worker API never runs open by accident: without a token the engine refuses to start.

@@ -32,5 +32,35 @@ TEST(LeaseTableTest, TakeReplaceReleaseExpireAndDetach) {
   EXPECT_EQ(t.release("c"), hs({5}));
 }
 
+// vLLM NixlConnector lease semantics: a heartbeat extends to max(old, now + duration * 2 / 3)
+// and never revives a lease that is due.
+TEST(LeaseTableTest, HeartbeatExtendsAsVllmsLease) {
+  LeaseTable t;
+  t.take("r", Lease{hs({1}), 300, 300});
+  const Lease* l = t.heartbeat("r", 0);  // now + 200 < 300: unchanged
+  ASSERT_NE(l, nullptr);
+  EXPECT_EQ(l->expires_at, 300);
+  l = t.heartbeat("r", 250);  // now + 200 = 450
+  ASSERT_NE(l, nullptr);
+  EXPECT_EQ(l->expires_at, 450);
+  EXPECT_EQ(t.heartbeat("r", 450), nullptr);  // due: no resurrection
+  EXPECT_EQ(t.heartbeat("unknown", 0), nullptr);
+  EXPECT_EQ(t.expire(450).size(), 1u);
+}
+
+// The holder's cap: however often a reader heartbeats, the lease ends by not_after.
+TEST(LeaseTableTest, HeartbeatsStopAtNotAfter) {
+  LeaseTable t;
+  t.take("r", Lease{hs({1}), 300, 300, 500});
+  for (Nanos now = 0; now < 500; now += 100) {
+    const Lease* l = t.heartbeat("r", now);
+    ASSERT_NE(l, nullptr) << now;
+    EXPECT_LE(l->expires_at, 500) << now;
+  }
+  EXPECT_EQ(t.heartbeat("r", 400)->expires_at, 500);
+  EXPECT_EQ(t.heartbeat("r", 500), nullptr);
+  EXPECT_EQ(t.expire(500).size(), 1u);
+}
+
 }  // namespace
 }  // namespace kvf::worker
