@@ -265,7 +265,8 @@ class Core : public std::enable_shared_from_this<Core> {
 
   struct Stats {
     std::atomic<uint64_t> puts_ok{0}, puts_failed{0}, bytes_put{0}, landings_ok{0},
-        landings_failed{0}, checksum_mismatches{0}, peer_failures{0}, endpoints_created{0};
+        landings_failed{0}, checksum_mismatches{0}, peer_failures{0}, endpoints_created{0},
+        puts_refused{0}, notices_refused{0};
     std::atomic<uint32_t> endpoints_cached{0};
   } stats_;
 
@@ -318,6 +319,8 @@ class Core : public std::enable_shared_from_this<Core> {
   std::list<Closing> closing_;
   uint32_t busy_batches_ = 0;  // batches with UCX requests outstanding
   std::atomic<uint64_t> next_id_{1};
+  // Memory domains of the keys this context packed: a peer's key naming any other is refused.
+  std::atomic<uint64_t> own_md_map_{0};
   friend class RegionImpl;
 };
 

@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "transport/core.h"
+#include "transport/remote_key.h"
 #include "transport/ucx_status.h"
 
 namespace kvf::transport {
@@ -37,6 +38,27 @@ std::vector<PutOp> coalesce(const std::vector<BlockCopy>& blocks) {
   }
   ops.resize(ops.empty() ? 0 : out + 1);
   return ops;
+}
+
+// Every remote range must lie inside the region the receiver's key describes, and the key must
+// be well formed and name only memory domains this context knows: checked before UCX sees the
+// key (its unpack trusts its input) and before any write.
+absl::StatusOr<RemoteKey> checkRemote(const PutRequest& r, uint64_t own_md_map) {
+  KVF_ASSIGN_OR_RETURN(RemoteKey key, parseRemoteKey(r.peer_rkey));
+  if (own_md_map != 0 && (key.md_map & ~own_md_map) != 0) {
+    return absl::InvalidArgumentError(
+        strCat("rkey: names memory domains (map ", key.md_map & ~own_md_map, ")",
+               " that this transport does not use (peers must run the same transports)"));
+  }
+  for (size_t i = 0; i < r.blocks.size(); ++i) {
+    const BlockCopy& b = r.blocks[i];
+    if (!key.contains(b.remote_addr, b.length)) {
+      return absl::OutOfRangeError(strCat("blocks[", i, "]: remote range [", b.remote_addr, ", +",
+                                          b.length, ") is outside the receiver's region [",
+                                          key.base, ", +", key.length, ")"));
+    }
+  }
+  return key;
 }
 
 absl::Status validatePut(const PutRequest& r, const RegionImpl& source, uint32_t max_blocks) {
@@ -96,6 +118,12 @@ absl::StatusOr<std::shared_ptr<PutHandle>> Core::postPut(PutRequest request, Put
     return absl::InvalidArgumentError("source: not a region registered with this context");
   }
   KVF_RETURN_IF_ERROR(validatePut(request, *source, options_.max_blocks_per_put));
+  auto remote = checkRemote(request, own_md_map_.load());
+  if (!remote.ok()) {
+    stats_.puts_refused.fetch_add(1);
+    return remote.status();
+  }
+  request.peer_rkey = std::move(remote->ucx);  // what UCX unpacks, and the rkey cache's key
   auto batch = std::make_shared<Batch>(shared_from_this(), next_id_.fetch_add(1));
   batch->posted_at = clock_.now();
   auto deadline = request.deadline.count() > 0 ? request.deadline : options_.default_deadline;

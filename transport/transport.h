@@ -176,6 +176,11 @@ struct TransportStats {
   uint64_t peer_failures = 0;
   uint64_t endpoints_created = 0;
   uint32_t endpoints_cached = 0;
+  // Puts refused before any UCX call: a malformed remote key, or a remote range outside the
+  // region the key describes.
+  uint64_t puts_refused = 0;
+  // Completion notices naming no outstanding landing (unknown, already closed, or malformed).
+  uint64_t notices_refused = 0;
 };
 
 class TransportContext {

@@ -2,9 +2,12 @@
 // and over TCP on loopback, exactly as two engine processes would (same UCX paths).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <numeric>
 #include <random>
@@ -13,6 +16,7 @@
 #include "transport/asio_completion.h"
 #include "transport/base64.h"
 #include "transport/core.h"
+#include "transport/remote_key.h"
 #include "transport/transport.h"
 
 namespace kvf::transport {
@@ -559,6 +563,127 @@ TEST(Landing, DismissResolvesAtOnce) {
   EXPECT_TRUE((*landing)->resolved());
   EXPECT_EQ(p.dst_region->activeUsers(), 0u);
   EXPECT_TRUE(p.receiver->disconnect(p.sender->workerAddress()).ok());
+}
+
+// A hostile put, run in a child process (a death test) so that a crash inside UCX fails the test
+// instead of killing it. The child exits 0 when the sender refuses the put before any UCX call
+// with `code` (counted, the receiver's memory untouched), 1 when the put was accepted, 2 on a
+// refusal of the wrong kind; a crash ends it with a signal.
+[[noreturn]] void refusedOrExit(const std::string& transports,
+                                const std::function<void(const Pair&, PutRequest&)>& craft,
+                                absl::StatusCode code) {
+  Pair p = makePair(transports, 1 << 16);
+  PutRequest req{p.src_region,
+                 p.receiver->workerAddress(),
+                 p.dst_region->packedRkey(),
+                 {{0, p.dst_region->base(), 4096}}};
+  craft(p, req);
+  auto handle = p.sender->postPut(req, nullptr);
+  if (handle.ok()) {
+    (*handle)->waitFor(2s);
+    std::fprintf(stderr, "accepted: %s\n", (*handle)->check().ToString().c_str());
+    std::_Exit(1);
+  }
+  const bool untouched = std::all_of(p.dst.begin(), p.dst.end(), [](char c) { return c == 0; });
+  std::fprintf(stderr, "refused: %s\n", handle.status().ToString().c_str());
+  std::_Exit(
+      handle.status().code() == code && untouched && p.sender->stats().puts_refused == 1 ? 0 : 2);
+}
+
+class HostilePeerDeathTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
+};
+
+TEST_P(HostilePeerDeathTest, RemoteRangeOutsideTheReceiversRegionIsRefused) {
+  // The receiver's real key with an address that is not in its region: UCX would write there.
+  auto at = [](uint64_t (*addr)(const Pair&)) {
+    return [addr](const Pair& p, PutRequest& r) { r.blocks = {{0, addr(p), 4096}}; };
+  };
+  EXPECT_EXIT(refusedOrExit(GetParam(), at([](const Pair&) -> uint64_t { return 4096; }),
+                            absl::StatusCode::kOutOfRange),
+              ::testing::ExitedWithCode(0), "outside the receiver's region");
+  EXPECT_EXIT(refusedOrExit(GetParam(),
+                            at([](const Pair& p) { return p.dst_region->base() + 65536 - 100; }),
+                            absl::StatusCode::kOutOfRange),
+              ::testing::ExitedWithCode(0), "outside the receiver's region");
+  EXPECT_EXIT(
+      refusedOrExit(GetParam(), at([](const Pair& p) { return p.dst_region->base() - 4096; }),
+                    absl::StatusCode::kOutOfRange),
+      ::testing::ExitedWithCode(0), "outside the receiver's region");
+}
+
+TEST_P(HostilePeerDeathTest, CraftedRemoteKeyNeverReachesUcx) {
+  auto with = [](std::function<std::string(const RemoteKey&)> make) {
+    return [make](const Pair& p, PutRequest& r) {
+      r.peer_rkey = make(*parseRemoteKey(p.dst_region->packedRkey()));
+    };
+  };
+  auto refused = [&](std::function<std::string(const RemoteKey&)> make, const char* why) {
+    EXPECT_EXIT(refusedOrExit(GetParam(), with(make), absl::StatusCode::kInvalidArgument),
+                ::testing::ExitedWithCode(0), why);
+  };
+  // UCX's own bytes, as a peer unaware of the envelope (or an attacker) would send them.
+  refused([](const RemoteKey& k) { return k.ucx; }, "rkey: ");
+  refused([](const RemoteKey& k) { return k.ucx + std::string(64, 'x'); },
+          "not a kvfabric remote key");
+  refused(
+      [](const RemoteKey&) {
+        std::string junk(200, '\0');
+        std::mt19937_64 rng(3);
+        for (auto& c : junk) c = static_cast<char>(rng());
+        return junk;
+      },
+      "rkey: ");
+  // Well-wrapped, but the UCX key inside names every memory domain.
+  refused(
+      [](const RemoteKey& k) {
+        std::string ucx = k.ucx;
+        std::memset(ucx.data(), 0xff, 8);
+        return packRemoteKey(k.base, k.length, ucx);
+      },
+      "rkey: ");
+  // A domain key longer than the bytes that follow it.
+  refused(
+      [](const RemoteKey& k) {
+        std::string ucx = k.ucx;
+        ucx[9] = static_cast<char>(0xff);
+        return packRemoteKey(k.base, k.length, ucx);
+      },
+      "does not fit");
+  // An unknown memory type, and a truncated key.
+  refused(
+      [](const RemoteKey& k) {
+        std::string ucx = k.ucx;
+        ucx[8] = static_cast<char>(0x7f);
+        return packRemoteKey(k.base, k.length, ucx);
+      },
+      "unknown memory type");
+  refused([](const RemoteKey& k) { return packRemoteKey(k.base, k.length, k.ucx.substr(0, 5)); },
+          "truncated");
+  // A region that wraps around the address space.
+  refused([](const RemoteKey& k) { return packRemoteKey(~uint64_t{0} - 10, k.length, k.ucx); },
+          "overflows");
+}
+
+INSTANTIATE_TEST_SUITE_P(Loopback, HostilePeerDeathTest, ::testing::Values("shm", "tcp"));
+
+TEST(RemoteKey, RoundTripsAndBoundsTheRegion) {
+  Pair p = makePair("shm", 1 << 16);
+  auto key = parseRemoteKey(p.dst_region->packedRkey());
+  ASSERT_TRUE(key.ok()) << key.status();
+  EXPECT_EQ(key->base, p.dst_region->base());
+  EXPECT_EQ(key->length, p.dst_region->length());
+  EXPECT_NE(key->md_map, 0u);
+  EXPECT_TRUE(key->contains(p.dst_region->base(), 1 << 16));
+  EXPECT_FALSE(key->contains(p.dst_region->base(), (1 << 16) + 1));
+  EXPECT_FALSE(key->contains(p.dst_region->base() + 1, 1 << 16));
+  EXPECT_FALSE(key->contains(p.dst_region->base() + 10, 0));
+  EXPECT_FALSE(key->contains(~uint64_t{0} - 1, 4));
+  std::string wrapped = p.dst_region->packedRkey();
+  for (size_t cut = 0; cut < wrapped.size(); ++cut) {
+    EXPECT_FALSE(parseRemoteKey(wrapped.substr(0, cut)).ok()) << cut;
+  }
 }
 
 TEST(MemoryRegion, ReleaseWaitsForPutsReadingIt) {
