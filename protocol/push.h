@@ -31,9 +31,12 @@ struct WorkerInfo {
 
 // POST /kv/push body. The holder pushes the leading run of `block_hashes` it holds; block i
 // goes to `block_addrs[i]` (block_bytes each) in the receiver's region with rkey `rkey`, and
-// the put's completion notice names `landing_id`.
+// the put's completion notice names `landing_id`. Before any write the holder claims the
+// landing from the receiver's own worker API at `receiver_url` (POST /kv/claim) and writes only
+// what the receiver's answer (a LandingGrant) names, with the address and key from that answer.
 struct PushRequest {
-  std::string request_id;  // for logs
+  std::string request_id;    // for logs
+  std::string receiver_url;  // the receiver's worker URL, http://host:port
   std::vector<EngineBlockHash> block_hashes;
   std::string receiver_address;  // base64 of the receiver's transport worker address
   std::string rkey;              // base64 of the packed remote key of the receiver's region
@@ -58,11 +61,30 @@ struct PushResponse {
   int64_t elapsed_us = 0;  // holder-side time from request to completion
 };
 
+// POST /kv/claim body: a holder claims an outstanding landing of this (receiving) worker.
+struct LandingClaim {
+  uint64_t landing_id = 0;
+};
+
+// POST /kv/claim answer: what the holder may write for the landing, and nothing else. A
+// landing is granted once; unknown, closed or already claimed landings are refused (4xx).
+struct LandingGrant {
+  uint64_t landing_id = 0;
+  std::string transport_address;  // base64 of the receiver's transport worker address
+  std::string rkey;               // base64 of the packed remote key of the landing region
+  std::vector<uint64_t> block_addrs;
+  uint64_t block_bytes = 0;
+};
+
 std::string serializeWorkerInfo(const WorkerInfo& info);
 absl::StatusOr<WorkerInfo> parseWorkerInfo(std::string_view body, const PushLimits& limits);
 std::string serializePushRequest(const PushRequest& request);
 absl::StatusOr<PushRequest> parsePushRequest(std::string_view body, const PushLimits& limits);
 std::string serializePushResponse(const PushResponse& response);
 absl::StatusOr<PushResponse> parsePushResponse(std::string_view body, const PushLimits& limits);
+std::string serializeLandingClaim(const LandingClaim& claim);
+absl::StatusOr<LandingClaim> parseLandingClaim(std::string_view body);
+std::string serializeLandingGrant(const LandingGrant& grant);
+absl::StatusOr<LandingGrant> parseLandingGrant(std::string_view body, const PushLimits& limits);
 
 }  // namespace kvf::protocol
