@@ -47,6 +47,13 @@ absl::StatusOr<std::unique_ptr<WorkerAgent>> WorkerAgent::create(
     }
     log::warn("worker control server runs WITHOUT authentication (insecure: test only)");
   }
+  const std::string& host = impl->options.host;
+  if (impl->options.advertise_url.empty() && (host == "0.0.0.0" || host == "::")) {
+    log::warn(
+        "worker bound to a wildcard address without advertise_url: holders on other hosts "
+        "cannot claim this engine's landings (it names 127.0.0.1), so pushes to it fall back",
+        "host", host);
+  }
   KVF_ASSIGN_OR_RETURN(impl->pool_region,
                        impl->transport->registerMemory(region.data, region.length));
   http::ServerOptions so;
