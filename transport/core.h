@@ -319,8 +319,6 @@ class Core : public std::enable_shared_from_this<Core> {
   std::list<Closing> closing_;
   uint32_t busy_batches_ = 0;  // batches with UCX requests outstanding
   std::atomic<uint64_t> next_id_{1};
-  // Memory domains of the keys this context packed: a peer's key naming any other is refused.
-  std::atomic<uint64_t> own_md_map_{0};
   friend class RegionImpl;
 };
 

@@ -41,15 +41,10 @@ std::vector<PutOp> coalesce(const std::vector<BlockCopy>& blocks) {
 }
 
 // Every remote range must lie inside the region the receiver's key describes, and the key must
-// be well formed and name only memory domains this context knows: checked before UCX sees the
-// key (its unpack trusts its input) and before any write.
-absl::StatusOr<RemoteKey> checkRemote(const PutRequest& r, uint64_t own_md_map) {
+// be well formed: checked before UCX sees the key (its unpack trusts its input) and before any
+// write.
+absl::StatusOr<RemoteKey> checkRemote(const PutRequest& r) {
   KVF_ASSIGN_OR_RETURN(RemoteKey key, parseRemoteKey(r.peer_rkey));
-  if (own_md_map != 0 && (key.md_map & ~own_md_map) != 0) {
-    return absl::InvalidArgumentError(
-        strCat("rkey: names memory domains (map ", key.md_map & ~own_md_map, ")",
-               " that this transport does not use (peers must run the same transports)"));
-  }
   for (size_t i = 0; i < r.blocks.size(); ++i) {
     const BlockCopy& b = r.blocks[i];
     if (!key.contains(b.remote_addr, b.length)) {
@@ -118,7 +113,7 @@ absl::StatusOr<std::shared_ptr<PutHandle>> Core::postPut(PutRequest request, Put
     return absl::InvalidArgumentError("source: not a region registered with this context");
   }
   KVF_RETURN_IF_ERROR(validatePut(request, *source, options_.max_blocks_per_put));
-  auto remote = checkRemote(request, own_md_map_.load());
+  auto remote = checkRemote(request);
   if (!remote.ok()) {
     stats_.puts_refused.fetch_add(1);
     return remote.status();

@@ -101,9 +101,7 @@ absl::StatusOr<std::shared_ptr<MemoryRegion>> Core::mapMemory(void* ptr, uint64_
         std::string rkey = packRemoteKey(reinterpret_cast<uintptr_t>(base), bytes,
                                          std::string_view(static_cast<const char*>(buffer), size));
         ucp_rkey_buffer_release(buffer);
-        if (auto own = parseRemoteKey(rkey); own.ok()) {
-          own_md_map_.fetch_or(own->md_map);
-        } else {
+        if (auto own = parseRemoteKey(rkey); !own.ok()) {
           ucp_mem_unmap(context_, memh);
           return absl::InternalError(
               strCat("our own packed rkey does not parse: ", std::string(own.status().message())));
