@@ -387,7 +387,8 @@ TEST(SimTransfer, PushAndOffloadRunThroughTheEngineCore) {
 trace: {path: trace.jsonl}
 cluster: {engines: 3, engine_config: engine.yaml, workers: true}
 arms:
-  - {name: unified, policy: {kind: unified}}
+  - name: unified   # every move worth its model cost: no margin, no holder step
+    policy: {kind: unified, unified: {move_margin: 0, source_step_s: 0}}
   - name: elastic   # offloads HEAVY requests only: make every request HEAVY
     policy: {kind: elastic, classify: {warm_max_new_tokens: 100, medium_max_new_tokens: 200},
              elastic: {max_cost_ratio: 100}}
