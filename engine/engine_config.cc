@@ -45,6 +45,15 @@ void parseWorker(config::ConfigMap& m, WorkerConfig* w) {
   m.get("token", &w->token);
   m.get("insecure", &w->insecure);
   m.get("transfer_auth_window_ms", &w->transfer_auth_window_ms, 1, 600'000);
+  m.get("advertise_url", &w->advertise_url);
+  if (!w->advertise_url.empty() && !w->advertise_url.starts_with("http://")) {
+    m.fail("advertise_url", "must be http://host:port");
+  }
+  m.get("peers", &w->peers);
+  for (const std::string& peer : w->peers) {
+    if (!peer.starts_with("http://"))
+      m.fail("peers", strCat("'", peer, "' is not http://host:port"));
+  }
   m.get("max_push_blocks", &w->max_push_blocks, 1, int64_t{1} << 20);
   m.get("transports", &w->transports);
   m.get("net_devices", &w->net_devices);

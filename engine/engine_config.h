@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/scheduler.h"
@@ -42,6 +43,12 @@ struct WorkerConfig {
   bool insecure = false;
   // How far a signed kv_transfer_params' time may be from this engine's clock.
   int64_t transfer_auth_window_ms = 30000;
+  // The URL peers reach this worker at (a push names it; the holder claims the landing there).
+  // Empty: http://<membership.advertise_host or host>:<port>.
+  std::string advertise_url;
+  // The cluster's worker URLs (the router's registry). Non-empty: pushes only to receivers
+  // listed here (docs/security.md).
+  std::vector<std::string> peers;
   int64_t max_push_blocks = 65536;        // blocks per push (both directions)
   std::string transports = "shm";         // UCX transports (transport::TransportOptions)
   std::string net_devices;                // UCX_NET_DEVICES for tcp/rdma; empty: all

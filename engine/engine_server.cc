@@ -56,6 +56,11 @@ absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::create(asio::io_cont
     }
     impl->http_side.setTransferAuth(protocol::transferAuthKey(ao.token));
     ao.max_push_blocks = static_cast<size_t>(wc.max_push_blocks);
+    ao.advertise_url = wc.advertise_url;
+    if (ao.advertise_url.empty() && !c.membership.advertise_host.empty()) {
+      ao.advertise_url = strCat("http://", c.membership.advertise_host, ":", wc.port);
+    }
+    ao.peers = wc.peers;
     ao.connect_timeout = std::chrono::milliseconds(wc.push_deadline_cap_ms);
     ao.metric_labels = {{"model_name", c.served_model_name}};
     ao.engine_id = wc.engine_id.empty() ? c.instance_id : wc.engine_id;

@@ -110,6 +110,7 @@ absl::StatusOr<WorkerInfo> parseWorkerInfo(std::string_view body, const PushLimi
 std::string serializePushRequest(const PushRequest& r) {
   bj::object o;
   o["request_id"] = r.request_id;
+  o["receiver_url"] = r.receiver_url;
   o["block_hashes"] = toArray(r.block_hashes);
   o["receiver_address"] = r.receiver_address;
   o["rkey"] = r.rkey;
@@ -127,6 +128,11 @@ absl::StatusOr<PushRequest> parsePushRequest(std::string_view body, const PushLi
   KVF_ASSIGN_OR_RETURN(r.request_id, stringField(o, "request_id", limits.max_string_bytes, false));
   KVF_ASSIGN_OR_RETURN(r.block_hashes, hashArray(o, "block_hashes", limits.max_blocks, true));
   if (r.block_hashes.empty()) return invalid("block_hashes", "must not be empty");
+  KVF_ASSIGN_OR_RETURN(r.receiver_url,
+                       stringField(o, "receiver_url", limits.max_string_bytes, true));
+  if (!r.receiver_url.starts_with("http://")) {
+    return invalid("receiver_url", "must be http://host:port");
+  }
   KVF_ASSIGN_OR_RETURN(r.receiver_address,
                        stringField(o, "receiver_address", limits.max_blob_bytes, true));
   KVF_ASSIGN_OR_RETURN(r.rkey, stringField(o, "rkey", limits.max_blob_bytes, true));
@@ -179,6 +185,43 @@ absl::StatusOr<PushResponse> parsePushResponse(std::string_view body, const Push
   return r;
 }
 
+std::string serializeLandingClaim(const LandingClaim& claim) {
+  bj::object o;
+  o["landing_id"] = claim.landing_id;
+  return bj::serialize(o);
+}
+
+absl::StatusOr<LandingClaim> parseLandingClaim(std::string_view body) {
+  KVF_ASSIGN_OR_RETURN(bj::object o, json::parseObject(body, 4));
+  LandingClaim c;
+  KVF_ASSIGN_OR_RETURN(c.landing_id, u64Field(o, "landing_id", true));
+  if (c.landing_id == 0) return invalid("landing_id", "must be non-zero");
+  return c;
+}
+
+std::string serializeLandingGrant(const LandingGrant& g) {
+  bj::object o;
+  o["landing_id"] = g.landing_id;
+  o["transport_address"] = g.transport_address;
+  o["rkey"] = g.rkey;
+  o["block_addrs"] = toArray(g.block_addrs);
+  o["block_bytes"] = g.block_bytes;
+  return bj::serialize(o);
+}
+
+absl::StatusOr<LandingGrant> parseLandingGrant(std::string_view body, const PushLimits& limits) {
+  KVF_ASSIGN_OR_RETURN(bj::object o, json::parseObject(body, 8));
+  LandingGrant g;
+  KVF_ASSIGN_OR_RETURN(g.landing_id, u64Field(o, "landing_id", true));
+  KVF_ASSIGN_OR_RETURN(g.transport_address,
+                       stringField(o, "transport_address", limits.max_blob_bytes, true));
+  KVF_ASSIGN_OR_RETURN(g.rkey, stringField(o, "rkey", limits.max_blob_bytes, true));
+  KVF_ASSIGN_OR_RETURN(g.block_addrs, u64Array(o, "block_addrs", limits.max_blocks, true));
+  if (g.block_addrs.empty()) return invalid("block_addrs", "must not be empty");
+  KVF_ASSIGN_OR_RETURN(g.block_bytes, u64Field(o, "block_bytes", true));
+  return g;
+}
+
 std::string serializeNixlMetaRequest(const NixlMetaRequest& r) {
   bj::object o;
   o["remote_request_id"] = r.remote_request_id;
@@ -201,8 +244,6 @@ std::string serializeNixlMetaResponse(const NixlMetaResponse& r) {
   bj::object o;
   o["engine_id"] = r.engine_id;
   o["rkey"] = r.rkey;
-  o["region_base"] = r.region_base;
-  o["region_length"] = r.region_length;
   o["block_ids"] = toArray(r.block_ids);
   o["block_hashes"] = toArray(r.block_hashes);
   o["checksums"] = toArray(r.checksums);
@@ -216,8 +257,6 @@ absl::StatusOr<NixlMetaResponse> parseNixlMetaResponse(std::string_view body,
   NixlMetaResponse r;
   KVF_ASSIGN_OR_RETURN(r.engine_id, stringField(o, "engine_id", limits.max_string_bytes, false));
   KVF_ASSIGN_OR_RETURN(r.rkey, stringField(o, "rkey", limits.max_blob_bytes, true));
-  KVF_ASSIGN_OR_RETURN(r.region_base, u64Field(o, "region_base", true));
-  KVF_ASSIGN_OR_RETURN(r.region_length, u64Field(o, "region_length", true));
   KVF_ASSIGN_OR_RETURN(r.block_ids, u64Array(o, "block_ids", limits.max_blocks, true));
   KVF_ASSIGN_OR_RETURN(r.block_hashes, hashArray(o, "block_hashes", limits.max_blocks, true));
   KVF_ASSIGN_OR_RETURN(r.checksums, u64Array(o, "checksums", limits.max_blocks, true));

@@ -31,9 +31,12 @@ struct WorkerInfo {
 
 // POST /kv/push body. The holder pushes the leading run of `block_hashes` it holds; block i
 // goes to `block_addrs[i]` (block_bytes each) in the receiver's region with rkey `rkey`, and
-// the put's completion notice names `landing_id`.
+// the put's completion notice names `landing_id`. Before any write the holder claims the
+// landing from the receiver's own worker API at `receiver_url` (POST /kv/claim) and writes only
+// what the receiver's answer (a LandingGrant) names, with the address and key from that answer.
 struct PushRequest {
-  std::string request_id;  // for logs
+  std::string request_id;    // for logs
+  std::string receiver_url;  // the receiver's worker URL, http://host:port
   std::vector<EngineBlockHash> block_hashes;
   std::string receiver_address;  // base64 of the receiver's transport worker address
   std::string rkey;              // base64 of the packed remote key of the receiver's region
@@ -72,9 +75,9 @@ struct NixlMetaRequest {
 // xxh3-64 of its payload now; the lease was extended (a heartbeat).
 struct NixlMetaResponse {
   std::string engine_id;
-  std::string rkey;  // base64 of the packed remote key of the holder's KV pool
-  uint64_t region_base = 0;
-  uint64_t region_length = 0;
+  // base64 of the packed remote key of the holder's KV pool (transport/remote_key.h): it carries
+  // the pool's base address and length, which the reader checks every block against.
+  std::string rkey;
   std::vector<uint64_t> block_ids;
   std::vector<EngineBlockHash> block_hashes;
   std::vector<uint64_t> checksums;
@@ -96,11 +99,30 @@ absl::StatusOr<NixlMetaResponse> parseNixlMetaResponse(std::string_view body,
 std::string serializeNixlNotify(const NixlNotify& r);
 absl::StatusOr<NixlNotify> parseNixlNotify(std::string_view body, const PushLimits& limits);
 
+// POST /kv/claim body: a holder claims an outstanding landing of this (receiving) worker.
+struct LandingClaim {
+  uint64_t landing_id = 0;
+};
+
+// POST /kv/claim answer: what the holder may write for the landing, and nothing else. A
+// landing is granted once; unknown, closed or already claimed landings are refused (4xx).
+struct LandingGrant {
+  uint64_t landing_id = 0;
+  std::string transport_address;  // base64 of the receiver's transport worker address
+  std::string rkey;               // base64 of the packed remote key of the landing region
+  std::vector<uint64_t> block_addrs;
+  uint64_t block_bytes = 0;
+};
+
 std::string serializeWorkerInfo(const WorkerInfo& info);
 absl::StatusOr<WorkerInfo> parseWorkerInfo(std::string_view body, const PushLimits& limits);
 std::string serializePushRequest(const PushRequest& request);
 absl::StatusOr<PushRequest> parsePushRequest(std::string_view body, const PushLimits& limits);
 std::string serializePushResponse(const PushResponse& response);
 absl::StatusOr<PushResponse> parsePushResponse(std::string_view body, const PushLimits& limits);
+std::string serializeLandingClaim(const LandingClaim& claim);
+absl::StatusOr<LandingClaim> parseLandingClaim(std::string_view body);
+std::string serializeLandingGrant(const LandingGrant& grant);
+absl::StatusOr<LandingGrant> parseLandingGrant(std::string_view body, const PushLimits& limits);
 
 }  // namespace kvf::protocol

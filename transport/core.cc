@@ -473,6 +473,9 @@ TransportStats Core::stats() const {
   s.checksum_mismatches = stats_.checksum_mismatches.load();
   s.peer_failures = stats_.peer_failures.load();
   s.endpoints_created = stats_.endpoints_created.load();
+  s.puts_refused = stats_.puts_refused.load();
+  s.notices_refused = stats_.notices_refused.load();
+  s.gets_refused = stats_.gets_refused.load();
   s.endpoints_cached = stats_.endpoints_cached.load();
   return s;
 }

@@ -23,6 +23,7 @@
 
 #include "common/clock.h"
 #include "transport/peer_identity.h"
+#include "transport/remote_key.h"
 #include "transport/transport.h"
 
 namespace kvf::transport {
@@ -152,6 +153,10 @@ struct PutOp {
 
 // The coalesced operations for `blocks` (adjacent on both sides merged), in local order.
 std::vector<PutOp> coalesceBlocks(const std::vector<BlockCopy>& blocks);
+// Parses a peer's packed remote key (remote_key.h) and checks every block's remote range against
+// the region it describes; the caller hands UCX only the returned key's `ucx` bytes.
+absl::StatusOr<RemoteKey> checkRemote(std::string_view peer_rkey,
+                                      const std::vector<BlockCopy>& blocks);
 
 class Batch final : public PutHandle, public std::enable_shared_from_this<Batch> {
  public:
@@ -278,7 +283,8 @@ class Core : public std::enable_shared_from_this<Core> {
   struct Stats {
     std::atomic<uint64_t> puts_ok{0}, puts_failed{0}, bytes_put{0}, landings_ok{0},
         landings_failed{0}, gets_ok{0}, gets_failed{0}, bytes_got{0}, checksum_mismatches{0},
-        peer_failures{0}, endpoints_created{0};
+        peer_failures{0}, endpoints_created{0}, puts_refused{0}, gets_refused{0},
+        notices_refused{0};
     std::atomic<uint32_t> endpoints_cached{0};
   } stats_;
 

@@ -1,6 +1,6 @@
 // Reader side: batched one-sided reads (gets) out of a peer's advertised region, with the put's
 // deadline, peer-failure and coalescing machinery (a get is a Batch whose ops read), and the
-// bounds and checksum checks that let the reader distrust the holder.
+// remote-key, bounds and checksum checks that let the reader distrust the holder.
 #include <string>
 #include <vector>
 
@@ -20,10 +20,6 @@ absl::Status validateGet(const GetRequest& r, const RegionImpl& destination, uin
   }
   if (r.peer_rkey.empty()) return absl::InvalidArgumentError("peer_rkey: empty");
   if (r.deadline.count() < 0) return absl::InvalidArgumentError("deadline: negative");
-  if (r.peer_region_length == 0) return absl::InvalidArgumentError("peer_region_length: 0");
-  if (r.peer_region_base + r.peer_region_length < r.peer_region_base) {
-    return absl::OutOfRangeError("peer region: base + length overflows");
-  }
   if (!r.expected_checksums.empty() && r.expected_checksums.size() != r.blocks.size()) {
     return absl::InvalidArgumentError(strCat("expected_checksums: ", r.expected_checksums.size(),
                                              " values for ", r.blocks.size(), " blocks"));
@@ -37,13 +33,6 @@ absl::Status validateGet(const GetRequest& r, const RegionImpl& destination, uin
                                           b.length, ") is outside the destination region of ",
                                           destination.length(), " bytes"));
     }
-    // Written so that no sum can overflow: the peer chose these numbers.
-    if (b.remote_addr < r.peer_region_base || b.length > r.peer_region_length ||
-        b.remote_addr - r.peer_region_base > r.peer_region_length - b.length) {
-      return absl::OutOfRangeError(strCat("blocks[", i, "]: remote range [", b.remote_addr, ", +",
-                                          b.length, ") is outside the peer's region [",
-                                          r.peer_region_base, ", +", r.peer_region_length, ")"));
-    }
   }
   return absl::OkStatus();
 }
@@ -56,6 +45,15 @@ absl::StatusOr<std::shared_ptr<PutHandle>> Core::postGet(GetRequest request, Put
     return absl::InvalidArgumentError("destination: not a region registered with this context");
   }
   KVF_RETURN_IF_ERROR(validateGet(request, *destination, options_.max_blocks_per_put));
+  // The holder's key and every remote range are checked before UCX sees the key: a crafted key
+  // would make UCX attach memory of the holder's choosing, a range outside the region would read
+  // whatever else the holder's process has registered.
+  auto remote = checkRemote(request.peer_rkey, request.blocks);
+  if (!remote.ok()) {
+    stats_.gets_refused.fetch_add(1);
+    return remote.status();
+  }
+  request.peer_rkey = std::move(remote->ucx);  // what UCX unpacks, and the rkey cache's key
   auto batch = newBatch(request.deadline);
   batch->get = true;
   batch->ops = coalesceBlocks(request.blocks);

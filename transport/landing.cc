@@ -1,4 +1,5 @@
 // Receiver side: landings (expected batches), completion notices, checksum verification.
+#include <sys/random.h>
 #include <xxhash.h>
 
 #include <algorithm>
@@ -15,10 +16,13 @@ namespace kvf::transport {
 
 namespace {
 
+// From the kernel's CSPRNG, not a seeded generator: a landing id is what lets a completion
+// notice resolve a landing, so a peer must not predict the next one from ids it has seen.
 uint64_t randomId() {
-  static thread_local std::mt19937_64 rng(std::random_device{}());
   uint64_t id = 0;
-  while (id == 0) id = rng();
+  while (id == 0) {
+    if (::getrandom(&id, sizeof(id), 0) != static_cast<ssize_t>(sizeof(id))) id = 0;
+  }
   return id;
 }
 
@@ -115,17 +119,20 @@ void Core::onNotice(const void* header, size_t header_len, const void* data, siz
   static log::RateLimitedLog bad_notice;
   NoticeHeader h{};
   if (header_len != sizeof(h)) {
+    stats_.notices_refused.fetch_add(1);
     bad_notice.warn("transport: malformed completion notice", "header_bytes", header_len);
     return;
   }
   std::memcpy(&h, header, sizeof(h));
   if (h.magic != kNoticeMagic || h.count > options_.max_blocks_per_put ||
       len != size_t(h.count) * sizeof(NoticeBlock)) {
+    stats_.notices_refused.fetch_add(1);
     bad_notice.warn("transport: malformed completion notice", "count", h.count, "bytes", len);
     return;
   }
   auto it = landings_.find(h.landing_id);
   if (it == landings_.end()) {
+    stats_.notices_refused.fetch_add(1);
     bad_notice.warn("transport: completion notice for an unknown landing", "id", h.landing_id);
     return;
   }

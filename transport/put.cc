@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "transport/core.h"
+#include "transport/remote_key.h"
 #include "transport/ucx_status.h"
 
 namespace kvf::transport {
@@ -35,6 +36,23 @@ std::vector<PutOp> coalesceBlocks(const std::vector<BlockCopy>& blocks) {
   }
   ops.resize(ops.empty() ? 0 : out + 1);
   return ops;
+}
+
+// Every remote range must lie inside the region the peer's key describes, and the key must be
+// well formed: checked before UCX sees the key (its unpack trusts its input) and before any
+// write or read.
+absl::StatusOr<RemoteKey> checkRemote(std::string_view peer_rkey,
+                                      const std::vector<BlockCopy>& blocks) {
+  KVF_ASSIGN_OR_RETURN(RemoteKey key, parseRemoteKey(peer_rkey));
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const BlockCopy& b = blocks[i];
+    if (!key.contains(b.remote_addr, b.length)) {
+      return absl::OutOfRangeError(strCat("blocks[", i, "]: remote range [", b.remote_addr, ", +",
+                                          b.length, ") is outside the peer's region [", key.base,
+                                          ", +", key.length, ")"));
+    }
+  }
+  return key;
 }
 
 namespace {
@@ -96,6 +114,12 @@ absl::StatusOr<std::shared_ptr<PutHandle>> Core::postPut(PutRequest request, Put
     return absl::InvalidArgumentError("source: not a region registered with this context");
   }
   KVF_RETURN_IF_ERROR(validatePut(request, *source, options_.max_blocks_per_put));
+  auto remote = checkRemote(request.peer_rkey, request.blocks);
+  if (!remote.ok()) {
+    stats_.puts_refused.fetch_add(1);
+    return remote.status();
+  }
+  request.peer_rkey = std::move(remote->ucx);  // what UCX unpacks, and the rkey cache's key
   auto batch = newBatch(request.deadline);
   batch->ops = coalesceBlocks(request.blocks);
   PutResult& p = batch->partial;

@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "transport/core.h"
+#include "transport/remote_key.h"
 #include "transport/ucx_status.h"
 
 namespace kvf::transport {
@@ -95,10 +96,17 @@ absl::StatusOr<std::shared_ptr<MemoryRegion>> Core::mapMemory(void* ptr, uint64_
           ucp_mem_unmap(context_, memh);
           return ucsToStatus(status, "ucp_mem_query/ucp_rkey_pack");
         }
-        std::string rkey(static_cast<const char*>(buffer), size);
+        void* base = ptr ? ptr : attr.address;
+        const uint64_t bytes = ptr ? length : attr.length;
+        std::string rkey = packRemoteKey(reinterpret_cast<uintptr_t>(base), bytes,
+                                         std::string_view(static_cast<const char*>(buffer), size));
         ucp_rkey_buffer_release(buffer);
-        auto region = std::make_shared<RegionImpl>(
-            self, ptr ? ptr : attr.address, ptr ? length : attr.length, memh, std::move(rkey));
+        if (auto own = parseRemoteKey(rkey); !own.ok()) {
+          ucp_mem_unmap(context_, memh);
+          return absl::InternalError(
+              strCat("our own packed rkey does not parse: ", std::string(own.status().message())));
+        }
+        auto region = std::make_shared<RegionImpl>(self, base, bytes, memh, std::move(rkey));
         regions_.insert(region.get());
         return std::shared_ptr<MemoryRegion>(region);
       });

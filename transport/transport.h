@@ -123,9 +123,9 @@ class PutHandle {
 struct GetRequest {
   std::shared_ptr<MemoryRegion> destination;  // a region of this context (BlockCopy::local_offset)
   std::string peer_address;                   // the peer's workerAddress() bytes
-  std::string peer_rkey;                      // the peer's packedRkey() bytes for its region
-  uint64_t peer_region_base = 0;              // the peer's region as it advertised it
-  uint64_t peer_region_length = 0;
+  // The peer's packedRkey() bytes for its region: they carry the region's bounds, and every
+  // remote range must lie inside them.
+  std::string peer_rkey;
   std::vector<BlockCopy> blocks;          // remote_addr in the peer's region -> local_offset here
   std::chrono::milliseconds deadline{0};  // 0: TransportOptions::default_deadline
   // Empty, or one xxh3-64 per block as the holder computed it: any mismatch fails the get with
@@ -203,6 +203,14 @@ struct TransportStats {
   uint64_t peer_failures = 0;
   uint64_t endpoints_created = 0;
   uint32_t endpoints_cached = 0;
+  // Puts refused before any UCX call: a malformed remote key, or a remote range outside the
+  // region the key describes.
+  uint64_t puts_refused = 0;
+  // Completion notices naming no outstanding landing (unknown, already closed, or malformed).
+  uint64_t notices_refused = 0;
+  // Gets refused before any UCX call: a malformed remote key, or a remote range outside the
+  // region the key describes.
+  uint64_t gets_refused = 0;
 };
 
 class TransportContext {

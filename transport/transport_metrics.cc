@@ -31,6 +31,15 @@ void exportMetrics(const TransportContext& ctx, metrics::Registry& registry,
           &TransportStats::peer_failures);
   counter("kvfabric_transport_endpoints_created_total", "UCX endpoints created",
           &TransportStats::endpoints_created);
+  counter("kvfabric_transport_puts_refused_total",
+          "Puts refused before any UCX call (malformed remote key, range outside its region)",
+          &TransportStats::puts_refused);
+  counter("kvfabric_transport_notices_refused_total",
+          "Completion notices naming no outstanding landing, or malformed",
+          &TransportStats::notices_refused);
+  counter("kvfabric_transport_gets_refused_total",
+          "Gets refused before any UCX call (malformed remote key, range outside its region)",
+          &TransportStats::gets_refused);
   registry.callback("kvfabric_transport_endpoints_cached", "UCX endpoints in the cache",
                     MetricType::kGauge, labels,
                     [c] { return static_cast<double>(c->stats().endpoints_cached); });

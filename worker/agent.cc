@@ -47,6 +47,13 @@ absl::StatusOr<std::unique_ptr<WorkerAgent>> WorkerAgent::create(
     }
     log::warn("worker control server runs WITHOUT authentication (insecure: test only)");
   }
+  const std::string& host = impl->options.host;
+  if (impl->options.advertise_url.empty() && (host == "0.0.0.0" || host == "::")) {
+    log::warn(
+        "worker bound to a wildcard address without advertise_url: holders on other hosts "
+        "cannot claim this engine's landings (it names 127.0.0.1), so pushes to it fall back",
+        "host", host);
+  }
   KVF_ASSIGN_OR_RETURN(impl->pool_region,
                        impl->transport->registerMemory(region.data, region.length));
   http::ServerOptions so;
@@ -79,9 +86,12 @@ void WorkerAgent::stop() {
 
 uint16_t WorkerAgent::port() const { return impl_->server->port(); }
 
-std::string WorkerAgent::url() const {
-  const std::string& host = impl_->options.host;
-  return strCat("http://", host == "0.0.0.0" ? "127.0.0.1" : host, ":", port());
+std::string WorkerAgent::url() const { return impl_->advertisedUrl(); }
+
+std::string WorkerAgent::Impl::advertisedUrl() const {
+  if (!options.advertise_url.empty()) return options.advertise_url;
+  const std::string& host = options.host;
+  return strCat("http://", host == "0.0.0.0" ? "127.0.0.1" : host, ":", server->port());
 }
 
 transport::TransportContext& WorkerAgent::transport() { return *impl_->transport; }
@@ -163,6 +173,18 @@ void WorkerAgent::Impl::registerMetrics(metrics::Registry& registry) {
   m.fetch_seconds = &registry.histogram("kvfabric_worker_fetch_seconds",
                                         "Fetch time from request to outcome (wall)",
                                         metrics::exponentialBuckets(1e-4, 2, 16), labels);
+  const char* refused = "kvfabric_worker_push_refused_total";
+  const char* refused_help =
+      "POST /kv/push refused before any write, by reason (receiver not a configured peer, "
+      "landing not granted by the receiver, request differs from the receiver's landing)";
+  m.refused_not_a_peer = &registry.counter(refused, refused_help, with("reason", "not_a_peer"));
+  m.refused_not_granted = &registry.counter(refused, refused_help, with("reason", "not_granted"));
+  m.refused_mismatch = &registry.counter(refused, refused_help, with("reason", "mismatch"));
+  const char* claims = "kvfabric_worker_claims_refused_total";
+  const char* claims_help =
+      "POST /kv/claim refused, by reason (no such outstanding landing, already claimed)";
+  m.claim_unknown = &registry.counter(claims, claims_help, with("reason", "unknown"));
+  m.claim_repeated = &registry.counter(claims, claims_help, with("reason", "claimed"));
   m.leases_expired = &registry.counter("kvfabric_worker_leases_expired_total",
                                        "Remote-decode leases that expired unused", labels);
   m.nixl_meta_served = &registry.counter(
@@ -171,12 +193,13 @@ void WorkerAgent::Impl::registerMetrics(metrics::Registry& registry) {
   m.nixl_notified =
       &registry.counter("kvfabric_worker_nixl_notify_total",
                         "NixlConnector read notifications that ended a lease", labels);
-  const char* refused = "kvfabric_worker_nixl_refused_total";
-  const char* refused_help =
+  const char* nixl_refused = "kvfabric_worker_nixl_refused_total";
+  const char* nixl_refused_help =
       "NixlConnector side-channel requests refused: they named no live lease (unknown, expired "
       "or already released)";
-  m.nixl_meta_refused = &registry.counter(refused, refused_help, with("route", "meta"));
-  m.nixl_notify_refused = &registry.counter(refused, refused_help, with("route", "notify"));
+  m.nixl_meta_refused = &registry.counter(nixl_refused, nixl_refused_help, with("route", "meta"));
+  m.nixl_notify_refused =
+      &registry.counter(nixl_refused, nixl_refused_help, with("route", "notify"));
   registry.callback("kvfabric_worker_unresolved_landings",
                     "Fetches whose landing a late write may still reach",
                     metrics::MetricType::kGauge, labels,
@@ -199,6 +222,7 @@ void WorkerAgent::Impl::registerRoutes() {
   };
   const Route routes[] = {{"GET", "/kv/info", &Impl::handleKvInfo},
                           {"POST", "/kv/push", &Impl::handleKvPush},
+                          {"POST", "/kv/claim", &Impl::handleKvClaim},
                           {"POST", "/kv/nixl/meta", &Impl::handleNixlMeta},
                           {"POST", "/kv/nixl/notify", &Impl::handleNixlNotify}};
   for (const Route& r : routes) {
@@ -276,6 +300,37 @@ asio::awaitable<void> WorkerAgent::Impl::handleKvPush(const http::Request& req,
     m.bytes_out->inc(static_cast<double>(response->pushed_bytes));
   }
   std::string body = protocol::serializePushResponse(*response);
+  co_await w.sendJson(200, std::move(body));
+}
+
+asio::awaitable<void> WorkerAgent::Impl::handleKvClaim(const http::Request& req,
+                                                       http::ResponseWriter& w) {
+  auto claim = protocol::parseLandingClaim(req.body);
+  absl::Status refusal;
+  auto it = claim.ok() ? open_landings.find(claim->landing_id) : open_landings.end();
+  if (!claim.ok()) {
+    refusal = claim.status();
+  } else if (it == open_landings.end()) {
+    m.claim_unknown->inc();
+    refusal = absl::NotFoundError(
+        strCat("landing_id: ", claim->landing_id, " is not an outstanding landing here"));
+  } else if (it->second.claimed) {
+    m.claim_repeated->inc();
+    refusal =
+        absl::AlreadyExistsError(strCat("landing_id: ", claim->landing_id, " was claimed already"));
+  }
+  if (!refusal.ok()) {
+    co_await w.sendStatus(refusal);
+    co_return;
+  }
+  it->second.claimed = true;
+  protocol::LandingGrant grant;
+  grant.landing_id = claim->landing_id;
+  grant.transport_address = transport::base64Encode(transport->workerAddress());
+  grant.rkey = transport::base64Encode(pool_region->packedRkey());
+  grant.block_addrs = it->second.block_addrs;
+  grant.block_bytes = geometry.block_bytes;
+  std::string body = protocol::serializeLandingGrant(grant);
   co_await w.sendJson(200, std::move(body));
 }
 

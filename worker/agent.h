@@ -43,6 +43,13 @@ struct AgentOptions {
   std::string token;
   bool insecure = false;           // allow an empty token: no authentication at all (test only)
   size_t max_push_blocks = 65536;  // blocks per push, both directions
+  // The URL peers reach this control server at (a push names it so that the holder can claim
+  // the landing here). Empty: url().
+  std::string advertise_url;
+  // Worker URLs of the cluster's engines, from the router's registry. Non-empty: this agent
+  // pushes only to receivers whose URL is listed (a push naming any other is refused before
+  // any write). Empty: any receiver that grants the landing on its own worker API.
+  std::vector<std::string> peers;
   // Connect timeout towards a holder (its deadline bounds the rest of a fetch).
   std::chrono::milliseconds connect_timeout{1000};
   std::chrono::milliseconds lease_check_interval{50};
@@ -100,7 +107,8 @@ class WorkerAgent {
   void stop();
 
   uint16_t port() const;
-  // http://host:port of the control server (127.0.0.1 when bound to 0.0.0.0).
+  // http://host:port of the control server (127.0.0.1 when bound to 0.0.0.0), or
+  // AgentOptions::advertise_url when set.
   std::string url() const;
   transport::TransportContext& transport();
 

@@ -45,6 +45,12 @@ struct SourceWorker {
   std::string transport_address;  // decoded
 };
 
+// A landing this receiver asked a holder to fill: what the holder may claim (agent thread).
+struct OpenLanding {
+  std::vector<uint64_t> block_addrs;
+  bool claimed = false;
+};
+
 // How moving the blocks of one fetch went, before the engine is told (push_receiver.cc).
 struct TransferResult {
   size_t landed = 0;  // leading landing blocks filled and verified by the transport
@@ -80,6 +86,9 @@ struct WorkerAgent::Impl {
 
   // Agent thread.
   absl::flat_hash_map<std::string, std::shared_ptr<agent_internal::SourceWorker>> sources;
+  // Landings whose push is outstanding, by landing id: a holder claims one (POST /kv/claim)
+  // before it writes; closed once the holder answered or the fetch gave up.
+  absl::flat_hash_map<uint64_t, agent_internal::OpenLanding> open_landings;
   asio::steady_timer lease_timer;
   bool stopping = false;
 
@@ -104,6 +113,10 @@ struct WorkerAgent::Impl {
     metrics::Counter *nixl_meta_served = nullptr, *nixl_notified = nullptr;
     // Side-channel requests naming no live lease (unknown, expired or released), by route.
     metrics::Counter *nixl_meta_refused = nullptr, *nixl_notify_refused = nullptr;
+    // Holder: pushes refused before any write; receiver: claims refused.
+    metrics::Counter *refused_not_a_peer = nullptr, *refused_not_granted = nullptr,
+                     *refused_mismatch = nullptr;
+    metrics::Counter *claim_unknown = nullptr, *claim_repeated = nullptr;
   } m;
   metrics::Registry own_registry;  // when create() got none
 
@@ -113,9 +126,17 @@ struct WorkerAgent::Impl {
   void addAuth(http::ClientRequest& req) const;
   asio::awaitable<void> handleKvInfo(const http::Request& req, http::ResponseWriter& w);
   asio::awaitable<void> handleKvPush(const http::Request& req, http::ResponseWriter& w);
+  asio::awaitable<void> handleKvClaim(const http::Request& req, http::ResponseWriter& w);
+  std::string advertisedUrl() const;
+  // The cached HTTP client state for a peer's worker URL (created on first use; the cache is
+  // bounded: beyond it the whole cache is dropped and rebuilt).
+  absl::StatusOr<std::shared_ptr<agent_internal::SourceWorker>> workerAt(const std::string& url);
 
   // Holder side (push_holder.cc).
   asio::awaitable<absl::StatusOr<protocol::PushResponse>> servePush(protocol::PushRequest req);
+  // Claims the push's landing from the receiver's worker API; the grant must match the request.
+  asio::awaitable<absl::StatusOr<protocol::LandingGrant>> claimLanding(
+      const protocol::PushRequest& req);
   // Receiver side (push_receiver.cc).
   asio::awaitable<void> runFetch(RemoteKvFetch fetch);
   asio::awaitable<agent_internal::TransferResult> transferBlocks(const RemoteKvFetch& fetch,

@@ -13,6 +13,7 @@
 #include "common/strings.h"
 #include "transport/asio_completion.h"
 #include "transport/base64.h"
+#include "transport/remote_key.h"
 #include "worker/agent_internal.h"
 
 namespace kvf::worker {
@@ -68,9 +69,7 @@ asio::awaitable<void> WorkerAgent::Impl::handleNixlMeta(const http::Request& req
   }
   m.nixl_meta_served->inc();
   meta->engine_id = options.engine_id;
-  meta->rkey = kt::base64Encode(pool_region->packedRkey());
-  meta->region_base = pool_region->base();
-  meta->region_length = pool_region->length();
+  meta->rkey = kt::base64Encode(pool_region->packedRkey());  // carries the pool's bounds
   std::string body = protocol::serializeNixlMetaResponse(*meta);
   co_await w.sendJson(200, std::move(body));
 }
@@ -186,12 +185,15 @@ asio::awaitable<TransferResult> WorkerAgent::Impl::readNixlBlocks(const RemoteKv
     get.peer_address = (*sw)->transport_address;
     auto rkey = kt::base64Decode(meta->rkey, limits.max_blob_bytes);
     get.peer_rkey = rkey.ok() ? *rkey : std::string();
-    get.peer_region_base = meta->region_base;
-    get.peer_region_length = meta->region_length;
+    // The holder's pool bounds travel inside its key. A key that does not parse leaves them 0:
+    // postGet refuses it (and counts the refusal) before UCX sees it.
+    auto key = kt::parseRemoteKey(get.peer_rkey);
+    const uint64_t pool_base = key.ok() ? key->base : 0;
+    const uint64_t pool_length = key.ok() ? key->length : 0;
     for (size_t i = 0; i < run.size(); ++i) {
       const uint64_t id = meta->block_ids[run[i]];
       // Written so that a hostile id cannot overflow; postGet checks the range again.
-      const uint64_t addr = id < meta->region_length / bytes ? meta->region_base + id * bytes : 0;
+      const uint64_t addr = id < pool_length / bytes ? pool_base + id * bytes : 0;
       get.blocks.push_back({f.blocks[i] * bytes, addr, bytes});
       get.expected_checksums.push_back(meta->checksums[run[i]]);
     }

@@ -56,19 +56,24 @@ log::RateLimitedLog fallback_log;
 
 absl::Status validateWorkerUrl(std::string_view url) { return parseWorkerUrl(url).status(); }
 
+absl::StatusOr<std::shared_ptr<SourceWorker>> WorkerAgent::Impl::workerAt(const std::string& url) {
+  constexpr size_t kMaxPeers = 4096;  // far above a cluster's engines; URLs come from peers
+  auto it = sources.find(url);
+  if (it != sources.end()) return it->second;
+  KVF_ASSIGN_OR_RETURN(auto hp, parseWorkerUrl(url));
+  if (sources.size() >= kMaxPeers) sources.clear();  // in-flight users hold their own reference
+  http::ClientOptions co;
+  co.connect_timeout = options.connect_timeout;
+  co.max_body_bytes = 64 * limits.max_blocks + (1 << 20);
+  auto sw = std::make_shared<SourceWorker>();
+  sw->client = http::HttpClient::create(ioc.get_executor(), hp.first, hp.second, co);
+  sources.emplace(url, sw);
+  return sw;
+}
+
 asio::awaitable<absl::StatusOr<std::shared_ptr<SourceWorker>>> WorkerAgent::Impl::sourceWorker(
     const std::string& url, Nanos deadline) {
-  auto it = sources.find(url);
-  if (it == sources.end()) {
-    KVF_CO_ASSIGN_OR_RETURN(auto hp, parseWorkerUrl(url));
-    http::ClientOptions co;
-    co.connect_timeout = options.connect_timeout;
-    co.max_body_bytes = 64 * limits.max_blocks + (1 << 20);
-    auto sw = std::make_shared<SourceWorker>();
-    sw->client = http::HttpClient::create(ioc.get_executor(), hp.first, hp.second, co);
-    it = sources.emplace(url, std::move(sw)).first;
-  }
-  std::shared_ptr<SourceWorker> sw = it->second;
+  KVF_CO_ASSIGN_OR_RETURN(std::shared_ptr<SourceWorker> sw, workerAt(url));
   if (sw->info) co_return sw;
   http::ClientRequest req;
   req.method = "GET";
@@ -122,15 +127,20 @@ asio::awaitable<TransferResult> WorkerAgent::Impl::transferBlocks(const RemoteKv
     co_return out;
   }
   out.landing = *landing;
+  const uint64_t landing_id = (*landing)->id();
+  agent_internal::OpenLanding open;
+  for (const auto& b : spec.blocks) open.block_addrs.push_back(b.remote_addr);
+  open_landings.emplace(landing_id, std::move(open));
 
   protocol::PushRequest pr;
   pr.request_id = f.id;
+  pr.receiver_url = advertisedUrl();
   pr.block_hashes = f.hashes;
   pr.receiver_address = kt::base64Encode(transport->workerAddress());
   pr.rkey = kt::base64Encode(pool_region->packedRkey());
   for (const auto& b : spec.blocks) pr.block_addrs.push_back(b.remote_addr);
   pr.block_bytes = bytes;
-  pr.landing_id = (*landing)->id();
+  pr.landing_id = landing_id;
   pr.deadline_ms = msUntil(deadline).count();
   pr.lease_id = f.lease_id;
   http::ClientRequest req;
@@ -140,6 +150,10 @@ asio::awaitable<TransferResult> WorkerAgent::Impl::transferBlocks(const RemoteKv
   addAuth(req);
   req.read_timeout = msUntil(deadline);
   auto resp = co_await (*sw)->client->request(std::move(req));
+  // Closed to claims from now on. A holder writes only after its claim was granted, so an
+  // unclaimed landing can receive no write: it is dismissed below instead of quarantined.
+  auto closed = open_landings.extract(landing_id);
+  const bool claimed = !closed.empty() && closed.mapped().claimed;
   std::optional<protocol::PushResponse> answer;
   bool no_put = false;  // the source says it posted nothing: the landing can be dismissed
   if (!resp.ok()) {
@@ -154,7 +168,12 @@ asio::awaitable<TransferResult> WorkerAgent::Impl::transferBlocks(const RemoteKv
     no_put = !answer->put_issued;
     if (!answer->error.empty()) out.reason = strCat("source: ", answer->error);
   }
-  if (no_put && !landed->has_value()) (*landing)->dismiss();
+  if (!claimed) {
+    no_put = true;
+    if (!(*landing)->resolved()) (*landing)->dismiss();  // even after its deadline passed
+  } else if (no_put && !landed->has_value()) {
+    (*landing)->dismiss();
+  }
   bool cancelled = false;
   while (!landed->has_value()) {  // the landing's own deadline ends this at the latest
     signal->expires_at(toTimePoint(cancelled ? steadyNanos() + 1000 * kMs : deadline));

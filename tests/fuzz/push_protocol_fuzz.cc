@@ -1,6 +1,7 @@
 // Fuzz target: the KV push control API's wire format (protocol/push.h) as a hostile peer
-// could send it: GET /kv/info answers, POST /kv/push requests and their answers, and the
-// NixlConnector side channel's POST /kv/nixl/meta requests and answers. Input: byte 0
+// could send it: GET /kv/info answers, POST /kv/push requests and their answers, POST /kv/claim
+// requests and their grants, and the NixlConnector side channel's POST /kv/nixl/meta requests
+// and answers. Input: byte 0
 // picks the message kind, the rest is the JSON body. Properties: every count within the limits,
 // and what parses serializes to a body that parses back to the same message.
 #include <cstdint>
@@ -14,11 +15,11 @@ namespace {
 using namespace kvf::protocol;
 
 void checkRequest(const PushRequest& a, const PushRequest& b) {
-  KVF_FUZZ_CHECK(a.request_id == b.request_id && a.block_hashes == b.block_hashes &&
-                     a.receiver_address == b.receiver_address && a.rkey == b.rkey &&
-                     a.block_addrs == b.block_addrs && a.block_bytes == b.block_bytes &&
-                     a.landing_id == b.landing_id && a.deadline_ms == b.deadline_ms &&
-                     a.lease_id == b.lease_id,
+  KVF_FUZZ_CHECK(a.request_id == b.request_id && a.receiver_url == b.receiver_url &&
+                     a.block_hashes == b.block_hashes && a.receiver_address == b.receiver_address &&
+                     a.rkey == b.rkey && a.block_addrs == b.block_addrs &&
+                     a.block_bytes == b.block_bytes && a.landing_id == b.landing_id &&
+                     a.deadline_ms == b.deadline_ms && a.lease_id == b.lease_id,
                  "push request changed in a round trip");
 }
 
@@ -38,7 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string_view body = in->rest;
   PushLimits limits;
   limits.max_blocks = 1024;  // small, so the fuzzer reaches the bound
-  switch (in->choice % 5) {
+  switch (in->choice % 7) {
     case 0: {
       auto request = parsePushRequest(body, limits);
       if (!request.ok()) return 0;
@@ -58,7 +59,30 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       checkResponse(*response, *again);
       break;
     }
-    case 3: {  // NixlConnector side channel: a reader's metadata request
+    case 3: {
+      auto claim = parseLandingClaim(body);
+      if (!claim.ok()) return 0;
+      KVF_FUZZ_CHECK(claim->landing_id != 0, "a claim of landing 0 parsed");
+      auto again = parseLandingClaim(serializeLandingClaim(*claim));
+      KVF_FUZZ_CHECK(again.ok() && again->landing_id == claim->landing_id,
+                     "landing claim changed in a round trip");
+      break;
+    }
+    case 4: {
+      auto grant = parseLandingGrant(body, limits);
+      if (!grant.ok()) return 0;
+      KVF_FUZZ_CHECK(!grant->block_addrs.empty() && grant->block_addrs.size() <= limits.max_blocks,
+                     "grant addresses empty or past the limit");
+      auto again = parseLandingGrant(serializeLandingGrant(*grant), limits);
+      KVF_FUZZ_CHECK(again.ok(), "a parsed grant does not parse after serializing");
+      KVF_FUZZ_CHECK(again->landing_id == grant->landing_id &&
+                         again->transport_address == grant->transport_address &&
+                         again->rkey == grant->rkey && again->block_addrs == grant->block_addrs &&
+                         again->block_bytes == grant->block_bytes,
+                     "landing grant changed in a round trip");
+      break;
+    }
+    case 5: {  // NixlConnector side channel: a reader's metadata request
       auto request = parseNixlMetaRequest(body, limits);
       if (!request.ok()) return 0;
       KVF_FUZZ_CHECK(request->block_ids.size() <= limits.max_blocks, "ids past the limit");
@@ -68,7 +92,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                      "nixl meta request changed in a round trip");
       break;
     }
-    case 4: {  // ... and the holder's answer
+    case 6: {  // ... and the holder's answer
       auto meta = parseNixlMetaResponse(body, limits);
       if (!meta.ok()) return 0;
       KVF_FUZZ_CHECK(meta->block_hashes.size() == meta->block_ids.size() &&
@@ -77,9 +101,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       auto again = parseNixlMetaResponse(serializeNixlMetaResponse(*meta), limits);
       KVF_FUZZ_CHECK(again.ok() && again->block_ids == meta->block_ids &&
                          again->block_hashes == meta->block_hashes &&
-                         again->checksums == meta->checksums && again->rkey == meta->rkey &&
-                         again->region_base == meta->region_base &&
-                         again->region_length == meta->region_length,
+                         again->checksums == meta->checksums && again->rkey == meta->rkey,
                      "nixl meta response changed in a round trip");
       break;
     }

@@ -7,7 +7,8 @@
 // the lease expiring before D reads - each ends in D prefilling locally within a bounded time.
 // The test plays the router: it signs each leg's kv_transfer_params with the cluster's token
 // (docs/security.md); an unsigned or tampered leg is refused, and the side channel answers a
-// caller without the token with 401 before reading its body.
+// caller without the token with 401 before reading its body. A holder that answers D with a
+// crafted remote key or blocks outside its pool makes D prefill locally, refused before UCX.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -19,14 +20,18 @@
 #include <thread>
 
 #include "common/http_client.h"
+#include "common/http_server.h"
 #include "common/json.h"
 #include "common/process.h"
 #include "common/sse.h"
 #include "common/strings.h"
+#include "protocol/push.h"
 #include "protocol/transfer_auth.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/io_thread.h"
 #include "tests/testing/socket_read.h"
+#include "transport/base64.h"
+#include "transport/remote_key.h"
 
 namespace kvf::testing {
 namespace {
@@ -454,6 +459,130 @@ TEST_F(NixlMultiprocessTest, NotifyForAnUnknownLeaseIsRefusedAndCounted) {
   EXPECT_EQ(twice->status, 404) << twice->body;
   EXPECT_EQ(metric(p, "kvfabric_worker_nixl_notify_total"), 1);
   EXPECT_EQ(metric(p, "kvfabric_worker_nixl_refused_total", "route=\"notify\""), 2);
+}
+
+}  // namespace
+}  // namespace kvf::testing
+
+namespace kvf::testing {
+namespace {
+
+// A token-holding holder in front of P's worker: it relays /kv/info, /kv/nixl/meta and
+// /kv/nixl/notify to P and rewrites the meta answer with `tamper` before D sees it.
+std::unique_ptr<http::HttpServer> hostileHolder(
+    asio::io_context& ioc, uint16_t p_worker_port,
+    std::function<void(protocol::NixlMetaResponse&)> tamper) {
+  auto server = http::HttpServer::create(ioc, http::ServerOptions{});
+  EXPECT_TRUE(server.ok()) << server.status();
+  auto relay = [&ioc, p_worker_port, tamper](std::string method) {
+    return [&ioc, p_worker_port, tamper, method](const http::Request& in,
+                                                 http::ResponseWriter& w) -> asio::awaitable<void> {
+      auto client = http::HttpClient::create(ioc.get_executor(), "127.0.0.1", p_worker_port);
+      http::ClientRequest r;
+      r.method = method;
+      r.target = in.target;
+      r.body = in.body;
+      r.headers = {{"Content-Type", "application/json"},
+                   {"Authorization", strCat("Bearer ", kToken)}};
+      r.read_timeout = 5s;
+      auto resp = co_await client->request(std::move(r));
+      if (!resp.ok()) {
+        co_await w.sendError(502, std::string(resp.status().message()));
+        co_return;
+      }
+      std::string body = resp->body;
+      if (in.target == "/kv/nixl/meta" && resp->status == 200) {
+        auto meta = protocol::parseNixlMetaResponse(body, protocol::PushLimits{});
+        EXPECT_TRUE(meta.ok()) << meta.status();
+        if (meta.ok()) {
+          tamper(*meta);
+          body = protocol::serializeNixlMetaResponse(*meta);
+        }
+      }
+      co_await w.sendJson(resp->status, std::move(body));
+    };
+  };
+  (*server)->route("GET", "/kv/info", relay("GET"));
+  (*server)->route("POST", "/kv/nixl/meta", relay("POST"));
+  (*server)->route("POST", "/kv/nixl/notify", relay("POST"));
+  (*server)->start();
+  return std::move(*server);
+}
+
+// D reads with what a hostile holder answered on the side channel: a crafted remote key (UCX's
+// unpack trusts its input; one naming every memory domain would crash D's process inside UCX)
+// or a key whose region does not hold the blocks. D's transport refuses the read before UCX
+// sees the key, counts it, and D prefills locally; its process keeps serving.
+TEST_F(NixlMultiprocessTest, HostileHoldersKeyOrRegionIsRefusedBeforeUcx) {
+  Engine& p = startEngine("p");
+  Engine& d = startEngine("d");
+  struct Case {
+    const char* name;
+    std::function<void(protocol::NixlMetaResponse&)> tamper;
+    const char* reason;
+  };
+  auto rewrap = [](protocol::NixlMetaResponse& m, auto edit) {
+    auto raw = transport::base64Decode(m.rkey, 1 << 16);
+    ASSERT_TRUE(raw.ok());
+    auto key = transport::parseRemoteKey(*raw);
+    ASSERT_TRUE(key.ok()) << key.status();
+    edit(*key);
+    m.rkey = transport::base64Encode(transport::packRemoteKey(key->base, key->length, key->ucx));
+  };
+  const Case cases[] = {
+      {"every memory domain",
+       [&](protocol::NixlMetaResponse& m) {
+         rewrap(m, [](transport::RemoteKey& k) { std::memset(k.ucx.data(), 0xff, 8); });
+       },
+       "rkey: "},
+      {"UCX's bytes alone",
+       [](protocol::NixlMetaResponse& m) {
+         auto raw = transport::base64Decode(m.rkey, 1 << 16);
+         m.rkey = transport::base64Encode(transport::parseRemoteKey(*raw)->ucx);
+       },
+       "rkey: "},
+      {"a region that ends before the blocks",
+       [&](protocol::NixlMetaResponse& m) {
+         rewrap(m, [](transport::RemoteKey& k) { k.length = kPayloadBytesPerBlock; });
+       },
+       "outside the peer's region"},
+  };
+  int n = 0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    auto holder = io_.run([&]() -> asio::awaitable<std::unique_ptr<http::HttpServer>> {
+      co_return hostileHolder(io_.context(), p.worker_port, c.tamper);
+    });
+    bj::object client = clientBody(512, false);
+    std::vector<int> prompt(512);  // a prompt of its own: D cached the last one's local prefill
+    std::iota(prompt.begin(), prompt.end(), 20000 * (n + 1));
+    client["prompt"] = bj::value_from(prompt);
+    const std::string rid = strCat("hostile-", n);
+    auto first = post(p, "/v1/completions", prefillLeg(client), rid);
+    ASSERT_TRUE(first.ok() && first->status == 200) << (first.ok() ? first->body : "");
+    auto answer = json::parseObject(first->body);
+    ASSERT_TRUE(answer.ok());
+    bj::object params = answer->at("kv_transfer_params").as_object();
+    params["remote_port"] = holder->port();  // the router named the hostile holder
+    client["kv_transfer_params"] = params;
+    auto second = post(d, "/v1/completions", client, rid);
+    ASSERT_TRUE(second.ok()) << second.status();
+    ASSERT_EQ(second->status, 200) << second->body;
+    bj::object last = finalObject(*second);
+    ASSERT_TRUE(last.contains("kv_transfer_result")) << second->body;
+    const bj::object& result = last.at("kv_transfer_result").as_object();
+    EXPECT_EQ(result.at("status"), "fallback") << second->body;
+    EXPECT_NE(std::string(result.at("reason").as_string()).find(c.reason), std::string::npos)
+        << second->body;
+    ++n;
+    EXPECT_EQ(metric(d, "kvfabric_transport_gets_refused_total"), n);
+    EXPECT_EQ(metric(d, "kvfabric_transport_gets_ok_total"), 0);
+    io_.run([&]() -> asio::awaitable<void> {
+      holder->stop();
+      co_return;
+    });
+  }
+  EXPECT_TRUE(d.process->running());
 }
 
 }  // namespace

@@ -8,6 +8,7 @@ namespace {
 PushRequest sample() {
   PushRequest r;
   r.request_id = "cmpl-d-1";
+  r.receiver_url = "http://10.0.0.7:9001";
   r.block_hashes = {EngineBlockHash(1), EngineBlockHash(0xffffffffffffffffULL), EngineBlockHash(3)};
   r.receiver_address = "QUJD";
   r.rkey = "REVG";
@@ -27,6 +28,7 @@ TEST(PushProtocolTest, RequestRoundTripsWithFullU64Range) {
   EXPECT_EQ(back->landing_id, 77u);
   EXPECT_EQ(back->deadline_ms, 250);
   EXPECT_EQ(back->lease_id, "cmpl-p-3");
+  EXPECT_EQ(back->receiver_url, "http://10.0.0.7:9001");
 }
 
 TEST(PushProtocolTest, RequestErrorsNameTheField) {
@@ -54,6 +56,35 @@ TEST(PushProtocolTest, RequestErrorsNameTheField) {
   PushLimits tiny;
   tiny.max_blob_bytes = 2;
   expectError(ok, "receiver_address", tiny);
+  r = sample();
+  r.receiver_url = "";
+  expectError(serializePushRequest(r), "receiver_url", {});
+  r.receiver_url = "file:///etc/passwd";
+  expectError(serializePushRequest(r), "receiver_url", {});
+}
+
+TEST(PushProtocolTest, LandingClaimAndGrantRoundTripAndBound) {
+  auto claim = parseLandingClaim(serializeLandingClaim({0xfedcba9876543210ULL}));
+  ASSERT_TRUE(claim.ok()) << claim.status();
+  EXPECT_EQ(claim->landing_id, 0xfedcba9876543210ULL);
+  EXPECT_FALSE(parseLandingClaim(R"({"landing_id": 0})").ok());
+  EXPECT_FALSE(parseLandingClaim(R"({"landing_id": -4})").ok());
+  EXPECT_FALSE(parseLandingClaim("{}").ok());
+  LandingGrant g{9, "QUJD", "REVG", {4096, 8192}, 4096};
+  auto back = parseLandingGrant(serializeLandingGrant(g), {});
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->landing_id, 9u);
+  EXPECT_EQ(back->transport_address, "QUJD");
+  EXPECT_EQ(back->rkey, "REVG");
+  EXPECT_EQ(back->block_addrs, g.block_addrs);
+  EXPECT_EQ(back->block_bytes, 4096u);
+  PushLimits one;
+  one.max_blocks = 1;
+  auto over = parseLandingGrant(serializeLandingGrant(g), one);
+  ASSERT_FALSE(over.ok());
+  EXPECT_NE(std::string(over.status().message()).find("block_addrs"), std::string::npos);
+  g.block_addrs.clear();
+  EXPECT_FALSE(parseLandingGrant(serializeLandingGrant(g), {}).ok());
 }
 
 TEST(PushProtocolTest, ResponseAndInfoRoundTrip) {

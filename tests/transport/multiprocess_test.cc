@@ -232,17 +232,16 @@ TEST_P(MultiProcessTest, ReadsThousandsOfBlocksFromAnotherProcess) {
   req.destination = region_;
   req.peer_address = *base64Decode(w[1]);
   req.peer_rkey = *base64Decode(w[2]);
-  req.peer_region_base = std::stoull(w[3]);
-  req.peer_region_length = std::stoull(w[4]);
+  const uint64_t peer_base = std::stoull(w[3]);  // the key carries it too; postGet checks it
   // Block i of the holder (its pattern at i*kBlock) lands in our slot perm[i].
   for (const auto& b : testing::layoutBlocks(kBlocks, kBlock, kSeed, 0)) {
-    req.blocks.push_back({b.remote_addr, req.peer_region_base + b.local_offset, kBlock});
+    req.blocks.push_back({b.remote_addr, peer_base + b.local_offset, kBlock});
   }
   std::vector<char> expected(kBlocks * kBlock);
   testing::fillPattern(expected.data(), expected.size(), kSeed);
   for (const auto& b : req.blocks) {
     req.expected_checksums.push_back(
-        blockChecksum(expected.data() + (b.remote_addr - req.peer_region_base), kBlock));
+        blockChecksum(expected.data() + (b.remote_addr - peer_base), kBlock));
   }
   std::memset(memory_, 0, kBlocks * kBlock);
   req.deadline = 10s;
@@ -254,8 +253,8 @@ TEST_P(MultiProcessTest, ReadsThousandsOfBlocksFromAnotherProcess) {
   EXPECT_EQ(result->bytes, kBlocks * kBlock);
   EXPECT_TRUE((*handle)->drained());
   for (const auto& b : req.blocks) {
-    ASSERT_EQ(std::memcmp(memory_ + b.local_offset,
-                          expected.data() + (b.remote_addr - req.peer_region_base), kBlock),
+    ASSERT_EQ(std::memcmp(memory_ + b.local_offset, expected.data() + (b.remote_addr - peer_base),
+                          kBlock),
               0);
   }
   EXPECT_EQ(ctx_->stats().gets_ok, 1u);
@@ -273,10 +272,9 @@ TEST_P(MultiProcessTest, HolderKilledMidReadFailsTheGetWithinItsDeadline) {
   req.destination = region_;
   req.peer_address = *base64Decode(w[1]);
   req.peer_rkey = *base64Decode(w[2]);
-  req.peer_region_base = std::stoull(w[3]);
-  req.peer_region_length = std::stoull(w[4]);
+  const uint64_t peer_base = std::stoull(w[3]);  // the key carries it too; postGet checks it
   for (const auto& b : testing::layoutBlocks(kBlocks, kBlock, kSeed, 0)) {
-    req.blocks.push_back({b.remote_addr, req.peer_region_base + b.local_offset, kBlock});
+    req.blocks.push_back({b.remote_addr, peer_base + b.local_offset, kBlock});
   }
   req.deadline = 1000ms;
   std::vector<std::shared_ptr<PutHandle>> handles;

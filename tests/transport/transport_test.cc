@@ -2,17 +2,22 @@
 // and over TCP on loopback, exactly as two engine processes would (same UCX paths).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <boost/asio/executor_work_guard.hpp>
 #include <boost/asio/io_context.hpp>
+#include <cstdio>
 #include <cstring>
+#include <functional>
 #include <future>
 #include <numeric>
 #include <random>
 #include <thread>
+#include <tuple>
 
 #include "transport/asio_completion.h"
 #include "transport/base64.h"
 #include "transport/core.h"
+#include "transport/remote_key.h"
 #include "transport/transport.h"
 
 namespace kvf::transport {
@@ -261,8 +266,6 @@ GetRequest readAll(const Pair& p, const std::vector<BlockCopy>& pushes) {
   req.destination = p.dst_region;
   req.peer_address = p.sender->workerAddress();
   req.peer_rkey = p.src_region->packedRkey();
-  req.peer_region_base = p.src_region->base();
-  req.peer_region_length = p.src_region->length();
   for (const auto& b : pushes) {
     req.blocks.push_back(
         {b.remote_addr - p.dst_region->base(), p.src_region->base() + b.local_offset, b.length});
@@ -340,8 +343,10 @@ TEST_P(TransportTest, ReadRejectsRangesOutsideEitherRegion) {
   r.blocks[0] = {0, UINT64_MAX - 10, 4096};  // a hostile address that wraps
   EXPECT_EQ(code(r), absl::StatusCode::kOutOfRange);
   r = good;
-  r.peer_region_base = UINT64_MAX - 10;  // a hostile advertised region that wraps
-  EXPECT_EQ(code(r), absl::StatusCode::kOutOfRange);
+  auto key = parseRemoteKey(good.peer_rkey);
+  ASSERT_TRUE(key.ok()) << key.status();
+  r.peer_rkey = packRemoteKey(UINT64_MAX - 10, key->length, key->ucx);  // a region that wraps
+  EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
   r = good;
   r.blocks[0].local_offset = (1 << 16) - 100;  // past our own destination
   EXPECT_EQ(code(r), absl::StatusCode::kOutOfRange);
@@ -352,8 +357,12 @@ TEST_P(TransportTest, ReadRejectsRangesOutsideEitherRegion) {
   r.expected_checksums = {1, 2};
   EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
   r = good;
-  r.peer_region_length = 0;
+  r.peer_rkey = packRemoteKey(key->base, 0, key->ucx);  // an empty region
   EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
+  r = good;
+  r.peer_rkey = packRemoteKey(key->base, 8192, key->ucx);  // bounds narrower than the range
+  r.blocks[0].remote_addr = key->base + 8192 - 100;
+  EXPECT_EQ(code(r), absl::StatusCode::kOutOfRange);
   r = good;
   r.destination = p.src_region;  // a region of another context
   EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
@@ -365,6 +374,7 @@ TEST_P(TransportTest, ReadRejectsRangesOutsideEitherRegion) {
   ASSERT_TRUE((*handle)->waitFor(5s));
   EXPECT_TRUE((*handle)->check().ok()) << (*handle)->check();
   EXPECT_EQ(std::memcmp(p.src.data(), p.dst.data(), 4096), 0);
+  EXPECT_EQ(p.receiver->stats().gets_refused, 6u);  // the remote ranges and keys above
 }
 
 TEST_P(TransportTest, MissedReadDeadlineHoldsTheDestinationUntilDrained) {
@@ -697,6 +707,163 @@ TEST(Landing, DismissResolvesAtOnce) {
   EXPECT_TRUE((*landing)->resolved());
   EXPECT_EQ(p.dst_region->activeUsers(), 0u);
   EXPECT_TRUE(p.receiver->disconnect(p.sender->workerAddress()).ok());
+}
+
+// A hostile put or get, run in a child process (a death test) so that a crash inside UCX fails
+// the test instead of killing it. A put writes the receiver's region; a get (the NIXL read a
+// decode instance issues with the holder's key) reads the sender's region into the receiver's.
+// The child exits 0 when the transfer is refused before any UCX call with `code` (counted, the
+// receiver's memory untouched), 1 when it was accepted, 2 on a refusal of the wrong kind; a crash
+// ends it with a signal.
+PutRequest hostileBase(const Pair& p, PutRequest*) {
+  return {p.src_region,
+          p.receiver->workerAddress(),
+          p.dst_region->packedRkey(),
+          {{0, p.dst_region->base(), 4096}}};
+}
+GetRequest hostileBase(const Pair& p, GetRequest*) {
+  return readAll(p, {{0, p.dst_region->base(), 4096}});
+}
+absl::StatusOr<std::shared_ptr<PutHandle>> postHostile(const Pair& p, const PutRequest& r) {
+  return p.sender->postPut(r, nullptr);
+}
+absl::StatusOr<std::shared_ptr<PutHandle>> postHostile(const Pair& p, const GetRequest& r) {
+  return p.receiver->postGet(r, nullptr);
+}
+uint64_t refusals(const Pair& p, const PutRequest&) { return p.sender->stats().puts_refused; }
+uint64_t refusals(const Pair& p, const GetRequest&) { return p.receiver->stats().gets_refused; }
+
+template <class Request>
+[[noreturn]] void refusedOrExit(const std::string& transports,
+                                const std::function<void(const Pair&, Request&)>& craft,
+                                absl::StatusCode code) {
+  Pair p = makePair(transports, 1 << 16);
+  Request req = hostileBase(p, static_cast<Request*>(nullptr));
+  craft(p, req);
+  auto handle = postHostile(p, req);
+  if (handle.ok()) {
+    (*handle)->waitFor(2s);
+    std::fprintf(stderr, "accepted: %s\n", (*handle)->check().ToString().c_str());
+    std::_Exit(1);
+  }
+  const bool untouched = std::all_of(p.dst.begin(), p.dst.end(), [](char c) { return c == 0; });
+  std::fprintf(stderr, "refused: %s\n", handle.status().ToString().c_str());
+  std::_Exit(handle.status().code() == code && untouched && refusals(p, req) == 1 ? 0 : 2);
+}
+
+// Parameters: the transports, and whether the hostile side is a put's receiver (its key and
+// addresses steer a write) or a NIXL read's holder (they steer a read).
+class HostilePeerDeathTest : public ::testing::TestWithParam<std::tuple<std::string, bool>> {
+ protected:
+  void SetUp() override { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
+  const std::string& transports() const { return std::get<0>(GetParam()); }
+  bool read() const { return std::get<1>(GetParam()); }
+  // Runs refusedOrExit for a put or a get, with `craft` applied to its key and blocks.
+  void expectRefused(const std::function<void(const Pair&, std::string& rkey,
+                                              std::vector<BlockCopy>& blocks)>& craft,
+                     absl::StatusCode code, const char* why) {
+    if (read()) {
+      std::function<void(const Pair&, GetRequest&)> f = [craft](const Pair& p, GetRequest& r) {
+        craft(p, r.peer_rkey, r.blocks);
+      };
+      EXPECT_EXIT(refusedOrExit(transports(), f, code), ::testing::ExitedWithCode(0), why);
+    } else {
+      std::function<void(const Pair&, PutRequest&)> f = [craft](const Pair& p, PutRequest& r) {
+        craft(p, r.peer_rkey, r.blocks);
+      };
+      EXPECT_EXIT(refusedOrExit(transports(), f, code), ::testing::ExitedWithCode(0), why);
+    }
+  }
+};
+
+TEST_P(HostilePeerDeathTest, RemoteRangeOutsideThePeersRegionIsRefused) {
+  // The peer's real key with an address that is not in its region: UCX would write or read
+  // there.
+  auto at = [this](uint64_t (*addr)(const MemoryRegion&)) {
+    expectRefused(
+        [addr, read = read()](const Pair& p, std::string&, std::vector<BlockCopy>& blocks) {
+          const MemoryRegion& region = read ? *p.src_region : *p.dst_region;
+          blocks = {{0, addr(region), 4096}};
+        },
+        absl::StatusCode::kOutOfRange, "outside the peer's region");
+  };
+  at([](const MemoryRegion&) -> uint64_t { return 4096; });
+  at([](const MemoryRegion& r) { return r.base() + 65536 - 100; });
+  at([](const MemoryRegion& r) { return r.base() - 4096; });
+}
+
+TEST_P(HostilePeerDeathTest, CraftedRemoteKeyNeverReachesUcx) {
+  auto refused = [this](std::function<std::string(const RemoteKey&)> make, const char* why) {
+    expectRefused([make](const Pair&, std::string& rkey,
+                         std::vector<BlockCopy>&) { rkey = make(*parseRemoteKey(rkey)); },
+                  absl::StatusCode::kInvalidArgument, why);
+  };
+  // UCX's own bytes, as a peer unaware of the envelope (or an attacker) would send them.
+  refused([](const RemoteKey& k) { return k.ucx; }, "rkey: ");
+  refused([](const RemoteKey& k) { return k.ucx + std::string(64, 'x'); },
+          "not a kvfabric remote key");
+  refused(
+      [](const RemoteKey&) {
+        std::string junk(200, '\0');
+        std::mt19937_64 rng(3);
+        for (auto& c : junk) c = static_cast<char>(rng());
+        return junk;
+      },
+      "rkey: ");
+  // Well-wrapped, but the UCX key inside names every memory domain.
+  refused(
+      [](const RemoteKey& k) {
+        std::string ucx = k.ucx;
+        std::memset(ucx.data(), 0xff, 8);
+        return packRemoteKey(k.base, k.length, ucx);
+      },
+      "rkey: ");
+  // A domain key longer than the bytes that follow it.
+  refused(
+      [](const RemoteKey& k) {
+        std::string ucx = k.ucx;
+        ucx[9] = static_cast<char>(0xff);
+        return packRemoteKey(k.base, k.length, ucx);
+      },
+      "does not fit");
+  // An unknown memory type, and a truncated key.
+  refused(
+      [](const RemoteKey& k) {
+        std::string ucx = k.ucx;
+        ucx[8] = static_cast<char>(0x7f);
+        return packRemoteKey(k.base, k.length, ucx);
+      },
+      "unknown memory type");
+  refused([](const RemoteKey& k) { return packRemoteKey(k.base, k.length, k.ucx.substr(0, 5)); },
+          "truncated");
+  // A region that wraps around the address space.
+  refused([](const RemoteKey& k) { return packRemoteKey(~uint64_t{0} - 10, k.length, k.ucx); },
+          "overflows");
+}
+
+INSTANTIATE_TEST_SUITE_P(Loopback, HostilePeerDeathTest,
+                         ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, bool>>& info) {
+                           return std::get<0>(info.param) +
+                                  (std::get<1>(info.param) ? "_Get" : "_Put");
+                         });
+
+TEST(RemoteKey, RoundTripsAndBoundsTheRegion) {
+  Pair p = makePair("shm", 1 << 16);
+  auto key = parseRemoteKey(p.dst_region->packedRkey());
+  ASSERT_TRUE(key.ok()) << key.status();
+  EXPECT_EQ(key->base, p.dst_region->base());
+  EXPECT_EQ(key->length, p.dst_region->length());
+  EXPECT_NE(key->md_map, 0u);
+  EXPECT_TRUE(key->contains(p.dst_region->base(), 1 << 16));
+  EXPECT_FALSE(key->contains(p.dst_region->base(), (1 << 16) + 1));
+  EXPECT_FALSE(key->contains(p.dst_region->base() + 1, 1 << 16));
+  EXPECT_FALSE(key->contains(p.dst_region->base() + 10, 0));
+  EXPECT_FALSE(key->contains(~uint64_t{0} - 1, 4));
+  std::string wrapped = p.dst_region->packedRkey();
+  for (size_t cut = 0; cut < wrapped.size(); ++cut) {
+    EXPECT_FALSE(parseRemoteKey(wrapped.substr(0, cut)).ok()) << cut;
+  }
 }
 
 TEST(MemoryRegion, ReleaseWaitsForPutsReadingIt) {

@@ -14,8 +14,10 @@
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/use_future.hpp>
 
+#include "common/http_client.h"
 #include "common/http_server.h"
 #include "common/process.h"
+#include "common/strings.h"
 #include "tests/fakes/fake_engine_adapter.h"
 #include "tests/fakes/fake_transport.h"
 #include "tests/testing/io_thread.h"
@@ -235,8 +237,9 @@ TEST_F(AgentTest, InfoRefusedOrFailingFallsBack) {
 }
 
 // A server that speaks for holder C on /kv/info (so the receiver expects C's writes) but answers
-// /kv/push with `status`.
-std::unique_ptr<http::HttpServer> impostor(asio::io_context& ioc, int status) {
+// /kv/push with `status`; with `claim` it first claims the landing on the receiver, as a holder
+// that goes on to write would.
+std::unique_ptr<http::HttpServer> impostor(asio::io_context& ioc, int status, bool claim = false) {
   auto s = http::HttpServer::create(ioc, http::ServerOptions{});
   (*s)->route("GET", "/kv/info",
               [](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
@@ -246,7 +249,22 @@ std::unique_ptr<http::HttpServer> impostor(asio::io_context& ioc, int status) {
                 co_await w.sendJson(200, std::move(body));
               });
   (*s)->route("POST", "/kv/push",
-              [status](const http::Request&, http::ResponseWriter& w) -> asio::awaitable<void> {
+              [status, claim, &ioc](const http::Request& r,
+                                    http::ResponseWriter& w) -> asio::awaitable<void> {
+                auto push = protocol::parsePushRequest(r.body, {});
+                if (claim && push.ok()) {
+                  const std::string& url = push->receiver_url;
+                  auto port = static_cast<uint16_t>(std::stoi(url.substr(url.rfind(':') + 1)));
+                  auto client = http::HttpClient::create(ioc.get_executor(), "127.0.0.1", port,
+                                                         http::ClientOptions{});
+                  http::ClientRequest req;
+                  req.method = "POST";
+                  req.target = "/kv/claim";
+                  req.body = protocol::serializeLandingClaim({push->landing_id});
+                  req.headers.emplace_back("authorization", "Bearer s3cret");
+                  auto granted = co_await client->request(std::move(req));
+                  EXPECT_TRUE(granted.ok() && granted->status == 200);
+                }
                 co_await w.sendError(status, "not now");
               });
   (*s)->start();
@@ -274,7 +292,7 @@ TEST_F(AgentTest, PushFailingAfterItMayHavePostedQuarantinesUntilTheHolderIsGone
   node("C");
   Node& d = node("D");
   auto server = io_->run([&]() -> asio::awaitable<std::unique_ptr<http::HttpServer>> {
-    co_return impostor(io_->context(), 503);
+    co_return impostor(io_->context(), 503, /*claim=*/true);
   });
   auto r = fetch(d, "http://127.0.0.1:" + std::to_string(server->port()), "f1", 4,
                  milliseconds(200), milliseconds(800));
@@ -287,6 +305,63 @@ TEST_F(AgentTest, PushFailingAfterItMayHavePostedQuarantinesUntilTheHolderIsGone
   EXPECT_TRUE(r.released);
   expectNoViolations(d, r);
   runOnIo([&] { server->stop(); });
+}
+
+// A holder writes only after the receiver granted its claim: a source that failed without
+// claiming can have written nothing, so its landing is freed at once instead of quarantined
+// until that source exits (a fake source could otherwise hold landing blocks indefinitely).
+TEST_F(AgentTest, UnclaimedLandingIsFreedAtOnceWhateverTheSourceAnswers) {
+  node("C");
+  Node& d = node("D");
+  auto server = io_->run([&]() -> asio::awaitable<std::unique_ptr<http::HttpServer>> {
+    co_return impostor(io_->context(), 503);
+  });
+  auto r = fetch(d, "http://127.0.0.1:" + std::to_string(server->port()), "f1", 4,
+                 milliseconds(200), milliseconds(800));
+  ASSERT_TRUE(r.completed.has_value());
+  EXPECT_TRUE(r.failed);
+  EXPECT_FALSE(r.completed->writes_may_arrive);
+  EXPECT_TRUE(r.released);
+  expectNoViolations(d, r);
+  runOnIo([&] { server->stop(); });
+}
+
+// A token holder asks C to push into D's live pool blocks with D's real address and key but a
+// landing D never opened. C claims the landing from D first; D refuses; C writes nothing.
+TEST_F(AgentTest, PushNamingNoOutstandingLandingIsRefusedBeforeAnyWrite) {
+  Node& c = node("C");
+  Node& d = node("D");
+  holdOn(c, 4);
+  const PayloadRegion pool = d.engine->payloadRegion();
+  const auto* bytes = static_cast<const std::byte*>(pool.data);
+  const std::vector<std::byte> before(bytes, bytes + pool.length);
+  protocol::PushRequest push;
+  push.request_id = "hostile";
+  push.receiver_url = d.agent->url();
+  push.block_hashes = hashes(4);
+  push.receiver_address = transport::base64Encode(d.agent->transport().workerAddress());
+  push.rkey = transport::base64Encode(
+      strCat("rkey:D:", reinterpret_cast<uintptr_t>(pool.data)));  // FakeFabric's key format
+  for (size_t i = 0; i < 4; ++i) {
+    push.block_addrs.push_back(reinterpret_cast<uintptr_t>(pool.data) + (10 + i) * kBlockBytes);
+  }
+  push.block_bytes = kBlockBytes;
+  push.landing_id = 0x5eed5eed5eedULL;
+  auto answer = io_->run([&]() -> asio::awaitable<absl::StatusOr<http::Response>> {
+    auto client = http::HttpClient::create(io_->context().get_executor(), "127.0.0.1",
+                                           c.agent->port(), http::ClientOptions{});
+    http::ClientRequest req;
+    req.method = "POST";
+    req.target = "/kv/push";
+    req.body = protocol::serializePushRequest(push);
+    req.headers.emplace_back("authorization", "Bearer s3cret");
+    co_return co_await client->request(std::move(req));
+  });
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->status, 400) << answer->body;
+  EXPECT_NE(answer->body.find("is not an outstanding landing"), std::string::npos) << answer->body;
+  EXPECT_TRUE(std::equal(before.begin(), before.end(), bytes)) << "D's pool was written";
+  EXPECT_TRUE(waitPinsZero(c, milliseconds(2000)));
 }
 
 TEST_F(AgentTest, ChecksumMismatchFallsBackAndFreesTheLanding) {

@@ -283,6 +283,41 @@ TEST_F(KvPushTest, OffloadLeaseIsPushedThenReleasedOrExpires) {
   EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, std::chrono::seconds(3)));
 }
 
+// A token holder asks holder C to push C's leased blocks into receiver D at address 4096 with a
+// crafted key and a landing D never opened: before, C unpacked the key in UCX and put to the
+// address (a segfault); now C claims the landing from D, D refuses, and C writes nothing.
+TEST_F(KvPushTest, HostilePushNeverReachesUcxAndBothEnginesKeepServing) {
+  Engine& c = start("C");
+  Engine& d = start("D");
+  std::string prompt = tokens(2000, 31);
+  bj::object pre = complete(c, prompt, R"(, "kv_transfer_params": {"do_remote_decode": true})");
+  ASSERT_TRUE(pre.contains("kv_transfer_params")) << pre;
+  bj::array held = pre["kv_transfer_params"].as_object()["block_hashes"].as_array();
+  auto info = json::parseObject(call(d.worker_port, "GET", "/kv/info", "", "s3cret").body);
+  ASSERT_TRUE(info.ok());
+  bj::object push;
+  push["request_id"] = "hostile";
+  push["receiver_url"] = d.workerUrl();
+  push["receiver_address"] = (*info)["transport_address"];
+  push["rkey"] = "S0ZSSwEAAAAAEAAAAAAAAP////8AAAAA/////w==";  // crafted: UCX would trust it
+  push["block_hashes"] = bj::array{held[0]};
+  push["block_addrs"] = bj::array{4096};
+  push["block_bytes"] = 256;
+  push["landing_id"] = 77;
+  http::Response r = call(c.worker_port, "POST", "/kv/push", bj::serialize(push), "s3cret");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_NE(r.body.find("is not an outstanding landing"), std::string::npos) << r.body;
+  std::string refused = call(c.port, "GET", "/metrics").body;
+  EXPECT_NE(refused.find(R"(reason="not_granted"} 1)"), std::string::npos);
+  std::string claims = call(d.port, "GET", "/metrics").body;
+  EXPECT_NE(claims.find(R"(kvfabric_worker_claims_refused_total{model_name)"), std::string::npos);
+  EXPECT_NE(claims.find(R"(reason="unknown"} 1)"), std::string::npos);
+  // Both engines keep serving, and an honest push between them still lands.
+  bj::object ok = complete(d, prompt, source(c));
+  EXPECT_EQ(std::string(result(ok)["status"].as_string()), "ok") << ok;
+  EXPECT_EQ(cached(ok), 124 * 16);
+}
+
 // A listening socket that never accepts: what an engine sends it waits in the backlog.
 struct Listener {
   int fd = -1;
