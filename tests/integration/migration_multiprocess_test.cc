@@ -287,8 +287,12 @@ TEST_F(MigrationMultiprocessTest, NixlTurnTwoReadsTheHoldersBlocksAfterItsFirstL
   EXPECT_EQ(result.at("status").as_string(), "ok") << second->body;
   EXPECT_EQ(result.at("pushed_bytes").as_int64(), 287 * kPayloadBytesPerBlock);
   EXPECT_FALSE(body->contains("kv_transfer_params"));
-  std::string log = readFile((dir_ / "decisions.jsonl").string());
-  EXPECT_NE(log.find("\"kv_connector\":\"nixl\""), std::string::npos) << log;
+  // The decision record is written after the response: wait for it.
+  std::string log;
+  EXPECT_TRUE(eventually([&] {
+    log = readFile((dir_ / "decisions.jsonl").string());
+    return log.find("\"kv_connector\":\"nixl\"") != std::string::npos;
+  })) << log;
 }
 
 TEST_F(MigrationMultiprocessTest, NixlHeavyPrefillIsOffloadedAndReadByD) {
