@@ -20,6 +20,7 @@
 #include "tests/testing/child_process.h"
 #include "tests/testing/http_call.h"
 #include "tests/testing/io_thread.h"
+#include "tests/testing/poll.h"
 
 namespace kvf::testing {
 namespace {
@@ -123,12 +124,7 @@ class MigrationMultiprocessTest : public ::testing::Test {
 
   template <class P>
   bool eventually(P pred, std::chrono::milliseconds timeout = 20s) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (pred()) return true;
-      std::this_thread::sleep_for(20ms);
-    }
-    return false;
+    return kvf::testing::eventually(pred, timeout);
   }
 
   std::string source_, bin_;

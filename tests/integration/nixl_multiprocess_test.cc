@@ -26,6 +26,7 @@
 #include "protocol/transfer_auth.h"
 #include "tests/testing/child_process.h"
 #include "tests/testing/io_thread.h"
+#include "tests/testing/poll.h"
 #include "tests/testing/socket_read.h"
 
 namespace kvf::testing {
@@ -140,12 +141,7 @@ class NixlMultiprocessTest : public ::testing::Test {
 
   template <class P>
   bool eventually(P pred, std::chrono::milliseconds timeout = 20s) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (pred()) return true;
-      std::this_thread::sleep_for(20ms);
-    }
-    return false;
+    return kvf::testing::eventually(pred, timeout);
   }
 
   bj::object fixture(const std::string& name) {

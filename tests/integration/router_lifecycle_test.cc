@@ -31,6 +31,7 @@
 #include "tests/testing/child_process.h"
 #include "tests/testing/http_call.h"
 #include "tests/testing/io_thread.h"
+#include "tests/testing/poll.h"
 
 namespace kvf::testing {
 namespace {
@@ -58,15 +59,7 @@ double sample(const std::string& text, const std::string& series) {
 const std::string kRunning = "vllm:num_requests_running{model_name=\"test-model\"}";
 const std::string kAborted = "kvfabric_engine_requests_aborted_total{model_name=\"test-model\"}";
 
-template <class P>
-bool eventually(P pred, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(20ms);
-  }
-  return false;
-}
+using kvf::testing::eventually;
 
 class RouterLifecycleTest : public ::testing::Test {
  protected:
