@@ -42,8 +42,12 @@ Usage: experiments/bench/soak.sh [flags]
                      (default experiments/results/soak-<UTC time>)
   -h, --help         this text
 Environment: KVF_BIN_DIR (default build/bin).
-Output: DIR/samples.csv (t_s,process,pid,rss_kb,fds), DIR/soak.png, DIR/summary.txt,
-DIR/*.log, DIR/replay-*.jsonl. Needs /usr/bin/python3 with numpy and matplotlib.
+After the load it stops the clients, waits (at most 120 s) until the engines hold no request,
+and compares each process's idle RSS and fds with its idle figures from before the load.
+Output: DIR/samples.csv (t_s,process,pid,rss_kb,fds), DIR/soak.png, DIR/summary.txt (the
+verdict), DIR/idle.csv and idle.txt (before and after), DIR/utilisation.txt (busy fraction,
+client aborts, kvf-replay's TTFT), DIR/router.yaml, DIR/*.log, DIR/replay-*.jsonl.
+Needs /usr/bin/python3 with numpy and matplotlib.
 Exit status: 0 every process within the bound, 1 one is not or the cluster failed, 2 a bad
 command line.
 EOF
@@ -173,6 +177,25 @@ done
 pids=("$router_pid" "${server_pids[@]:0:$engines}")
 model=$(curl -s "$url/v1/models" | "$py" -c 'import json, sys; print(json.load(sys.stdin)["data"][0]["id"])')
 
+metric_sum() {  # url, metric name: the sum over its series, 0 when absent
+  curl -s --max-time 5 "$1/metrics" | awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $NF } END { printf "%.6f", s + 0 }'
+}
+sample() {  # t, file: one row per process (t,process,pid,rss_kb,fds); fails if one is gone
+  local k p rss fds
+  for k in "${!pids[@]}"; do
+    p=${pids[$k]}
+    rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$p/status" 2>/dev/null || true)
+    # No VmRSS: gone, or a zombie waiting to be reaped.
+    [[ -n $rss ]] || { echo "soak.sh: ${names[$k]} (pid $p) died at t=$1 s (log: $out/${names[$k]}.log)" >&2; return 1; }
+    fds=$(find "/proc/$p/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
+    echo "$1,${names[$k]},$p,$rss,$fds" >> "$2"
+  done
+}
+# Idle figures before any load, compared at the end with the same after the load has drained:
+# descriptors or memory still held then are not explained by requests in flight.
+echo "t_s,process,pid,rss_kb,fds" > "$out/idle.csv"
+sample before "$out/idle.csv"
+
 # Load 1: the Mooncake conversation trace, streaming, looped with a new salt each pass.
 (
   pass=0
@@ -210,9 +233,6 @@ if [[ $extra_rps != 0 && $extra_rps != 0.0 ]]; then
   loop_pids+=($!)
 fi
 
-metric_sum() {  # url, metric name: the sum over its series, 0 when absent
-  curl -s --max-time 5 "$1/metrics" | awk -v m="$2" '$1 == m || index($1, m "{") == 1 { s += $NF } END { printf "%.6f", s + 0 }'
-}
 busy0=()
 for ((i = 0; i < engines; i++)); do
   busy0+=("$(metric_sum "http://127.0.0.1:${ports[$((1 + 4 * i))]}" kvfabric_engine_step_duration_seconds_sum)")
@@ -226,14 +246,7 @@ start=$SECONDS next=0 last_report=-60
 while :; do
   t=$((SECONDS - start))
   ((t >= next)) || { sleep 0.2; continue; }
-  for k in "${!pids[@]}"; do
-    p=${pids[$k]}
-    rss=$(awk '/^VmRSS:/ { print $2 }' "/proc/$p/status" 2>/dev/null || true)
-    # No VmRSS: gone, or a zombie waiting to be reaped.
-    [[ -n $rss ]] || { echo "soak.sh: ${names[$k]} (pid $p) died at t=$t s (log: $out/${names[$k]}.log)" >&2; exit 1; }
-    fds=$(find "/proc/$p/fd" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l)
-    echo "$t,${names[$k]},$p,$rss,$fds" >> "$csv"
-  done
+  sample "$t" "$csv" || exit 1
   if ((t - last_report >= 60)); then
     last_report=$t
     reqs=$(metric_sum "$url" kvfabric_router_requests_total)
@@ -247,6 +260,29 @@ while :; do
   ((t < duration)) || break
 done
 
+# Stop the load; the engines abort what their clients left, then sample idle again.
+{
+  for p in "${loop_pids[@]}"; do kill -TERM -- "-$p" || true; done
+  for p in "${loop_pids[@]}"; do wait "$p" || true; done
+} 2>/dev/null
+loop_pids=()
+deadline=$((SECONDS + 120))
+while :; do
+  busy=0
+  for ((i = 0; i < engines; i++)); do
+    e=http://127.0.0.1:${ports[$((1 + 4 * i))]}
+    busy=$(awk -v x="$busy" -v y="$(metric_sum "$e" vllm:num_requests_running)" \
+      -v z="$(metric_sum "$e" vllm:num_requests_waiting)" 'BEGIN { printf "%.0f", x + y + z }')
+  done
+  ((busy > 0 && SECONDS < deadline)) || break
+  sleep 0.5
+done
+((busy == 0)) || echo "soak.sh: $busy requests still in the engines 120 s after the load stopped" >&2
+sample after "$out/idle.csv" || exit 1
+echo "idle, before the load -> after it drained (RSS MiB, open fds):"
+awk -F, 'NR > 1 && $1 == "before" { r[$2] = $4; f[$2] = $5 }
+  NR > 1 && $1 == "after" { printf "  %-7s %6.1f -> %6.1f MiB  %4d -> %4d fds\n", $2, r[$2] / 1024, $4 / 1024, f[$2], $5 }' \
+  "$out/idle.csv" | tee "$out/idle.txt"
 echo "load: router decisions by mode (since start):"
 curl -s --max-time 5 "$url/metrics" | grep -E '^kvfabric_router_(decisions_total|requests_total)' | sed 's/^/  /' || true
 {
