@@ -3,20 +3,14 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <iterator>
 
 namespace kvf::policy {
 
 namespace {
 
-InstanceMask bit(int instance) { return InstanceMask{1} << instance; }
-
 bool validInstance(int instance) { return instance >= 0 && instance < kMaxInstances; }
 bool validStream(int stream) { return stream >= 0 && stream < kMaxStreams; }
-
-// Whether `me` holds the block exactly (from events).
-bool holdsExactly(const HolderTable::Entry* entry, InstanceMask me) {
-  return entry != nullptr && (*entry & me) != 0;
-}
 
 // Event runs (a prompt's blocks, an eviction batch, due expiries) touch one random slot per
 // block: prefetching the slot of the block kAhead positions on keeps that many cache misses in
@@ -37,22 +31,34 @@ void prefetchRunAhead(const HolderTable& table, std::span<const uint64_t> own, s
 }
 
 // The leading-run bookkeeping of matchLengths / hashAndMatch: which of the first out.size()
-// instances still hold every block so far, and each one's run length once it ends.
+// instances still hold every block so far, and each one's run length once it ends. Instances
+// below kWordInstances run as bits of one word; past them (clusters of more than 63), the listed
+// ones still running are kept in `listed`, ascending, which every block's listed holders thin.
 class RunTracker {
  public:
-  explicit RunTracker(std::span<uint32_t> out) : out_(out) {
+  RunTracker(std::span<uint32_t> out, std::vector<ListedInstance>* listed)
+      : out_(out.first(std::min<size_t>(out.size(), kMaxInstances))), listed_(listed) {
     std::fill(out.begin(), out.end(), 0u);
-    size_t n = std::min<size_t>(out.size(), kMaxInstances);
-    alive_ = n == kMaxInstances ? ~InstanceMask{0} : (bit(static_cast<int>(n)) - 1);
+    const size_t n = out_.size();
+    alive_ = n >= static_cast<size_t>(kWordInstances) ? ~HolderTable::kListedFlag
+                                                       : instanceBit(static_cast<int>(n)) - 1;
+    listed_all_ = n > static_cast<size_t>(kWordInstances);
+    listed_->clear();
   }
-  // Block `i` is held by `held`; false once no instance continues the run.
-  bool step(size_t i, InstanceMask held) {
+  // Block `i` is held by `exact` and `soft`; false once no instance continues the run.
+  bool step(size_t i, HolderView exact, HolderView soft) {
+    const InstanceMask held = exact.word | soft.word;
     record(alive_ & ~held, i);
     alive_ &= held;
-    return alive_ != 0;
+    if (listed_all_ || !listed_->empty()) [[unlikely]]
+      stepListed(i, exact.listed, soft.listed);
+    return alive_ != 0 || !listed_->empty();
   }
   // Every instance still running holds all `blocks` blocks.
-  void finish(size_t blocks) { record(alive_, blocks); }
+  void finish(size_t blocks) {
+    record(alive_, blocks);
+    for (ListedInstance id : *listed_) out_[id] = static_cast<uint32_t>(blocks);
+  }
 
  private:
   void record(InstanceMask ended, size_t length) {
@@ -61,8 +67,30 @@ class RunTracker {
       ended &= ended - 1;
     }
   }
+  void stepListed(size_t i, std::span<const ListedInstance> a, std::span<const ListedInstance> b) {
+    if (listed_all_) {
+      // The first block: every listed instance ran so far, those holding it go on (the others
+      // keep length 0).
+      listed_all_ = false;
+      std::set_union(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(*listed_));
+      while (!listed_->empty() && listed_->back() >= out_.size()) listed_->pop_back();
+      return;
+    }
+    size_t kept = 0;
+    for (ListedInstance id : *listed_) {
+      if (std::binary_search(a.begin(), a.end(), id) || std::binary_search(b.begin(), b.end(), id)) {
+        (*listed_)[kept++] = id;
+      } else {
+        out_[id] = static_cast<uint32_t>(i);
+      }
+    }
+    listed_->resize(kept);
+  }
+
   std::span<uint32_t> out_;
   InstanceMask alive_ = 0;
+  bool listed_all_ = false;
+  std::vector<ListedInstance>* listed_;
 };
 
 }  // namespace
@@ -71,7 +99,9 @@ CacheIndex::CacheIndex(CacheIndexConfig config)
     : config_(config),
       entries_(processSalt(), static_cast<int>(std::lround(config.table_max_load * 8))),
       instances_(kMaxInstances),
-      soft_(config.max_soft_entries) {}
+      soft_(config.max_soft_entries) {
+  run_scratch_.reserve(kMaxInstances);
+}
 
 bool CacheIndex::storeBlocks(int instance, const StoredBlocks& event, int stream) {
   if (!validInstance(instance) || !validStream(stream) || event.engine_hashes.empty()) {
@@ -103,14 +133,13 @@ void CacheIndex::setCapacity(int instance, size_t blocks) {
 }
 
 void CacheIndex::acquire(BlockHash ours, int instance) {
-  const InstanceMask me = bit(instance);
   HolderTable::Entry* entry = entries_.insert(ours);
-  if (holdsExactly(entry, me)) {
+  if (entries_.holds(entry, ours, instance)) {
     ++instances_[instance].extra_refs.tryEmplace(ours.value, 0).first[0];
     return;
   }
   ++stats_.exact_entries;
-  *entry |= me;
+  entries_.add(entry, ours, instance);
 }
 
 void CacheIndex::release(BlockHash ours, int instance) {
@@ -176,10 +205,9 @@ bool CacheIndex::storeOwnChain(int instance, std::span<const uint64_t> hashes, b
                                BlockHash parent, NextHash next) {
   // The engine's hashes are ours (setEngineHashesAreOurs): each is converted as it is checked.
   InstanceState& state = instances_[instance];
-  const InstanceMask me = bit(instance);
   if (!has_parent) {
     parent = kRootBlockHash;
-  } else if (!holdsExactly(entries_.find(parent), me)) {
+  } else if (!entries_.holds(entries_.find(parent), parent, instance)) {
     ++stats_.stored_events_rejected;
     return false;
   }
@@ -194,31 +222,31 @@ bool CacheIndex::storeOwnChain(int instance, std::span<const uint64_t> hashes, b
     // no holder, so it reads as not held); at the cap only look.
     const bool room = state.own_blocks + 1 <= config_.max_blocks_per_instance;
     HolderTable::Entry* entry = room ? entries_.insert(parent) : entries_.find(parent);
-    if (holdsExactly(entry, me)) continue;
+    if (entries_.holds(entry, parent, instance)) continue;
     if (!room) {
       ++stats_.stored_events_rejected;
       return false;
     }
     ++state.own_blocks;
     ++stats_.exact_entries;
-    *entry |= me;
+    entries_.add(entry, parent, instance);
   }
   return true;
 }
 
 void CacheIndex::removeOwnBlocks(int instance, std::span<const uint64_t> hashes) {
   InstanceState& state = instances_[instance];
-  const InstanceMask me = bit(instance);
   for (size_t i = 0; i < hashes.size(); ++i) {
     prefetchRunAhead(entries_, hashes, i);
-    HolderTable::Entry* entry = entries_.find(BlockHash{hashes[i]});
-    if (!holdsExactly(entry, me)) {
+    const BlockHash hash{hashes[i]};
+    HolderTable::Entry* entry = entries_.find(hash);
+    if (!entries_.holds(entry, hash, instance)) {
       ++stats_.removed_unknown;
       continue;
     }
     --stats_.exact_entries;
     --state.own_blocks;
-    entries_.clearBits(entry, me);
+    entries_.remove(entry, hash, instance);
   }
 }
 
@@ -279,10 +307,9 @@ void CacheIndex::clearInstance(int instance) {
   state.extra_refs.clear();
   // Its exact entries where no map lists them, and its soft ones.
   if (state.hashes_are_ours) {
-    const InstanceMask me = bit(instance);
     std::vector<BlockHash> held;
-    entries_.forEach([&](BlockHash hash, HolderTable::Entry e) {
-      if (e & me) held.push_back(hash);
+    entries_.forEach([&](BlockHash hash, HolderView holders) {
+      if (holders.contains(instance)) held.push_back(hash);
     });
     for (BlockHash hash : held) clearExact(hash, instance);
   }
@@ -304,28 +331,27 @@ void CacheIndex::addSoft(int instance, std::span<const BlockHash> hashes, Nanos 
 void CacheIndex::expire(Nanos now) { soft_.expire(now); }
 
 void CacheIndex::clearExact(BlockHash hash, int instance) {
-  const InstanceMask me = bit(instance);
   HolderTable::Entry* entry = entries_.find(hash);
-  if (!holdsExactly(entry, me)) return;
+  if (!entries_.holds(entry, hash, instance)) return;
   --stats_.exact_entries;
-  entries_.clearBits(entry, me);
+  entries_.remove(entry, hash, instance);
 }
 
 void CacheIndex::matchLengths(std::span<const BlockHash> hashes, std::span<uint32_t> out) const {
-  RunTracker run(out);
+  RunTracker run(out, &run_scratch_);
   SoftTree::Cursor soft(soft_);
   constexpr size_t kPrefetch = 8;
   for (size_t i = 0; i < std::min(kPrefetch, hashes.size()); ++i) entries_.prefetch(hashes[i]);
   for (size_t i = 0; i < hashes.size(); ++i) {
     if (i + kPrefetch < hashes.size()) entries_.prefetch(hashes[i + kPrefetch]);
-    if (!run.step(i, entries_.get(hashes[i]) | soft.next(hashes[i]))) return;
+    if (!run.step(i, entries_.get(hashes[i]), soft.next(hashes[i]))) return;
   }
   run.finish(hashes.size());
 }
 
 void CacheIndex::hashAndMatch(std::span<const TokenId> tokens, std::vector<BlockHash>* hashes,
                               std::span<uint32_t> out) const {
-  RunTracker run(out);
+  RunTracker run(out, &run_scratch_);
   size_t bs = config_.block_size;
   size_t blocks = bs == 0 ? 0 : tokens.size() / bs;
   hashes->resize(blocks);
@@ -349,21 +375,23 @@ void CacheIndex::hashAndMatch(std::span<const TokenId> tokens, std::vector<Block
   size_t i = 0;
   for (; i < blocks; ++i) {
     if (i % kStep == 0 && hashed < blocks) extend(std::min(blocks, hashed + kStep));
-    if (!run.step(i, entries_.get(dst[i]) | soft.next(dst[i]))) break;
+    if (!run.step(i, entries_.get(dst[i]), soft.next(dst[i]))) break;
   }
   if (i == blocks) run.finish(blocks);
   hashes->resize(hashed);  // only what was hashed; completeBlockHashes() goes on from there
 }
 
-InstanceMask CacheIndex::holders(std::span<const BlockHash> chain) const {
-  if (chain.empty()) return 0;
+HolderSet CacheIndex::holders(std::span<const BlockHash> chain) const {
+  if (chain.empty()) return {};
   SoftTree::Cursor soft(soft_);
-  InstanceMask last = 0;
+  HolderView last;
   for (BlockHash hash : chain) last = soft.next(hash);
-  return entries_.get(chain.back()) | last;
+  HolderSet out(entries_.get(chain.back()));
+  out |= last;
+  return out;
 }
 
-InstanceMask CacheIndex::exactHolders(BlockHash hash) const { return entries_.get(hash); }
+HolderSet CacheIndex::exactHolders(BlockHash hash) const { return HolderSet(entries_.get(hash)); }
 
 size_t CacheIndex::instanceBlocks(int instance) const {
   if (!validInstance(instance)) return 0;

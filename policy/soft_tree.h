@@ -28,6 +28,7 @@
 #include "common/clock.h"
 #include "common/flat_u64_map.h"
 #include "policy/block_hash.h"
+#include "policy/holder_set.h"
 
 namespace kvf::policy {
 
@@ -47,11 +48,12 @@ class SoftTree {
   void clearInstance(int instance);
 
   // Follows a prompt's hashes from its first block: next(h) gives the instances claiming the
-  // next block, 0 once the prompt leaves the tree (and from then on).
+  // next block, none once the prompt leaves the tree (and from then on). A view stays valid
+  // until the tree next changes.
   class Cursor {
    public:
     explicit Cursor(const SoftTree& tree) : tree_(&tree) {}
-    InstanceMask next(BlockHash hash) {
+    HolderView next(BlockHash hash) {
       if (pos_ == end_) [[unlikely]]
         return descend(hash);
       if (*pos_ != hash) return leave();
@@ -62,27 +64,27 @@ class SoftTree {
    private:
     static constexpr uint32_t kOut = ~uint32_t{0};
     // At the end of node_'s run: on to the child that starts with `hash`, if any.
-    InstanceMask descend(BlockHash hash) {
-      if (node_ == kOut) return 0;
+    HolderView descend(BlockHash hash) {
+      if (node_ == kOut) return {};
       const uint32_t* child = tree_->starts_.find(hash.value);
       if (child == nullptr || tree_->nodes_[*child].parent != node_) return leave();
       const Node& n = tree_->nodes_[*child];
       node_ = *child;
       pos_ = n.blocks.data() + 1;  // the first block is the map's key
       end_ = n.blocks.data() + n.blocks.size();
-      holders_ = n.holders;
+      holders_ = HolderView{n.holders, n.listed};
       return holders_;
     }
-    InstanceMask leave() {
+    HolderView leave() {
       node_ = kOut;
       pos_ = end_ = nullptr;
-      return 0;
+      return {};
     }
     const SoftTree* tree_;
     uint32_t node_ = kRoot;
     const BlockHash* pos_ = nullptr;  // node_'s next block, up to end_
     const BlockHash* end_ = nullptr;
-    InstanceMask holders_ = 0;
+    HolderView holders_;
   };
 
   // (block, instance) claims, distinct blocks, and claims expired so far (blocks x instances).
@@ -103,7 +105,8 @@ class SoftTree {
     uint32_t parent = kRoot;
     uint32_t children = 0;
     uint32_t generation = 0;  // bumped when freed: older records naming it are stale
-    InstanceMask holders = 0;
+    InstanceMask holders = 0;              // claimants below kWordInstances
+    std::vector<ListedInstance> listed;    // the others, ascending
     absl::InlinedVector<Claim, 2> claims;  // one per holder
   };
   struct Record {
