@@ -40,13 +40,17 @@ class RunTracker {
       : out_(out.first(std::min<size_t>(out.size(), kMaxInstances))), listed_(listed) {
     std::fill(out.begin(), out.end(), 0u);
     const size_t n = out_.size();
-    alive_ = n >= static_cast<size_t>(kWordInstances) ? ~HolderTable::kListedFlag
-                                                       : instanceBit(static_cast<int>(n)) - 1;
+    alive_ = instanceBit(static_cast<int>(std::min<size_t>(n, kWordInstances))) - 1;
     listed_all_ = n > static_cast<size_t>(kWordInstances);
     listed_->clear();
   }
-  // Block `i` is held by `exact` and `soft`; false once no instance continues the run.
-  bool step(size_t i, HolderView exact, HolderView soft) {
+  // Block `i` (`hash`, whose holder-table entry is `e`) is held by the entry's instances and
+  // by `soft`; false once no instance continues the run.
+  bool step(size_t i, const HolderTable& table, BlockHash hash, HolderTable::Entry e,
+            HolderView soft) {
+    HolderView exact{e, {}};
+    if (!HolderTable::isWord(e)) [[unlikely]]
+      exact = decode(table, hash, e);
     const InstanceMask held = exact.word | soft.word;
     record(alive_ & ~held, i);
     alive_ &= held;
@@ -67,6 +71,16 @@ class RunTracker {
       ended &= ended - 1;
     }
   }
+  // A compact entry equal to the block before's (a shared prefix's blocks have the same
+  // holders) is not decoded again. Decoding alternates between two buffers, so the block
+  // before's listed holders stay readable for stepListed.
+  HolderView decode(const HolderTable& table, BlockHash hash, HolderTable::Entry e) {
+    if (e == last_entry_ && !HolderTable::isFar(e)) return last_exact_;
+    cur_ ^= 1;
+    last_exact_ = table.view(hash, e, scratch_[cur_]);
+    last_entry_ = e;
+    return last_exact_;
+  }
   void stepListed(size_t i, std::span<const ListedInstance> a, std::span<const ListedInstance> b) {
     if (listed_all_) {
       // The first block: every listed instance ran so far, those holding it go on (the others
@@ -74,23 +88,43 @@ class RunTracker {
       listed_all_ = false;
       std::set_union(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(*listed_));
       while (!listed_->empty() && listed_->back() >= out_.size()) listed_->pop_back();
-      return;
-    }
-    size_t kept = 0;
-    for (ListedInstance id : *listed_) {
-      if (std::binary_search(a.begin(), a.end(), id) || std::binary_search(b.begin(), b.end(), id)) {
-        (*listed_)[kept++] = id;
-      } else {
-        out_[id] = static_cast<uint32_t>(i);
+    } else if (!sameIds(a, prev_a_) || !sameIds(b, prev_b_)) {
+      // One merge walk: the running instances, a and b all ascend.
+      size_t ia = 0, ib = 0, kept = 0;
+      for (ListedInstance id : *listed_) {
+        while (ia < a.size() && a[ia] < id) ++ia;
+        while (ib < b.size() && b[ib] < id) ++ib;
+        if ((ia < a.size() && a[ia] == id) || (ib < b.size() && b[ib] == id)) {
+          (*listed_)[kept++] = id;
+        } else {
+          out_[id] = static_cast<uint32_t>(i);
+        }
       }
+      listed_->resize(kept);
     }
-    listed_->resize(kept);
+    // Otherwise the block has the same listed holders as the one before (a shared prefix
+    // usually does), which every running instance holds: nothing ends.
+    prev_a_ = a;
+    prev_b_ = b;
+  }
+  // A loop, not memcmp: the lists are short, and a library call per block cost more.
+  static bool sameIds(std::span<const ListedInstance> x, std::span<const ListedInstance> y) {
+    if (x.size() != y.size()) return false;
+    if (x.data() == y.data()) return true;
+    uint32_t differ = 0;
+    for (size_t k = 0; k < x.size(); ++k) differ |= x[k] ^ y[k];
+    return differ == 0;
   }
 
   std::span<uint32_t> out_;
   InstanceMask alive_ = 0;
   bool listed_all_ = false;
   std::vector<ListedInstance>* listed_;
+  std::span<const ListedInstance> prev_a_, prev_b_;  // the last block's listed holders
+  HolderTable::Entry last_entry_ = 0;                // the last decoded entry
+  HolderView last_exact_;
+  ListedInstance scratch_[2][HolderTable::kCompactIds];
+  int cur_ = 0;
 };
 
 }  // namespace
@@ -344,7 +378,8 @@ void CacheIndex::matchLengths(std::span<const BlockHash> hashes, std::span<uint3
   for (size_t i = 0; i < std::min(kPrefetch, hashes.size()); ++i) entries_.prefetch(hashes[i]);
   for (size_t i = 0; i < hashes.size(); ++i) {
     if (i + kPrefetch < hashes.size()) entries_.prefetch(hashes[i + kPrefetch]);
-    if (!run.step(i, entries_.get(hashes[i]), soft.next(hashes[i]))) return;
+    const BlockHash h = hashes[i];
+    if (!run.step(i, entries_, h, entries_.raw(h), soft.next(h))) return;
   }
   run.finish(hashes.size());
 }
@@ -375,7 +410,7 @@ void CacheIndex::hashAndMatch(std::span<const TokenId> tokens, std::vector<Block
   size_t i = 0;
   for (; i < blocks; ++i) {
     if (i % kStep == 0 && hashed < blocks) extend(std::min(blocks, hashed + kStep));
-    if (!run.step(i, entries_.get(dst[i]), soft.next(dst[i]))) break;
+    if (!run.step(i, entries_, dst[i], entries_.raw(dst[i]), soft.next(dst[i]))) break;
   }
   if (i == blocks) run.finish(blocks);
   hashes->resize(hashed);  // only what was hashed; completeBlockHashes() goes on from there
@@ -386,12 +421,12 @@ HolderSet CacheIndex::holders(std::span<const BlockHash> chain) const {
   SoftTree::Cursor soft(soft_);
   HolderView last;
   for (BlockHash hash : chain) last = soft.next(hash);
-  HolderSet out(entries_.get(chain.back()));
+  HolderSet out = entries_.getSet(chain.back());
   out |= last;
   return out;
 }
 
-HolderSet CacheIndex::exactHolders(BlockHash hash) const { return HolderSet(entries_.get(hash)); }
+HolderSet CacheIndex::exactHolders(BlockHash hash) const { return entries_.getSet(hash); }
 
 size_t CacheIndex::instanceBlocks(int instance) const {
   if (!validInstance(instance)) return 0;

@@ -1,92 +1,100 @@
 #include "policy/holder_table.h"
 
-#include <algorithm>
+#include <bit>
 
 namespace kvf::policy {
 
-std::span<const ListedInstance> HolderTable::listedOf(BlockHash hash) const {
-  const Listed* l = listed_.find(hash.value);
-  if (l == nullptr) return {};
-  if (l->count <= kInline) return {l->ids, l->count};
-  return overflow_[overflowIndex(*l)];
+HolderView HolderTable::decode(BlockHash hash, Entry e, Scratch scratch) const {
+  const size_t count = compactCount(e);
+  if (count == kFar) return far_sets_[*far_index_.find(hash.value)].view();
+  HolderView v;
+  size_t n = 0;
+  for (size_t k = 0; k < count; ++k) {  // ascending: word ids first, then the listed ones
+    const int id = compactId(e, k);
+    if (id < kWordInstances) {
+      v.word |= instanceBit(id);
+    } else {
+      scratch[n++] = static_cast<ListedInstance>(id);
+    }
+  }
+  v.listed = scratch.first(n);
+  return v;
+}
+
+bool HolderTable::holds(const Entry* e, BlockHash hash, int instance) const {
+  if (e == nullptr) return false;
+  if ((*e & kNotWord) == 0) return instance < kWordInstances && (*e & instanceBit(instance)) != 0;
+  const size_t count = compactCount(*e);
+  if (count == kFar) return far_sets_[*far_index_.find(hash.value)].contains(instance);
+  for (size_t k = 0; k < count; ++k) {
+    if (compactId(*e, k) == instance) return true;
+  }
+  return false;
+}
+
+HolderTable::Entry HolderTable::encode(BlockHash hash, const HolderSet& holders) {
+  if (holders.view().listed.empty()) return holders.view().word;
+  if (holders.size() <= kCompactIds) {
+    Entry e = kNotWord | static_cast<Entry>(holders.size()) << kCountShift;
+    size_t k = 0;
+    holders.forEach([&](int id) { e |= static_cast<Entry>(id) << (kIdBits * k++); });
+    return e;
+  }
+  auto [index, inserted] = far_index_.tryEmplace(hash.value, 0);
+  if (inserted) {
+    if (!free_far_.empty()) {
+      *index = free_far_.back();
+      free_far_.pop_back();
+    } else {
+      *index = static_cast<uint32_t>(far_sets_.size());
+      far_sets_.emplace_back();
+    }
+  }
+  far_sets_[*index] = holders;
+  return kNotWord | kFar << kCountShift;
+}
+
+void HolderTable::dropFar(BlockHash hash) {
+  uint32_t* index = far_index_.find(hash.value);
+  if (index == nullptr) return;
+  far_sets_[*index] = HolderSet{};
+  free_far_.push_back(*index);
+  far_index_.eraseValue(index);
 }
 
 void HolderTable::add(Entry* e, BlockHash hash, int instance) {
-  if (instance < kWordInstances) {
+  if ((*e & kNotWord) == 0 && instance < kWordInstances) {
     *e |= instanceBit(instance);
     return;
   }
-  *e |= kListedFlag;
-  addListed(hash, static_cast<ListedInstance>(instance));
+  if ((*e & kNotWord) != 0 && compactCount(*e) == kFar) {
+    far_sets_[*far_index_.find(hash.value)].insert(instance);
+    return;
+  }
+  ListedInstance scratch[kCompactIds];
+  HolderSet holders((*e & kNotWord) == 0 ? HolderView{*e, {}} : decode(hash, *e, scratch));
+  holders.insert(instance);
+  *e = encode(hash, holders);
 }
 
 void HolderTable::remove(Entry* e, BlockHash hash, int instance) {
-  if (instance < kWordInstances) {
-    *e &= ~instanceBit(instance);
-  } else if ((*e & kListedFlag) != 0 &&
-             !removeListed(hash, static_cast<ListedInstance>(instance))) {
-    *e &= ~kListedFlag;
-  }
-  if (*e == 0) map_.eraseValue(e);
-}
-
-void HolderTable::addListed(BlockHash hash, ListedInstance id) {
-  Listed* l = listed_.tryEmplace(hash.value, Listed{}).first;
-  if (l->count < kInline) {
-    ListedInstance* end = l->ids + l->count;
-    ListedInstance* at = std::lower_bound(l->ids, end, id);
-    if (at != end && *at == id) return;
-    std::copy_backward(at, end, end + 1);
-    *at = id;
-    ++l->count;
-    return;
-  }
-  if (l->count == kInline) {
-    if (std::binary_search(l->ids, l->ids + kInline, id)) return;
-    uint32_t index;
-    if (!free_overflow_.empty()) {
-      index = free_overflow_.back();
-      free_overflow_.pop_back();
-    } else {
-      index = static_cast<uint32_t>(overflow_.size());
-      overflow_.emplace_back();
-    }
-    overflow_[index].assign(l->ids, l->ids + kInline);
-    l->ids[0] = static_cast<ListedInstance>(index & 0xffff);
-    l->ids[1] = static_cast<ListedInstance>(index >> 16);
-  }
-  std::vector<ListedInstance>& ids = overflow_[overflowIndex(*l)];
-  auto at = std::lower_bound(ids.begin(), ids.end(), id);
-  if (at != ids.end() && *at == id) return;
-  ids.insert(at, id);
-  l->count = static_cast<uint16_t>(ids.size());
-}
-
-bool HolderTable::removeListed(BlockHash hash, ListedInstance id) {
-  Listed* l = listed_.find(hash.value);
-  if (l == nullptr) return false;
-  if (l->count <= kInline) {
-    ListedInstance* end = l->ids + l->count;
-    ListedInstance* at = std::lower_bound(l->ids, end, id);
-    if (at != end && *at == id) {
-      std::copy(at + 1, end, at);
-      --l->count;
+  if ((*e & kNotWord) == 0) {
+    if (instance < kWordInstances) *e &= ~instanceBit(instance);
+  } else if (compactCount(*e) == kFar) {
+    HolderSet& set = far_sets_[*far_index_.find(hash.value)];
+    set.erase(instance);
+    if (set.size() <= kCompactIds || set.view().listed.empty()) {  // back into the slot
+      HolderSet holders = std::move(set);
+      dropFar(hash);
+      *e = holders.empty() ? 0 : encode(hash, holders);
     }
   } else {
-    const uint32_t index = overflowIndex(*l);
-    std::vector<ListedInstance>& ids = overflow_[index];
-    auto at = std::lower_bound(ids.begin(), ids.end(), id);
-    if (at != ids.end() && *at == id) ids.erase(at);
-    l->count = static_cast<uint16_t>(ids.size());
-    if (ids.size() == kInline) {  // back into the slot
-      std::copy(ids.begin(), ids.end(), l->ids);
-      ids = {};
-      free_overflow_.push_back(index);
-    }
+    ListedInstance scratch[kCompactIds];
+    HolderSet holders(decode(hash, *e, scratch));
+    holders.erase(instance);
+    *e = holders.empty() ? 0 : encode(hash, holders);
   }
-  if (l->count > 0) return true;
-  listed_.eraseValue(l);
-  return false;
+  if (*e == 0) map_.eraseValue(e);
 }
 
 }  // namespace kvf::policy
