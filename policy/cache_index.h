@@ -1,10 +1,10 @@
 // The cache index: which instances hold which blocks, keyed by our chained BlockHash. Exact
 // holders (from KV events: engine hash -> our hash through BlockStored token ids, so
 // BlockRemoved resolves; no map for a simulator's engine that hashes as we do) are a holder set
-// per block (up to kMaxInstances instances: a word below 63, a list past it) in a HolderTable. Soft holders are
-// what the router routed: short-TTL predicted entries for instances with events, which the
-// engine's BlockStored makes exact meanwhile, and approximate entries (with a longer expiry) for
-// instances without events; they are claims on routed prompts' chains in a SoftTree. A match
+// per block (up to kMaxInstances instances: a word below 63, a list past it) in a HolderTable. Soft
+// holders are what the router routed: short-TTL predicted entries for instances with events, which
+// the engine's BlockStored makes exact meanwhile, and approximate entries (with a longer expiry)
+// for instances without events; they are claims on routed prompts' chains in a SoftTree. A match
 // counts both. Pure and deterministic: time comes in as arguments. Single-threaded: the owner
 // serialises every call.
 #pragma once

@@ -104,7 +104,7 @@ class SoftTree {
     std::vector<BlockHash> blocks;  // empty only for the root and for free nodes
     uint32_t parent = kRoot;
     uint32_t children = 0;
-    uint32_t generation = 0;  // bumped when freed: older records naming it are stale
+    uint32_t generation = 0;               // bumped when freed: older records naming it are stale
     InstanceMask holders = 0;              // claimants below kWordInstances
     std::vector<ListedInstance> listed;    // the others, ascending
     absl::InlinedVector<Claim, 2> claims;  // one per holder

@@ -100,7 +100,6 @@ Fixture& fixtureFor(size_t prompt_tokens, int instances = kDefaultInstances) {
   return *cached;
 }
 
-
 enum class Step { kHash, kMatch, kDecide, kMatchDecide, kAll };
 
 // What the OS did to this thread: page faults and context switches (getrusage), and the time it
@@ -420,6 +419,7 @@ int main(int argc, char** argv) {
       "index\n"
       "of 1M blocks held by 8 instances (BM_*At: 32k-token prompts held by 8, 64, 256 and\n"
       "1,024), decide with each policy; per-call p50/p99 for 1k, 32k and 128k-token\n"
-      "prompts, and where the tail comes from (faults, preemption, a fixed-work noise floor). KVF_POLICY_BENCH_DUMP=FILE writes every iteration's time of the tail\n"
+      "prompts, and where the tail comes from (faults, preemption, a fixed-work noise floor). "
+      "KVF_POLICY_BENCH_DUMP=FILE writes every iteration's time of the tail\n"
       "benchmark to FILE. Figures: docs/benchmarks.md.");
 }

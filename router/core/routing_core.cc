@@ -233,16 +233,15 @@ bool RoutingCore::decide(RequestRoute& r, Nanos now) {
   if (config_.overload.enabled && config_.overload.steer) {
     for (size_t i = 0; i < n && !hide_saturated; ++i) {
       const int slot = static_cast<int>(i);
-      hide_saturated = admitted(slot, now) && !r.excluded_.contains(slot) &&
-                       !saturated(slot);
+      hide_saturated = admitted(slot, now) && !r.excluded_.contains(slot) && !saturated(slot);
     }
   }
   for (size_t i = 0; i < n; ++i) {
     const InstanceState& s = ledger_->instances[i];
     policy::InstanceSnapshot& snap = snapshots_[i];
     const int slot = static_cast<int>(i);
-    snap.healthy = admitted(slot, now) && !r.excluded_.contains(slot) &&
-                   !(hide_saturated && saturated(slot));
+    snap.healthy =
+        admitted(slot, now) && !r.excluded_.contains(slot) && !(hide_saturated && saturated(slot));
     snap.running = s.running;
     snap.waiting = s.waiting;
     snap.pending_prefill_tokens = s.pending_prefill_tokens;
