@@ -42,21 +42,31 @@ class RunTracker {
     const size_t n = out_.size();
     alive_ = instanceBit(static_cast<int>(std::min<size_t>(n, kWordInstances))) - 1;
     listed_all_ = n > static_cast<size_t>(kWordInstances);
+    listed_live_ = listed_all_;
     listed_->clear();
   }
   // Block `i` (`hash`, whose holder-table entry is `e`) is held by the entry's instances and
-  // by `soft`; false once no instance continues the run.
-  bool step(size_t i, const HolderTable& table, BlockHash hash, HolderTable::Entry e,
-            HolderView soft) {
-    HolderView exact{e, {}};
+  // by the soft cursor's (`soft_word` and soft.listed()); false once no instance continues the
+  // run. Inlined into the match loops: only the word path runs for a small cluster.
+  [[gnu::always_inline]] bool step(size_t i, const HolderTable& table, BlockHash hash,
+                                   HolderTable::Entry e, InstanceMask soft_word,
+                                   const SoftTree::Cursor& soft) {
+    InstanceMask exact_word = e;
     if (!HolderTable::isWord(e)) [[unlikely]]
-      exact = decode(table, hash, e);
-    const InstanceMask held = exact.word | soft.word;
+      exact_word = decode(table, hash, e).word;
+    const InstanceMask held = exact_word | soft_word;
     record(alive_ & ~held, i);
     alive_ &= held;
-    if (listed_all_ || !listed_->empty()) [[unlikely]]
-      stepListed(i, exact.listed, soft.listed);
-    return alive_ != 0 || !listed_->empty();
+    // Listed holders change only where the entry or the soft node does: along a shared prefix
+    // they do not, and the running listed instances go on without a look at them.
+    if (listed_live_ && (listed_all_ || e != prev_e_ || HolderTable::isFar(e) ||
+                         soft.listed().data() != prev_b_.data() ||
+                         soft.listed().size() != prev_b_.size())) [[unlikely]] {
+      stepListed(i, HolderTable::isWord(e) ? std::span<const ListedInstance>{} : last_exact_.listed,
+                 soft.listed());
+      prev_e_ = e;
+    }
+    return alive_ != 0 || listed_live_;
   }
   // Every instance still running holds all `blocks` blocks.
   void finish(size_t blocks) {
@@ -74,14 +84,16 @@ class RunTracker {
   // A compact entry equal to the block before's (a shared prefix's blocks have the same
   // holders) is not decoded again. Decoding alternates between two buffers, so the block
   // before's listed holders stay readable for stepListed.
-  HolderView decode(const HolderTable& table, BlockHash hash, HolderTable::Entry e) {
+  [[gnu::noinline]] HolderView decode(const HolderTable& table, BlockHash hash,
+                                      HolderTable::Entry e) {
     if (e == last_entry_ && !HolderTable::isFar(e)) return last_exact_;
     cur_ ^= 1;
     last_exact_ = table.view(hash, e, scratch_[cur_]);
     last_entry_ = e;
     return last_exact_;
   }
-  void stepListed(size_t i, std::span<const ListedInstance> a, std::span<const ListedInstance> b) {
+  [[gnu::noinline]] void stepListed(size_t i, std::span<const ListedInstance> a,
+                                    std::span<const ListedInstance> b) {
     if (listed_all_) {
       // The first block: every listed instance ran so far, those holding it go on (the others
       // keep length 0).
@@ -106,6 +118,7 @@ class RunTracker {
     // usually does), which every running instance holds: nothing ends.
     prev_a_ = a;
     prev_b_ = b;
+    listed_live_ = !listed_->empty();
   }
   // A loop, not memcmp: the lists are short, and a library call per block cost more.
   static bool sameIds(std::span<const ListedInstance> x, std::span<const ListedInstance> y) {
@@ -119,9 +132,11 @@ class RunTracker {
   std::span<uint32_t> out_;
   InstanceMask alive_ = 0;
   bool listed_all_ = false;
+  bool listed_live_ = false;  // listed_all_ or some listed instance still running
   std::vector<ListedInstance>* listed_;
   std::span<const ListedInstance> prev_a_, prev_b_;  // the last block's listed holders
   HolderTable::Entry last_entry_ = 0;                // the last decoded entry
+  HolderTable::Entry prev_e_ = 0;                    // the entry stepListed last saw
   HolderView last_exact_;
   ListedInstance scratch_[2][HolderTable::kCompactIds];
   int cur_ = 0;
@@ -379,7 +394,7 @@ void CacheIndex::matchLengths(std::span<const BlockHash> hashes, std::span<uint3
   for (size_t i = 0; i < hashes.size(); ++i) {
     if (i + kPrefetch < hashes.size()) entries_.prefetch(hashes[i + kPrefetch]);
     const BlockHash h = hashes[i];
-    if (!run.step(i, entries_, h, entries_.raw(h), soft.next(h))) return;
+    if (!run.step(i, entries_, h, entries_.raw(h), soft.next(h), soft)) return;
   }
   run.finish(hashes.size());
 }
@@ -410,7 +425,7 @@ void CacheIndex::hashAndMatch(std::span<const TokenId> tokens, std::vector<Block
   size_t i = 0;
   for (; i < blocks; ++i) {
     if (i % kStep == 0 && hashed < blocks) extend(std::min(blocks, hashed + kStep));
-    if (!run.step(i, entries_, dst[i], entries_.raw(dst[i]), soft.next(dst[i]))) break;
+    if (!run.step(i, entries_, dst[i], entries_.raw(dst[i]), soft.next(dst[i]), soft)) break;
   }
   if (i == blocks) run.finish(blocks);
   hashes->resize(hashed);  // only what was hashed; completeBlockHashes() goes on from there
@@ -419,10 +434,10 @@ void CacheIndex::hashAndMatch(std::span<const TokenId> tokens, std::vector<Block
 HolderSet CacheIndex::holders(std::span<const BlockHash> chain) const {
   if (chain.empty()) return {};
   SoftTree::Cursor soft(soft_);
-  HolderView last;
+  InstanceMask last = 0;
   for (BlockHash hash : chain) last = soft.next(hash);
   HolderSet out = entries_.getSet(chain.back());
-  out |= last;
+  out |= HolderView{last, soft.listed()};
   return out;
 }
 

@@ -48,43 +48,49 @@ class SoftTree {
   void clearInstance(int instance);
 
   // Follows a prompt's hashes from its first block: next(h) gives the instances claiming the
-  // next block, none once the prompt leaves the tree (and from then on). A view stays valid
+  // next block, none once the prompt leaves the tree (and from then on). listed() stays valid
   // until the tree next changes.
   class Cursor {
    public:
     explicit Cursor(const SoftTree& tree) : tree_(&tree) {}
-    HolderView next(BlockHash hash) {
+    // The claimants below kWordInstances of the next block; listed() gives the others.
+    InstanceMask next(BlockHash hash) {
       if (pos_ == end_) [[unlikely]]
         return descend(hash);
       if (*pos_ != hash) return leave();
       ++pos_;
-      return holders_;
+      return word_;
     }
+    // The claimants at kWordInstances and past of the block next() last gave, ascending.
+    std::span<const ListedInstance> listed() const { return listed_; }
 
    private:
     static constexpr uint32_t kOut = ~uint32_t{0};
     // At the end of node_'s run: on to the child that starts with `hash`, if any.
-    HolderView descend(BlockHash hash) {
-      if (node_ == kOut) return {};
+    InstanceMask descend(BlockHash hash) {
+      if (node_ == kOut) return 0;
       const uint32_t* child = tree_->starts_.find(hash.value);
       if (child == nullptr || tree_->nodes_[*child].parent != node_) return leave();
       const Node& n = tree_->nodes_[*child];
       node_ = *child;
       pos_ = n.blocks.data() + 1;  // the first block is the map's key
       end_ = n.blocks.data() + n.blocks.size();
-      holders_ = HolderView{n.holders, n.listed};
-      return holders_;
+      word_ = n.holders;
+      listed_ = n.listed;
+      return word_;
     }
-    HolderView leave() {
+    InstanceMask leave() {
       node_ = kOut;
       pos_ = end_ = nullptr;
-      return {};
+      listed_ = {};
+      return 0;
     }
     const SoftTree* tree_;
     uint32_t node_ = kRoot;
     const BlockHash* pos_ = nullptr;  // node_'s next block, up to end_
     const BlockHash* end_ = nullptr;
-    HolderView holders_;
+    InstanceMask word_ = 0;
+    std::span<const ListedInstance> listed_;
   };
 
   // (block, instance) claims, distinct blocks, and claims expired so far (blocks x instances).

@@ -366,7 +366,8 @@ TEST(CacheIndexOwnHashesTest, ForeignHashesAreRejected) {
   std::vector<uint64_t> foreign = {engine[0], engine[1] + 1};
   EXPECT_FALSE(index.storeKeyedBlocks(0, foreign, false, 0, keys, kDefaultBlockSize));
   EXPECT_EQ(index.stats().stored_events_rejected, 1u);
-  EXPECT_EQ(index.exactHolders(ours[0]), HolderSet{0});  // blocks before the mismatch stay, as mapped
+  EXPECT_EQ(index.exactHolders(ours[0]),
+            HolderSet{0});  // blocks before the mismatch stay, as mapped
   EXPECT_TRUE(index.storeKeyedBlocks(0, engine, false, 0, keys, kDefaultBlockSize));
   EXPECT_EQ(index.instanceBlocks(0), 2u);
   index.removeBlocks(0, std::vector<uint64_t>{engine[1], 12345});

@@ -20,7 +20,7 @@ std::vector<BlockHash> H(std::initializer_list<uint64_t> values) {
 std::vector<InstanceMask> walk(const SoftTree& tree, std::initializer_list<uint64_t> chain) {
   SoftTree::Cursor cursor(tree);
   std::vector<InstanceMask> out;
-  for (BlockHash h : H(chain)) out.push_back(cursor.next(h).word);
+  for (BlockHash h : H(chain)) out.push_back(cursor.next(h));
   return out;
 }
 
@@ -28,7 +28,10 @@ std::vector<InstanceMask> walk(const SoftTree& tree, std::initializer_list<uint6
 std::vector<HolderSet> walkSets(const SoftTree& tree, std::initializer_list<uint64_t> chain) {
   SoftTree::Cursor cursor(tree);
   std::vector<HolderSet> out;
-  for (BlockHash h : H(chain)) out.emplace_back(cursor.next(h));
+  for (BlockHash h : H(chain)) {
+    const InstanceMask word = cursor.next(h);
+    out.emplace_back(HolderView{word, cursor.listed()});
+  }
   return out;
 }
 
