@@ -122,7 +122,9 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
   // (as vLLM's server does) and neither computes nor leases blocks for nobody.
   call.canceller = std::make_shared<http::RequestCanceller>();
   ctx.life->upstream = call.canceller;
+  const Nanos leg_start = clock_.now();
   auto response = co_await p->client->request(std::move(call));
+  ctx.peer_leg_s = nanosToSeconds(clock_.now() - leg_start);
   ctx.life->upstream.reset();
   ctx.route.endPeerLoad();  // P's prefill phase is over, whatever happened
   if (ctx.life->client_gone) {
