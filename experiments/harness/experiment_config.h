@@ -42,6 +42,10 @@ struct ClusterConfig {
 struct ArmConfig {
   std::string name;
   YAML::Node policy;  // written verbatim as the router's `policy:` section
+  // The dialect KV moves in on this arm (cluster.workers only): "kvfabric" (the holder pushes)
+  // or "nixl" (vLLM's NixlConnector: the holder's first leg, then the target reads). Written
+  // into every engine's worker config and every router instance. `run` only.
+  std::string kv_connector = "kvfabric";
 };
 
 struct ExperimentConfig {
