@@ -125,8 +125,8 @@ class UnifiedPolicy final : public Policy {
       const int source = options[chosen].source;
       reason = source >= 0 && inst[source].nixl ? "nixl_pull"
                : source >= 0                    ? "push_migrate"
-               : options[chosen].cached > 0 ? "local_cached"
-                                            : "cold";
+               : options[chosen].cached > 0     ? "local_cached"
+                                                : "cold";
       auto last = sessions_.get(r.session, now);
       if (last && *last != chosen && *last < static_cast<int>(inst.size()) && inst[*last].healthy &&
           scores[*last] <= model_.affinity_factor * scores[chosen]) {

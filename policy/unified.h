@@ -1,6 +1,7 @@
 // `unified`'s cost model, shared with `elastic`: predicted seconds of queueing, prefill and KV
-// transfer (kvfabric's push, and vLLM's NIXL pull with the holder's first leg) from the `unified:` block (defaults: Qwen3-Coder-30B-A3B on an H20, 200 Gbps link).
-// Formulas: docs/policies.md. Pure.
+// transfer, for kvfabric's push and for vLLM's NIXL pull with the holder's first leg, from the
+// `unified:` block (defaults: Qwen3-Coder-30B-A3B on an H20, 200 Gbps link). Formulas:
+// docs/policies.md. Pure.
 #pragma once
 
 #include <cstdint>

@@ -287,7 +287,8 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
   }
   KVF_ASSIGN_OR_RETURN(uint16_t router_port, pickFreePort());
   std::string worker_token;
-  KVF_RETURN_IF_ERROR(writeEngineConfig(config_.cluster, arm, rep_dir + "/engine.yaml", &worker_token));
+  KVF_RETURN_IF_ERROR(
+      writeEngineConfig(config_.cluster, arm, rep_dir + "/engine.yaml", &worker_token));
 
   std::vector<std::unique_ptr<Process>> engines;
   for (size_t i = 0; i < ports.size(); ++i) {

@@ -71,8 +71,7 @@ class MigrationMultiprocessTest : public ::testing::Test {
                     const std::string& connector = "kvfabric", double time_scale = 20) {
     std::ofstream(dir_ / "engine.yaml")
         << "port: 0\nprofile: " << source_ << "/engine/profiles/qwen3-coder-30b-a3b-h20.yaml\n"
-        << "served_model_name: test-model\ntime_scale: " << time_scale
-        << "\nmax_model_len: 32768\n"
+        << "served_model_name: test-model\ntime_scale: " << time_scale << "\nmax_model_len: 32768\n"
         << "cache: {block_size: " << kBlockSize
         << ", payload_bytes_per_block: " << kPayloadBytesPerBlock << ", num_gpu_blocks: 4096}\n"
         << "kv_events: {endpoint: 'tcp://127.0.0.1:*', replay_endpoint: 'tcp://127.0.0.1:*'}\n"
@@ -136,7 +135,8 @@ class MigrationMultiprocessTest : public ::testing::Test {
   double metric(int i, const std::string& name, const std::string& label = "") {
     std::shared_ptr<http::HttpClient> client = client_;
     if (i >= 0) {
-      auto port = std::stoi(logValue(*engines_[static_cast<size_t>(i)], "kvf-engine ready", "port"));
+      auto port =
+          std::stoi(logValue(*engines_[static_cast<size_t>(i)], "kvf-engine ready", "port"));
       client = http::HttpClient::create(io_.executor(), "127.0.0.1", static_cast<uint16_t>(port));
     }
     auto r = httpCall(io_, *client, "GET", "/metrics");
@@ -179,8 +179,8 @@ class MigrationMultiprocessTest : public ::testing::Test {
     asio::post(io_.context(), [canceller] { canceller->cancel(); });
     ASSERT_EQ(answer.wait_for(10s), std::future_status::ready);
     EXPECT_FALSE(answer.get().ok());
-    EXPECT_TRUE(eventually([&] { return metric(1, "kvfabric_engine_requests_aborted_total") == 1; },
-                           3s))
+    EXPECT_TRUE(
+        eventually([&] { return metric(1, "kvfabric_engine_requests_aborted_total") == 1; }, 3s))
         << "P's prefill ran on after its client left";
     EXPECT_EQ(metric(1, "vllm:num_requests_running"), 0);
     EXPECT_EQ(metric(1, "kvfabric_engine_kv_push_leases"), 0);
