@@ -73,7 +73,13 @@ void EngineCoreSide::add(RequestSpec spec, Nanos arrival, std::shared_ptr<detail
 
 void EngineCoreSide::abort(const std::string& id) {
   asio::post(ioc_, [this, id] {
-    core_->abort(id);
+    // A step finishes its requests when it starts and answers when it ends: a remote-decode
+    // request aborted in between has already handed its lease (named by its id) to the agent,
+    // and its client, who alone could pass the lease on, is gone.
+    if (!core_->abort(id)) {
+      core_->releaseLease(id);
+      if (agent_ != nullptr) agent_->releaseLease(id);
+    }
     publishStats();
   });
 }

@@ -42,6 +42,10 @@ struct InstanceSnapshot {
   // Alive for peer traffic (health checks pass, circuit closed) even when not routable: a
   // drained instance can still push its blocks to the instance that takes over a session.
   bool reachable = true;
+  // As a holder it gives its blocks in vLLM's NixlConnector dialect: a first leg prefills the
+  // whole prompt on it (its prefix is a cache hit, but the leg waits in its queue and computes
+  // the rest of the prompt, at least one step), then the target reads every block it lacks.
+  bool nixl = false;
 };
 
 struct RouteRequest {

@@ -30,6 +30,18 @@ double unified::moveSeconds(int64_t tokens, const InstanceSnapshot& source,
          (running > 0 ? m.source_step_s : 0.0);
 }
 
+double unified::nixlPullSeconds(int64_t compute_tokens, int64_t read_tokens,
+                                const InstanceSnapshot& holder, const UnifiedParams& m) {
+  // The first leg is a request like any other on the holder: it queues behind the holder's
+  // pending prefill, waits for the step the holder is running, and takes at least one step of
+  // its own even when the whole prompt is a hit (the last token is always computed). Only its
+  // answer lets the target start reading.
+  const auto running = static_cast<double>(std::max<int64_t>(0, holder.running));
+  const double leg = queueSeconds(holder, m) + (running > 0 ? m.source_step_s : 0.0) +
+                     std::max(m.source_step_s, prefillSeconds(compute_tokens, m));
+  return leg + transferSeconds(read_tokens, m) * (1.0 + m.source_share_per_request * running);
+}
+
 MoveFeedbackConfig unified::feedbackConfig(const UnifiedParams& m) {
   MoveFeedbackConfig c;
   c.weight = m.feedback_weight;
@@ -110,9 +122,11 @@ class UnifiedPolicy final : public Policy {
     int chosen = support::argmin(inst, scores, secondary, cursor_);
     std::string_view reason;
     if (chosen >= 0) {
-      reason = options[chosen].source >= 0  ? "push_migrate"
-               : options[chosen].cached > 0 ? "local_cached"
-                                            : "cold";
+      const int source = options[chosen].source;
+      reason = source >= 0 && inst[source].nixl ? "nixl_pull"
+               : source >= 0                    ? "push_migrate"
+               : options[chosen].cached > 0     ? "local_cached"
+                                                : "cold";
       auto last = sessions_.get(r.session, now);
       if (last && *last != chosen && *last < static_cast<int>(inst.size()) && inst[*last].healthy &&
           scores[*last] <= model_.affinity_factor * scores[chosen]) {
@@ -160,7 +174,9 @@ class UnifiedPolicy final : public Policy {
   // when it beats local by move_margin. Also folds the costs into `costs`.
   // push cost = const + (transfer - prefill seconds per token) x held: while moving a token is
   // cheaper than computing it, the holder with the longest run is best, so only the top two
-  // holders are candidates (O(n) per decision); otherwise every holder is looked at.
+  // holders are candidates (O(n) per decision); otherwise every holder is looked at. A NIXL
+  // holder's cost falls with held at the prefill rate (it computes the rest), so the same holds.
+  // A NIXL holder's queue and leg are the move's own terms: a busy holder loses to local.
   Option bestOption(const RouteRequest& r, std::span<const InstanceSnapshot> inst, size_t i,
                     const std::array<int, 2>& top, Decision::Costs* costs) const {
     const UnifiedParams& m = model_;
@@ -179,13 +195,20 @@ class UnifiedPolicy final : public Policy {
       if (h == i || !holder.push_capable || !holder.reachable || held - own < m.min_push_tokens) {
         return;
       }
-      double move_model = unified::moveSeconds(held - own, holder, m);
+      // kvfabric: the holder pushes the run the target lacks, the target prefills the rest.
+      // NIXL: the holder's first leg prefills the rest of the prompt on the holder, then the
+      // target reads every block it lacks and computes (almost) nothing.
+      const int64_t rest = r.prompt_tokens - held;
+      const int64_t cached = holder.nixl ? r.prompt_tokens : held;
+      double move_model = holder.nixl
+                              ? unified::nixlPullSeconds(rest, r.prompt_tokens - own, holder, m)
+                              : unified::moveSeconds(held - own, holder, m);
       double move = move_model * feedback_.factor(static_cast<int>(h), static_cast<int>(i));
-      double cost = queue + move + prefillSeconds(r.prompt_tokens - held, m);
+      double cost = queue + move + (holder.nixl ? 0.0 : prefillSeconds(rest, m));
       if (std::isnan(costs->push) || cost < costs->push) costs->push = cost;
       // Only a clear gain over computing on the target itself pays for a move's risk.
       if (cost < best.cost && cost <= (1.0 - m.move_margin) * local) {
-        best = Option{cost, static_cast<int>(h), held, move_model, move};
+        best = Option{cost, static_cast<int>(h), cached, move_model, move};
       }
     };
     bool moving_is_cheaper =

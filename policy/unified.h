@@ -1,6 +1,7 @@
 // `unified`'s cost model, shared with `elastic`: predicted seconds of queueing, prefill and KV
-// transfer from the `unified:` block (defaults: Qwen3-Coder-30B-A3B on an H20, 200 Gbps link).
-// Formulas: docs/policies.md. Pure.
+// transfer, for kvfabric's push and for vLLM's NIXL pull with the holder's first leg, from the
+// `unified:` block (defaults: Qwen3-Coder-30B-A3B on an H20, 200 Gbps link). Formulas:
+// docs/policies.md. Pure.
 #pragma once
 
 #include <cstdint>
@@ -44,6 +45,12 @@ double prefillSeconds(int64_t tokens, const UnifiedParams& model);
 // correction): transferSeconds slowed by the source's running requests, plus one of its steps
 // when it is running any.
 double moveSeconds(int64_t tokens, const InstanceSnapshot& source, const UnifiedParams& model);
+// The model's seconds for the holder's part of a NIXL-dialect migration and the read (before the
+// measured correction): the first leg waits in `holder`'s queue (and for the step it is
+// running), prefills the `compute_tokens` of the prompt the holder lacks (at least one step),
+// then the target reads `read_tokens` tokens of KV over the link, shared like a push.
+double nixlPullSeconds(int64_t compute_tokens, int64_t read_tokens, const InstanceSnapshot& holder,
+                       const UnifiedParams& model);
 // The feedback loop's settings from the `unified:` block.
 MoveFeedbackConfig feedbackConfig(const UnifiedParams& model);
 // The request's cached tokens on `s`, within [0, prompt].

@@ -77,13 +77,17 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
                  "Prefill halves of offloads by outcome (not ok: D prefilled locally)",
                  {{"outcome", std::string(outcome)}})
         .inc();
-    if (outcome != "ok") {
+    if (outcome != "ok" && outcome != "cancelled") {
       offload_log.warn("offload prefill failed; decoding instance prefills locally", "prefill",
                        p->config.id, "decode", ctx.instance->config.id, "outcome", outcome,
                        "detail", detail);
     }
     return outcome == "ok";
   };
+  if (ctx.life->client_gone) {
+    ctx.route.endPeerLoad();
+    co_return fail("cancelled", "the client left");
+  }
   auto body = nixl_params != nullptr ? nixlPrefillBody(request.body)
                                      : remotePrefillBody(request.body, terms.lease_ms);
   if (!body.ok()) {
@@ -114,8 +118,20 @@ asio::awaitable<bool> Router::remotePrefill(RequestContext& ctx, const http::Req
     call.headers.emplace_back("authorization", std::string(auth));
   }
   call.read_timeout = std::chrono::milliseconds(terms.prefill_timeout / kNanosPerMilli);
+  // The client leaving closes this leg's connection, so P's engine aborts the prefill at once
+  // (as vLLM's server does) and neither computes nor leases blocks for nobody.
+  call.canceller = std::make_shared<http::RequestCanceller>();
+  ctx.life->upstream = call.canceller;
+  const Nanos leg_start = clock_.now();
   auto response = co_await p->client->request(std::move(call));
+  ctx.peer_leg_s = nanosToSeconds(clock_.now() - leg_start);
+  ctx.life->upstream.reset();
   ctx.route.endPeerLoad();  // P's prefill phase is over, whatever happened
+  if (ctx.life->client_gone) {
+    // Not P's failure. An answer that raced the client's leaving names a lease nobody will
+    // read: it expires on P (lease_ms; vLLM: its abort timeout).
+    co_return fail("cancelled", "the client left");
+  }
   if (!response.ok()) {
     bool timeout = absl::IsDeadlineExceeded(response.status());
     recordUpstreamFailure(*p, timeout ? "prefill_timeout" : "prefill");

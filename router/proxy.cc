@@ -267,6 +267,7 @@ bool Router::decide(RequestContext& ctx) {
   ctx.peer = nullptr;
   ctx.transfer.reset();
   ctx.actual_cached_tokens.reset();
+  ctx.peer_leg_s = std::numeric_limits<double>::quiet_NaN();
   ctx.status = 0;
   if (!chosen) return false;
   decisions_by_mode_[static_cast<size_t>(decision.mode)] += 1;
@@ -497,6 +498,7 @@ void Router::finishRequest(RequestContext& ctx) {
   record.duration_s = nanosToSeconds(now - ctx.start);
   if (ctx.first_byte > 0) record.ttft_s = nanosToSeconds(ctx.first_byte - ctx.start);
   if (ctx.peer && !record.source.empty()) record.kv_connector = ctx.peer->config.kv_connector;
+  record.peer_leg_s = ctx.peer_leg_s;
   if (ctx.transfer) {
     record.transfer_status = protocol::transferOutcomeName(ctx.transfer->outcome);
     record.pushed_tokens = ctx.transfer->pushed_tokens;

@@ -218,6 +218,7 @@ absl::StatusOr<std::shared_ptr<Instance>> Router::addInstance(const InstanceConf
   // A reused slot starts empty in the index, healthy and without load.
   core_->addInstance(instance->slot, config.id, instance->pushCapable(), instance->hasEvents(),
                      admit_now);
+  core_->setNixl(instance->slot, instance->nixl());
   *free_slot = instance;
   registerInstanceMetrics(instance);
   startKvSubscribers(instance);

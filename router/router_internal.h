@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -59,6 +60,8 @@ struct RequestContext {
   std::optional<KvTransferResult> transfer;
   std::string transfer_auth;  // x-kvf-transfer-auth for the params added to this attempt's body
   Nanos first_byte = 0;       // when the first response body bytes arrived (0: not yet)
+  // The first leg to the peer (offload's P, a NIXL holder): sent to answered, in seconds.
+  double peer_leg_s = std::numeric_limits<double>::quiet_NaN();
   std::shared_ptr<RequestLifecycle> life = std::make_shared<RequestLifecycle>();
 };
 

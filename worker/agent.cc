@@ -120,6 +120,8 @@ void WorkerAgent::adoptLease(const std::string& lease_id, Lease lease) {
   impl_->publishLeaseCounts();
 }
 
+void WorkerAgent::releaseLease(const std::string& lease_id) { impl_->releaseLease(lease_id); }
+
 size_t WorkerAgent::leaseCount() const { return impl_->lease_count.load(); }
 
 size_t WorkerAgent::leasedBlocks() const { return impl_->leased_blocks.load(); }

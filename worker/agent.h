@@ -121,6 +121,9 @@ class WorkerAgent {
                                    Nanos ttl);
   // Engine thread: takes over a lease whose blocks the engine pinned already.
   void adoptLease(const std::string& lease_id, Lease lease);
+  // Engine thread: drops the lease (unpins its blocks) when nobody will read it: its request
+  // was aborted after it finished, before its answer went out. A no-op for an unknown id.
+  void releaseLease(const std::string& lease_id);
   // Any thread: leases held now, and the blocks they pin.
   size_t leaseCount() const;
   size_t leasedBlocks() const;

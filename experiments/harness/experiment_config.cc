@@ -147,6 +147,12 @@ void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::
     if (auto r = a.raw("router")) {
       if (checkRouterSection(a, *r)) arm.router = *r;
     }
+    a.get("kv_connector", &arm.kv_connector);
+    if (arm.kv_connector != "kvfabric" && arm.kv_connector != "nixl") {
+      a.fail("kv_connector", "must be kvfabric or nixl");
+    } else if (arm.kv_connector != "kvfabric" && !out->cluster.workers) {
+      a.fail("kv_connector", "needs cluster.workers: true");
+    }
     a.rejectUnknownKeys();
     out->arms.push_back(std::move(arm));
   }

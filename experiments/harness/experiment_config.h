@@ -45,6 +45,10 @@ struct ArmConfig {
   // Optional `router:` settings of this arm only (e.g. overload control on for one arm),
   // merged key by key over the experiment's `router:` section; see armRouter().
   YAML::Node router;
+  // The dialect KV moves in on this arm (cluster.workers only): "kvfabric" (the holder pushes)
+  // or "nixl" (vLLM's NixlConnector: the holder's first leg, then the target reads). Written
+  // into every engine's worker config and every router instance. `run` only.
+  std::string kv_connector = "kvfabric";
 };
 
 struct ExperimentConfig {

@@ -181,9 +181,9 @@ std::string tail(const std::string& path, size_t bytes = 2000) {
 // Copies the engine config with the time scale set and the profile path made absolute. With
 // workers, the cluster's worker token (the config's worker.token, else a fresh random one) is
 // written to it and returned in `worker_token` for the router, which signs kv_transfer_params
-// with it.
-absl::Status writeEngineConfig(const ClusterConfig& cluster, const std::string& out_path,
-                               std::string* worker_token) {
+// with it, and the arm's kv_connector set.
+absl::Status writeEngineConfig(const ClusterConfig& cluster, const ArmConfig& arm,
+                               const std::string& out_path, std::string* worker_token) {
   YAML::Node node;
   try {
     node = YAML::LoadFile(cluster.engine_config);
@@ -203,6 +203,7 @@ absl::Status writeEngineConfig(const ClusterConfig& cluster, const std::string& 
         *worker_token = protocol::randomNonce();
         node["worker"]["token"] = *worker_token;
       }
+      node["worker"]["kv_connector"] = arm.kv_connector;
     }
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(strCat(cluster.engine_config, ": ", e.what()));
@@ -227,6 +228,7 @@ absl::Status writeRouterConfig(const ExperimentConfig& config, const ArmConfig& 
     instance["kv_events"]["replay_endpoint"] = strCat("tcp://127.0.0.1:", engines[i].replay);
     if (engines[i].worker != 0) {
       instance["worker_url"] = strCat("http://127.0.0.1:", engines[i].worker);
+      instance["kv_connector"] = arm.kv_connector;
     }
     root["instances"].push_back(instance);
   }
@@ -285,7 +287,8 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
   }
   KVF_ASSIGN_OR_RETURN(uint16_t router_port, pickFreePort());
   std::string worker_token;
-  KVF_RETURN_IF_ERROR(writeEngineConfig(config_.cluster, rep_dir + "/engine.yaml", &worker_token));
+  KVF_RETURN_IF_ERROR(
+      writeEngineConfig(config_.cluster, arm, rep_dir + "/engine.yaml", &worker_token));
 
   std::vector<std::unique_ptr<Process>> engines;
   for (size_t i = 0; i < ports.size(); ++i) {

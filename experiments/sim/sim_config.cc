@@ -164,6 +164,11 @@ absl::StatusOr<std::vector<SimArm>> expandArms(const ExperimentConfig& config,
   };
   std::set<std::string> names;
   for (const auto& arm : config.arms) {
+    if (arm.kv_connector != "kvfabric") {
+      return absl::InvalidArgumentError(
+          strCat("arm ", arm.name, ": kv_connector ", arm.kv_connector,
+                 ": the simulator models kvfabric's push only (use `kvf-experiment run`)"));
+    }
     out.push_back(base(arm));
     names.insert(arm.name);
   }

@@ -55,6 +55,11 @@ std::string decisionToJson(const DecisionRecord& r) {
   o["source"] = stringOrNull(r.source);
   o["predicted_costs"] = numbers(r.predicted_costs);
   o["offload_prefill"] = stringOrNull(r.offload_prefill);
+  if (std::isnan(r.peer_leg_s)) {
+    o["peer_leg_s"] = nullptr;
+  } else {
+    o["peer_leg_s"] = r.peer_leg_s;
+  }
   o["kv_connector"] = stringOrNull(r.kv_connector);
   if (r.transfer_status.empty()) {
     o["transfer"] = nullptr;

@@ -45,6 +45,9 @@ struct DecisionRecord {
   std::string source;
   std::vector<std::pair<std::string, double>> predicted_costs;
   std::string offload_prefill;
+  // Wall seconds of that first leg (P's prefill, or a NIXL holder's leg) from its send to its
+  // answer; NaN without one.
+  double peer_leg_s = std::numeric_limits<double>::quiet_NaN();
   std::string kv_connector;  // the dialect KV moved in ("kvfabric", "nixl"; "" for none)
   std::string transfer_status;
   int64_t pushed_tokens = 0;

@@ -25,6 +25,7 @@ struct InstanceState {
   uint64_t generation = 0;    // bumped when the slot's instance is added or removed
   bool push_capable = false;  // has a worker: can push, receive and prefill for a peer
   bool has_events = false;    // KV events: routed entries are predicted, else approximate
+  bool nixl = false;          // gives its blocks in vLLM's NIXL dialect (kv_connector: nixl)
   // Router-accounted load (leases).
   int64_t running = 0;
   int64_t pending_prefill_tokens = 0;

@@ -56,6 +56,10 @@ void RoutingCore::addInstance(int slot, std::string id, bool push_capable, bool 
   slot_end_ = std::max(slot_end_, slot + 1);
 }
 
+void RoutingCore::setNixl(int slot, bool nixl) {
+  ledger_->instances[static_cast<size_t>(slot)].nixl = nixl;
+}
+
 void RoutingCore::removeInstance(int slot) {
   InstanceState& s = ledger_->instances[static_cast<size_t>(slot)];
   ++s.generation;
@@ -202,6 +206,11 @@ bool RoutingCore::expireQueued(uint64_t ticket, Nanos now) {
   return true;
 }
 
+int64_t RoutingCore::peerUncached(int peer, int64_t prompt_tokens) const {
+  int64_t matched = snapshots_[static_cast<size_t>(peer)].matched_tokens;
+  return std::max<int64_t>(0, prompt_tokens - std::min(matched, prompt_tokens));
+}
+
 int64_t RoutingCore::cacheableTokens(int64_t prompt_tokens) const {
   // Engines compute at least the last prompt token, so at most the full blocks of the first
   // prompt_tokens - 1 tokens can be reported cached.
@@ -249,6 +258,7 @@ bool RoutingCore::decide(RequestRoute& r, Nanos now) {
     snap.kv_usage = s.kv_usage;
     snap.push_capable = s.present && s.push_capable;
     snap.reachable = reachable(slot, now);
+    snap.nixl = s.present && s.nixl;
     // Text blocks hold about block_size tokens each, but the prompt's length is an estimate.
     int64_t blocks = matched_[i];
     snap.matched_tokens = r.exact ? blocks * bs : std::min(r.prompt_tokens, blocks * bs);
@@ -279,16 +289,20 @@ bool RoutingCore::decide(RequestRoute& r, Nanos now) {
     r.peer_generation_ = peer.generation;
     r.peer_id_ = peer.id;
   }
+  if (d.mode == policy::Mode::kPushMigrate && r.peer_ >= 0 &&
+      snapshots_[static_cast<size_t>(r.peer_)].nixl) {
+    // vLLM's NIXL dialect: the holder's first leg prefills what it lacks of the prompt (a
+    // request on it until its answer), and the target reads every block it lacks.
+    r.decision_.predicted_cached_tokens = r.prompt_tokens;
+    r.peer_load_ = LoadLease(ledger_, r.peer_, 1, 0, peerUncached(r.peer_, r.prompt_tokens));
+  }
   if (d.mode == policy::Mode::kPrefillOffload && r.peer_ >= 0) {
     // The policy counted this offload against its cap: the lease gives it back exactly once.
     r.offload_ = OffloadLease(ledger_);
     // D will hold every full block of the prompt once P's blocks are pushed (capped below);
     // P prefills what it does not hold.
     r.decision_.predicted_cached_tokens = r.prompt_tokens;
-    int64_t peer_matched = snapshots_[static_cast<size_t>(r.peer_)].matched_tokens;
-    int64_t peer_uncached =
-        std::max<int64_t>(0, r.prompt_tokens - std::min(peer_matched, r.prompt_tokens));
-    r.peer_load_ = LoadLease(ledger_, r.peer_, 1, 0, peer_uncached);
+    r.peer_load_ = LoadLease(ledger_, r.peer_, 1, 0, peerUncached(r.peer_, r.prompt_tokens));
   }
   r.decision_.predicted_cached_tokens = std::min(r.decision_.predicted_cached_tokens, cacheable);
   r.uncached_tokens_ = r.prompt_tokens - r.decision_.predicted_cached_tokens;

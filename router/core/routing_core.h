@@ -61,8 +61,8 @@ class RequestRoute {
   bool prefillPending() const { return load_.prefillHeld(); }
   bool peerLoadHeld() const { return peer_load_.held(); }
   bool offloadHeld() const { return offload_.held(); }
-  // P's outcome for an offload ("ok", "error", "timeout", "bad_response", "bad_request"); ""
-  // when none. Static strings.
+  // P's outcome for an offload ("ok", "error", "timeout", "bad_response", "bad_request",
+  // "cancelled": the client left during P's leg); "" when none. Static strings.
   std::string_view offloadOutcome() const { return offload_outcome_; }
 
   // The attempt's events.
@@ -119,6 +119,9 @@ class RoutingCore {
   // taking no requests until health checks re-admit it.
   void addInstance(int slot, std::string id, bool push_capable, bool has_events,
                    bool admitted = true);
+  // The instance gives its blocks in vLLM's NIXL dialect (kv_connector: nixl): a migration from
+  // it runs its first leg on it (priced and leased on it), then the target reads.
+  void setNixl(int slot, bool nixl);
   // Forgets the instance: its index entries go, its leases give nothing back any more.
   void removeInstance(int slot);
   const InstanceState& instance(int slot) const { return ledger_->instances[slot]; }
@@ -209,6 +212,8 @@ class RoutingCore {
  private:
   RoutingCore(const RouterConfig& config, std::unique_ptr<policy::Policy> policy);
   int64_t cacheableTokens(int64_t prompt_tokens) const;
+  // The prompt tokens the peer of the decision just made lacks (what its first leg prefills).
+  int64_t peerUncached(int peer, int64_t prompt_tokens) const;
 
   // The request's estimated uncached prompt tokens: its prompt less the longest match among
   // admitted instances (the queue's charge).

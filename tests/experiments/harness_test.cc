@@ -114,6 +114,37 @@ arms:
   EXPECT_NE(m.find("arms[1].router: expected a map"), std::string::npos) << m;
 }
 
+// An arm's kv_connector: the dialect KV moves in (kvfabric by default, or vLLM's NIXL), only
+// with workers, and nothing else.
+TEST(ExperimentConfig, ArmKvConnector) {
+  fs::path dir = freshTempDir("kvf_exp_connector");
+  std::ofstream(dir / "trace.jsonl") << "";
+  std::ofstream(dir / "exp.yaml") << R"(name: ab
+trace: {path: trace.jsonl}
+cluster: {engines: 2, engine_config: engine.yaml, workers: true}
+arms:
+  - {name: push, policy: {kind: unified}}
+  - {name: pull, policy: {kind: unified}, kv_connector: nixl}
+)";
+  auto c = loadExperimentConfig((dir / "exp.yaml").string());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->arms[0].kv_connector, "kvfabric");
+  EXPECT_EQ(c->arms[1].kv_connector, "nixl");
+
+  std::ofstream(dir / "bad.yaml") << R"(name: ab
+trace: {path: trace.jsonl}
+cluster: {engines: 2, engine_config: engine.yaml}
+arms:
+  - {name: pull, policy: {kind: unified}, kv_connector: nixl}
+  - {name: other, policy: {kind: unified}, kv_connector: mooncake}
+)";
+  auto bad = loadExperimentConfig((dir / "bad.yaml").string());
+  ASSERT_FALSE(bad.ok());
+  std::string m(bad.status().message());
+  EXPECT_NE(m.find("arms[0].kv_connector: needs cluster.workers: true"), std::string::npos) << m;
+  EXPECT_NE(m.find("arms[1].kv_connector: must be kvfabric or nixl"), std::string::npos) << m;
+}
+
 // ${KVF_TRACES_DIR} in a path: expanded when set, and otherwise an error naming the field, its
 // line and the variable (never a silent fallback to some default folder).
 TEST(ExperimentConfig, TracesDirVariableInPaths) {

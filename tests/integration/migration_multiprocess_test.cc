@@ -10,7 +10,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <numeric>
+
+#include <boost/asio/post.hpp>
 
 #include "common/http_client.h"
 #include "common/json.h"
@@ -65,10 +68,10 @@ class MigrationMultiprocessTest : public ::testing::Test {
   // Starts 3 engines with worker servers and a router with `policy_yaml`.
   // `connector`: every instance's kv_connector (engines and router), "kvfabric" or "nixl".
   void startCluster(const std::string& policy_yaml, double health_interval_s = 0.2,
-                    const std::string& connector = "kvfabric") {
+                    const std::string& connector = "kvfabric", double time_scale = 20) {
     std::ofstream(dir_ / "engine.yaml")
         << "port: 0\nprofile: " << source_ << "/engine/profiles/qwen3-coder-30b-a3b-h20.yaml\n"
-        << "served_model_name: test-model\ntime_scale: 20\nmax_model_len: 32768\n"
+        << "served_model_name: test-model\ntime_scale: " << time_scale << "\nmax_model_len: 32768\n"
         << "cache: {block_size: " << kBlockSize
         << ", payload_bytes_per_block: " << kPayloadBytesPerBlock << ", num_gpu_blocks: 4096}\n"
         << "kv_events: {endpoint: 'tcp://127.0.0.1:*', replay_endpoint: 'tcp://127.0.0.1:*'}\n"
@@ -125,6 +128,67 @@ class MigrationMultiprocessTest : public ::testing::Test {
   template <class P>
   bool eventually(P pred, std::chrono::milliseconds timeout = 20s) {
     return kvf::testing::eventually(pred, timeout);
+  }
+
+  // The value of the first sample of `name` (an unlabelled counter or gauge) on engine `i`, or
+  // on the router when `i` is -1; -1 when it cannot be read.
+  double metric(int i, const std::string& name, const std::string& label = "") {
+    std::shared_ptr<http::HttpClient> client = client_;
+    if (i >= 0) {
+      auto port =
+          std::stoi(logValue(*engines_[static_cast<size_t>(i)], "kvf-engine ready", "port"));
+      client = http::HttpClient::create(io_.executor(), "127.0.0.1", static_cast<uint16_t>(port));
+    }
+    auto r = httpCall(io_, *client, "GET", "/metrics");
+    if (!r.ok()) return -1;
+    for (size_t at = r->body.find("\n" + name); at != std::string::npos;
+         at = r->body.find("\n" + name, at + 1)) {
+      std::string line = r->body.substr(at + 1, r->body.find('\n', at + 1) - at - 1);
+      const char next = line.size() > name.size() ? line[name.size()] : '\0';
+      if ((next != ' ' && next != '{') || line.find(label) == std::string::npos) continue;
+      return std::stod(line.substr(line.rfind(' ') + 1));
+    }
+    return -1;
+  }
+
+  // A heavy request offloaded to P (e1) whose client disconnects while P prefills (a slow leg:
+  // engines at a tenth of real time): the router closes the leg, P's engine aborts it at once
+  // instead of finishing the prefill and leasing its blocks for nobody, and D (e0) is never
+  // asked.
+  void clientLeavesDuringThePrefillLeg(const std::string& connector) {
+    startCluster(
+        "{kind: elastic, classify: {warm_max_new_tokens: 100, medium_max_new_tokens: 1000}}", 60,
+        connector, 0.1);
+    auto canceller = std::make_shared<http::RequestCanceller>();
+    http::ClientRequest req;
+    req.method = "POST";
+    req.target = "/v1/completions";
+    req.body = prompt(12000);
+    req.canceller = canceller;
+    auto answer = asio::co_spawn(
+        io_.context(),
+        [&]() -> asio::awaitable<absl::StatusOr<http::Response>> {
+          co_return co_await client_->request(req);
+        },
+        asio::use_future);
+    // 12000 tokens are two chunked-prefill steps on P (8192 tokens, then the rest), each of
+    // several seconds of wall time at this scale: the engine shows the request running after
+    // the first, and the leg is far from done. (750 blocks: within P's lease bound.)
+    ASSERT_TRUE(eventually([&] { return metric(1, "vllm:num_requests_running") == 1; }))
+        << readLog(*router_);
+    asio::post(io_.context(), [canceller] { canceller->cancel(); });
+    ASSERT_EQ(answer.wait_for(10s), std::future_status::ready);
+    EXPECT_FALSE(answer.get().ok());
+    EXPECT_TRUE(
+        eventually([&] { return metric(1, "kvfabric_engine_requests_aborted_total") == 1; }, 3s))
+        << "P's prefill ran on after its client left";
+    EXPECT_EQ(metric(1, "vllm:num_requests_running"), 0);
+    EXPECT_EQ(metric(1, "kvfabric_engine_kv_push_leases"), 0);
+    EXPECT_TRUE(eventually([&] {
+      return metric(-1, "kvfabric_router_offload_prefills_total", "outcome=\"cancelled\"") == 1;
+    }));
+    EXPECT_EQ(metric(0, "vllm:num_requests_running"), 0);
+    EXPECT_EQ(metric(0, "kvfabric_engine_requests_aborted_total"), 0);
   }
 
   std::string source_, bin_;
@@ -256,6 +320,14 @@ TEST_F(MigrationMultiprocessTest, KilledPrefillInstanceFallsBackToLocalPrefillOn
   EXPECT_EQ(next->status, 200);
   EXPECT_EQ(next->header("x-kvf-mode"), "prefill_offload") << next->header("x-kvf-reason");
   EXPECT_EQ(next->header("x-kvf-offload-prefill"), "ok");
+}
+
+TEST_F(MigrationMultiprocessTest, ClientLeavingCancelsThePrefillLeg) {
+  clientLeavesDuringThePrefillLeg("kvfabric");
+}
+
+TEST_F(MigrationMultiprocessTest, NixlClientLeavingCancelsThePrefillLeg) {
+  clientLeavesDuringThePrefillLeg("nixl");
 }
 
 // vLLM's NixlConnector dialect (kv_connector: nixl): the router sends the holder's leg first

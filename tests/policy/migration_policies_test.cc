@@ -268,6 +268,80 @@ TEST(UnifiedTest, MeasuredCostsTurnABiasedSourceOff) {
   EXPECT_NEAR(d.predicted.push, 8 * 0.98309 + 3000.0 / 7000, 1e-5);
 }
 
+// vLLM's NIXL dialect (InstanceSnapshot::nixl on the holder): the holder's first leg waits in
+// its queue and prefills what it lacks, then D reads every block it lacks. Transfer of the whole
+// 28000-token prompt: 28000 x 98304 x 8 / 200e9 + 50e-6 = 0.1101505 s.
+constexpr double kWholePromptTransfer = 0.1101505;
+
+// C (0) holds 25k of 28k but is drained (not routable, still reachable): D (1) and E (2) choose
+// between computing cold (4 s on D) and reading C's blocks after C's leg.
+std::vector<InstanceSnapshot> drainedNixlHolder() {
+  auto inst = busyHolder();
+  inst[0].healthy = false;
+  inst[0].pending_prefill_tokens = 0;
+  inst[0].nixl = true;
+  return inst;
+}
+
+TEST(UnifiedNixlTest, PricesTheHoldersLegThenTheRead) {
+  auto p = createPolicy(configFor("unified"));
+  auto d = p->decide(request(28000), drainedNixlHolder(), 0);
+  EXPECT_EQ(d.instance, 1);
+  EXPECT_EQ(d.mode, Mode::kPushMigrate);
+  EXPECT_EQ(d.source_instance, 0);
+  EXPECT_EQ(d.reason, "nixl_pull");
+  // D reads every block: nothing is left for it to prefill.
+  EXPECT_EQ(d.predicted_cached_tokens, 28000);
+  // C's leg prefills the 3000 tokens it lacks (0.428571 s), then D reads the whole prompt.
+  const double move = 3000.0 / 7000 + kWholePromptTransfer;
+  EXPECT_NEAR(d.move_model_s, move, 1e-6);
+  EXPECT_NEAR(d.predicted.push, move, 1e-6);
+  EXPECT_NEAR(d.predicted.chosen, move, 1e-6);
+  EXPECT_NEAR(d.scores[2], 1.0 + move, 1e-6);  // E's own queue comes after C's leg
+}
+
+// The terms of C's side: its queue, the step it is running, and at least one step of its own
+// even when it holds the whole prompt. A unit test of the formula would pass with any of them
+// dropped from decide(); these compare decisions.
+TEST(UnifiedNixlTest, TheHoldersQueueAndStepsAreChargedToTheMove) {
+  auto p = createPolicy(configFor("unified"));
+  auto inst = drainedNixlHolder();
+  inst[0].pending_prefill_tokens = 7000;  // one second of queue on C
+  auto d = p->decide(request(28000), inst, 0);
+  EXPECT_NEAR(d.move_model_s, 1.0 + 3000.0 / 7000 + kWholePromptTransfer, 1e-6);
+  inst[0].pending_prefill_tokens = 7000 * 4;  // 4 s on C: computing cold on D is cheaper
+  d = p->decide(request(28000), inst, 0);
+  EXPECT_EQ(d.mode, Mode::kLocal);
+  EXPECT_EQ(d.instance, 1);
+  EXPECT_NEAR(d.predicted.push, 4.0 + 3000.0 / 7000 + kWholePromptTransfer, 1e-6);
+  // The same holder pushing (kvfabric) does not wait in its queue: it pushes.
+  inst[0].nixl = false;
+  d = p->decide(request(28000), inst, 0);
+  EXPECT_EQ(d.mode, Mode::kPushMigrate);
+  EXPECT_EQ(d.reason, "push_migrate");
+
+  auto stepped = createPolicy(
+      parsePolicy("kind: unified\nunified: {source_step_s: 0.05, source_share_per_request: 0.5}"));
+  inst = drainedNixlHolder();
+  inst[0].matched_tokens = 28000;  // C holds it all: its leg is still one step
+  inst[0].running = 2;             // and it first finishes the step it is running
+  d = stepped->decide(request(28000), inst, 0);
+  EXPECT_EQ(d.mode, Mode::kPushMigrate);
+  EXPECT_NEAR(d.move_model_s, 0.05 + 0.05 + 2 * kWholePromptTransfer, 1e-6);
+}
+
+TEST(UnifiedNixlTest, MeasuredLegsCorrectThePull) {
+  auto p = createPolicy(parsePolicy("kind: unified\nunified: {feedback_min_samples: 2}"));
+  auto d = p->decide(request(28000), drainedNixlHolder(), 0);
+  ASSERT_EQ(d.reason, "nixl_pull");
+  // Legs that take 8x the model (C's real queue was longer than it reported).
+  p->moveMeasured(0, 1, d.move_model_s, 8 * d.move_model_s);
+  p->moveMeasured(0, 1, d.move_model_s, 8 * d.move_model_s);
+  d = p->decide(request(28000), drainedNixlHolder(), 0);
+  EXPECT_EQ(d.mode, Mode::kLocal);
+  EXPECT_NEAR(d.predicted.push, 8 * (3000.0 / 7000 + kWholePromptTransfer), 1e-5);
+}
+
 PolicyConfig elasticConfig() {
   return parsePolicy("kind: elastic\nelastic: {max_concurrent_offloads: 2}");
 }

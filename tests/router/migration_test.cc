@@ -205,6 +205,9 @@ TEST_F(MigrationTest, OffloadSendsPrefillToPThenParamsToD) {
   EXPECT_EQ(log["offload_prefill"].as_string(), "ok");
   EXPECT_GT(log["ttft_s"].as_double(), 0.0);
   EXPECT_LE(log["ttft_s"].as_double(), log["duration_s"].as_double());
+  // P's leg is part of the time to first token.
+  EXPECT_GT(log["peer_leg_s"].as_double(), 0.0);
+  EXPECT_LT(log["peer_leg_s"].as_double(), log["ttft_s"].as_double());
   EXPECT_EQ(log["class"].as_string(), "heavy");
   EXPECT_GT(log["predicted_costs"].as_object()["prefill_offload"].as_double(), 0.0);
   EXPECT_GT(log["predicted_costs"].as_object()["local"].as_double(), 0.0);

@@ -216,6 +216,46 @@ TEST(RoutingCoreTest, OffloadHoldsThePeerAndThePolicysSlotUntilReleased) {
   EXPECT_EQ(core->policy().offloadsInFlight(), 0);
 }
 
+// A migration from a holder in vLLM's NIXL dialect: its first leg is a request on the holder
+// (running, and the prompt tokens it lacks as pending prefill) until the leg's answer, and D
+// then reads every full block, so D's lease counts only what no block covers.
+TEST(RoutingCoreTest, NixlMigrationLeasesTheHoldersLeg) {
+  auto core = coreFor(configFor("{kind: unified}"), /*push_capable=*/true);
+  auto turn1 = tokens(25000);
+  RequestRoute first;
+  prepare(first, turn1);
+  ASSERT_TRUE(core->decide(first, 0));
+  const int holder = first.instance();
+  core->predict(first, 0);
+  first.endAttempt();
+  core->setDraining(holder, true);
+  core->setNixl(holder, true);
+  auto turn2 = tokens(28000);
+  RequestRoute r;
+  prepare(r, turn2);
+  ASSERT_TRUE(core->decide(r, 1));
+  ASSERT_EQ(r.decision().mode, policy::Mode::kPushMigrate);
+  EXPECT_EQ(r.decision().reason, "nixl_pull");
+  ASSERT_EQ(r.peer(), holder);
+  EXPECT_EQ(core->instance(holder).running, 1);
+  EXPECT_EQ(core->instance(holder).pending_prefill_tokens, 28000 - 24992);  // 1562 blocks held
+  EXPECT_EQ(r.predictedCachedTokens(), 27984);  // every full block of prompt - 1
+  EXPECT_EQ(core->instance(r.instance()).pending_prefill_tokens, 16);
+  // The leg answered: C's load goes; D keeps its own.
+  r.endPeerLoad();
+  EXPECT_EQ(core->instance(holder).running, 0);
+  EXPECT_EQ(core->instance(holder).pending_prefill_tokens, 0);
+  EXPECT_EQ(core->instance(r.instance()).running, 1);
+  // The same holder in kvfabric's dialect pushes with no load of its own.
+  core->setNixl(holder, false);
+  RequestRoute pushed;
+  prepare(pushed, turn2);
+  ASSERT_TRUE(core->decide(pushed, 2));
+  ASSERT_EQ(pushed.decision().reason, "push_migrate");
+  EXPECT_EQ(core->instance(holder).running, 0);
+  EXPECT_EQ(pushed.predictedCachedTokens(), 24992);
+}
+
 // A policy defined here, outside the built-in list, registered in a registry of its own: its
 // block parsed from the router YAML (unknown keys refused, bad values named by path), created
 // by the core, and deciding.
