@@ -67,11 +67,18 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
     if (instance->removed || stopped_) break;
     bool ok = response.ok() && response->status == 200;
     if (ok) noteAlive(*instance);
+    if (!response.ok() && absl::IsUnavailable(response.status())) {
+      instance->unreachable_since_ejection = true;
+    }
     switch (core_->healthCheck(instance->slot, ok)) {
       case RoutingCore::HealthChange::kReadmitted:
-        // What it held before the ejection is unknown now; its events rebuild the index.
-        resetKvInstance(*instance, "readmitted");
-        log::info("instance re-admitted", "instance", instance->config.id);
+        // A process that could not be reached may be a new one: what the old one held is
+        // unknown, and its events rebuild the index. One that only answered late is the same
+        // process, and its event stream (gaps replayed or reset) kept the index true.
+        if (instance->unreachable_since_ejection) resetKvInstance(*instance, "readmitted");
+        log::info("instance re-admitted", "instance", instance->config.id, "index_kept",
+                  !instance->unreachable_since_ejection);
+        instance->unreachable_since_ejection = false;
         break;
       case RoutingCore::HealthChange::kEjected:
         instance->ejections->inc();
@@ -85,6 +92,10 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
         log::info("stalled instance answers again", "instance", instance->config.id);
         break;
       case RoutingCore::HealthChange::kNone:
+        // Answering while admitted: a failure before it led to no ejection.
+        if (ok && core_->instance(instance->slot).check_healthy) {
+          instance->unreachable_since_ejection = false;
+        }
         break;
     }
     if (ok && config_.health.scrape_metrics) {

@@ -68,6 +68,11 @@ struct Instance {
   metrics::Counter* predicted_cached_tokens = nullptr;
   metrics::Counter* actual_cached_tokens = nullptr;
   metrics::Counter* ejections = nullptr;
+  // Since the instance last answered while admitted, a failed health check could not reach the
+  // process (refused, reset), so it may have been replaced: its index is reset when it is
+  // re-admitted. A check that only timed out (a stalled
+  // or overloaded process) keeps the index: the event stream still tells what it holds.
+  bool unreachable_since_ejection = false;
   metrics::Counter* circuit_opens = nullptr;
   metrics::Counter* stalls = nullptr;
   metrics::Counter* kv_batches = nullptr;
