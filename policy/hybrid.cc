@@ -1,6 +1,7 @@
 // `hybrid`: lmetric's score, plus a high-cache affinity gate (the instance holding more than
-// gate_fraction of the prompt wins unless it is overloaded) and hysteresis that keeps a session
-// on its last instance within (1 + hysteresis) x the best score. Parameters: `hybrid:`.
+// gate_fraction of the prompt wins unless it is overloaded, or optionally unless the prefill
+// work queued ahead there is gate_cost_factor x the least anywhere) and hysteresis that keeps a
+// session on its last instance within (1 + hysteresis) x the best score. Parameters: `hybrid:`.
 #include "policy/hybrid.h"
 
 #include "policy/lmetric.h"
@@ -16,6 +17,10 @@ struct HybridParams final : PolicyParams {
   double overload_factor = 2.0;      // ... unless its running > factor x average running
   int64_t overload_min_running = 4;  //     and at least this many
   double hysteresis = 0.1;           // keep the session's last instance within (1+h) x best
+  // The gate also skips a holder whose prefill work ahead of this request (its pending prefill
+  // tokens plus the prompt's uncached part there) exceeds this x the least such work on any
+  // instance. 0: off (the running-count test above is the only load check).
+  double gate_cost_factor = 0.0;
 };
 
 std::shared_ptr<const PolicyParams> parse(config::ConfigMap& block) {
@@ -24,6 +29,10 @@ std::shared_ptr<const PolicyParams> parse(config::ConfigMap& block) {
   block.get("overload_factor", &p->overload_factor, 1.0, 1e6);
   block.get("overload_min_running", &p->overload_min_running, 0, int64_t{1} << 30);
   block.get("hysteresis", &p->hysteresis, 0.0, 10.0);
+  block.get("gate_cost_factor", &p->gate_cost_factor, 0.0, 1e6);
+  if (p->gate_cost_factor > 0 && p->gate_cost_factor < 1) {
+    block.fail("gate_cost_factor", "must be 0 (off) or at least 1");
+  }
   return p;
 }
 
@@ -65,14 +74,29 @@ class HybridPolicy final : public Policy {
     if (r.prompt_tokens <= 0) return -1;
     double average = support::averageRunning(inst);
     double threshold = params_.gate_fraction * static_cast<double>(r.prompt_tokens);
+    // Prefill tokens ahead of this request on an instance, and the least of them anywhere.
+    auto work = [&](const InstanceSnapshot& s) {
+      return static_cast<double>(s.pending_prefill_tokens + support::uncached(r, s));
+    };
+    double least_work = -1;
+    if (params_.gate_cost_factor > 0) {
+      for (const auto& s : inst) {
+        if (s.healthy && (least_work < 0 || work(s) < least_work)) least_work = work(s);
+      }
+    }
     int best = -1;
     bool any_overloaded = false;
+    bool any_costly = false;
     for (size_t i = 0; i < inst.size(); ++i) {
       const InstanceSnapshot& s = inst[i];
       if (!s.healthy || static_cast<double>(s.matched_tokens) <= threshold) continue;
       if (support::overloaded(s.running, average, params_.overload_factor,
                               params_.overload_min_running)) {
         any_overloaded = true;
+        continue;
+      }
+      if (least_work >= 0 && work(s) > params_.gate_cost_factor * least_work) {
+        any_costly = true;
         continue;
       }
       if (best < 0 || s.matched_tokens > inst[best].matched_tokens ||
@@ -84,6 +108,8 @@ class HybridPolicy final : public Policy {
       *reason = "cache_gate";
     } else if (any_overloaded) {
       *reason = "gate_overloaded";
+    } else if (any_costly) {
+      *reason = "gate_costly";
     }
     return best;
   }

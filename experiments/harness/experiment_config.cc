@@ -54,6 +54,33 @@ void parseReplay(config::ConfigMap& m, ReplayOptions* out, uint64_t* salt) {
   m.rejectUnknownKeys();
 }
 
+// A `router:` section (the experiment's or an arm's): a map without the keys the harness sets.
+bool checkRouterSection(config::ConfigMap& m, const YAML::Node& router) {
+  if (!router.IsMap()) {
+    m.fail("router", "expected a map of router settings");
+    return false;
+  }
+  bool ok = true;
+  for (const char* reserved : {"listen", "instances", "policy", "decision_log"}) {
+    if (router[reserved]) {
+      m.fail("router", strCat("'", reserved, "' is set by the harness, not the experiment"));
+      ok = false;
+    }
+  }
+  return ok;
+}
+
+void mergeInto(YAML::Node dst, const YAML::Node& src) {
+  for (const auto& kv : src) {
+    auto key = kv.first.as<std::string>();
+    if (kv.second.IsMap() && dst[key] && dst[key].IsMap()) {
+      mergeInto(dst[key], kv.second);
+    } else {
+      dst[key] = YAML::Clone(kv.second);
+    }
+  }
+}
+
 void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::string& dir,
                      const PathVariables& variables) {
   root.require("name");
@@ -103,13 +130,7 @@ void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::
     root.fail("cluster", "is required");
   }
   if (auto router = root.raw("router")) {
-    if (!router->IsMap()) root.fail("router", "expected a map of router settings");
-    out->router = *router;
-    for (const char* reserved : {"listen", "instances", "policy", "decision_log"}) {
-      if ((*router)[reserved]) {
-        root.fail("router", strCat("'", reserved, "' is set by the harness, not the experiment"));
-      }
-    }
+    if (checkRouterSection(root, *router)) out->router = *router;
   }
   root.get("repetitions", &out->repetitions, 1, 1000);
   std::set<std::string> names;
@@ -123,6 +144,9 @@ void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::
     if (!names.insert(arm.name).second) a.fail("name", strCat("duplicate arm '", arm.name, "'"));
     a.require("policy");
     if (auto p = a.raw("policy")) arm.policy = *p;
+    if (auto r = a.raw("router")) {
+      if (checkRouterSection(a, *r)) arm.router = *r;
+    }
     a.rejectUnknownKeys();
     out->arms.push_back(std::move(arm));
   }
@@ -173,6 +197,13 @@ absl::StatusOr<ExperimentConfig> loadExperimentConfig(const std::string& path,
   parsed->source = path;
   if (parsed->output_dir.empty()) parsed->output_dir = "experiments/results/" + parsed->name;
   return parsed;
+}
+
+YAML::Node armRouter(const ExperimentConfig& config, const ArmConfig& arm) {
+  YAML::Node out =
+      config.router.IsMap() ? YAML::Clone(config.router) : YAML::Node(YAML::NodeType::Map);
+  if (arm.router.IsMap()) mergeInto(out, arm.router);
+  return out;
 }
 
 }  // namespace kvf::experiments

@@ -42,6 +42,9 @@ struct ClusterConfig {
 struct ArmConfig {
   std::string name;
   YAML::Node policy;  // written verbatim as the router's `policy:` section
+  // Optional `router:` settings of this arm only (e.g. overload control on for one arm),
+  // merged key by key over the experiment's `router:` section; see armRouter().
+  YAML::Node router;
 };
 
 struct ExperimentConfig {
@@ -69,6 +72,10 @@ struct ExperimentConfig {
 // an unknown one, is an error that names the field and the variable.
 using PathVariables = std::map<std::string, std::string>;
 inline constexpr char kTracesDirVariable[] = "KVF_TRACES_DIR";
+
+// The router settings an arm runs with: the experiment's `router:` section with the arm's own
+// `router:` merged over it (maps merged key by key, any other value replaced). A fresh node.
+YAML::Node armRouter(const ExperimentConfig& config, const ArmConfig& arm);
 
 absl::StatusOr<ExperimentConfig> loadExperimentConfig(const std::string& path,
                                                       const PathVariables& variables = {});

@@ -215,7 +215,7 @@ absl::Status writeEngineConfig(const ClusterConfig& cluster, const std::string& 
 absl::Status writeRouterConfig(const ExperimentConfig& config, const ArmConfig& arm, uint16_t port,
                                const std::vector<EnginePorts>& engines, const std::string& rep_dir,
                                const std::string& worker_token) {
-  YAML::Node root = config.router.IsMap() ? YAML::Clone(config.router) : YAML::Node();
+  YAML::Node root = armRouter(config, arm);
   if (!worker_token.empty()) root["worker_token"] = worker_token;
   root["listen"]["host"] = "127.0.0.1";
   root["listen"]["port"] = port;

@@ -7,9 +7,16 @@ docs/results.md ("Policy grid").
 Intervals: two-level bootstrap (resample the jittered repetitions, then the requests within
 each drawn repetition; 1,000 resamples by default), percentile method.
 
+With --tune FILE (experiments/configs/grid/tune.yaml), each trace is first tuned: the
+candidate settings of each listed arm run on the trace's TUNE half at --tune_utilisation, the
+candidate with the smallest worst-case ratio to the best candidate over TTFT and E2E
+p50/p90/p99 wins, and the validate grid runs the winner beside the defaults as
+"<arm>-tuned" (not added when the defaults win). Only the validate half is reported as the
+result; the tune table says what won and by how much.
+
 usage: policy_grid.py [--bin build/bin/kvf-experiment] [--out experiments/results/grid]
                       [--utilisations 0.3,0.6,0.9,1.2] [--jobs 2] [--markdown FILE]
-                      [--analyse-only] CONFIG...
+                      [--tune FILE] [--tune_utilisation 0.9] [--analyse-only] CONFIG...
 """
 import argparse
 import csv
@@ -20,10 +27,16 @@ import sys
 from collections import defaultdict
 
 import numpy as np
+import yaml
 
 DEFAULT_ARM = "hybrid"
 BASELINE_ARM = "round_robin"
 MOVING = {"unified", "elastic"}
+TUNED = "-tuned"
+
+
+def base_arm(name):
+    return name[:-len(TUNED)] if name.endswith(TUNED) else name
 PCTS = (50, 90, 99)
 
 
@@ -39,8 +52,8 @@ def done(out):
                    for r in os.listdir(os.path.join(out, "arms", a))) for a in names)
 
 
-def run_point(args, config, name, u):
-    out = os.path.join(args.out, name, f"u{u}")
+def run_point(args, config, name, u, out=None):
+    out = out or os.path.join(args.out, name, f"u{u}")
     if done(out):
         return out
     cmd = [args.bin, "sim", config, "--utilisation", str(u), "--output_dir", out,
@@ -98,6 +111,113 @@ def load_arms(out):
     return arms
 
 
+def merge(dst, src):
+    """src merged over dst key by key (maps recursively); returns dst"""
+    for k, v in (src or {}).items():
+        if isinstance(v, dict) and isinstance(dst.get(k), dict):
+            merge(dst[k], v)
+        else:
+            dst[k] = yaml.safe_load(yaml.safe_dump(v))
+    return dst
+
+
+def derived_config(config, path, half, arms):
+    """the grid config with another half and arm list, written to path; relative paths made
+    absolute (they are relative to the original file)"""
+    with open(config) as f:
+        doc = yaml.safe_load(f)
+    here = os.path.dirname(os.path.abspath(config))
+    for section, key in (("trace", "path"), ("cluster", "engine_config")):
+        value = doc.get(section, {}).get(key)
+        if value and "${" not in value and not os.path.isabs(value):
+            doc[section][key] = os.path.normpath(os.path.join(here, value))
+    doc.setdefault("split", {})["half"] = half
+    doc["arms"] = arms
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        yaml.safe_dump(doc, f, sort_keys=False)
+    return path
+
+
+def candidate_arm(arm, candidate):
+    out = {"name": f"{arm['name']}~{candidate['name']}",
+           "policy": merge(yaml.safe_load(yaml.safe_dump(arm["policy"])), candidate.get("policy"))}
+    router = merge(yaml.safe_load(yaml.safe_dump(arm.get("router") or {})), candidate.get("router"))
+    if router:
+        out["router"] = router
+    return out
+
+
+def point_figures(reps):
+    pooled = {m: np.concatenate([r[i] for r in reps.values()]) for i, m in enumerate(("ttft", "e2e"))}
+    return {(m, p): v for m in ("ttft", "e2e") for p, v in zip(PCTS, np.percentile(pooled[m], PCTS))}
+
+
+def tune(args, config, name, tune_spec):
+    """runs the candidates on the tune half; returns (validate config path, markdown lines)"""
+    with open(config) as f:
+        arms = yaml.safe_load(f)["arms"]
+    by_name = {a["name"]: a for a in arms}
+    cands = []
+    for arm_name, candidates in tune_spec["candidates"].items():
+        if arm_name in by_name:
+            cands += [(arm_name, c, candidate_arm(by_name[arm_name], c)) for c in candidates]
+    tune_config = derived_config(config, os.path.join(args.out, name, "tune.yaml"), "tune",
+                                 [c[2] for c in cands])
+    # A tune half that cannot offer --tune_utilisation (long sessions bound the rate) is tuned
+    # at the next lower utilisation of the sweep, and its table says so.
+    sweep = sorted({float(x) for x in args.utilisations.split(",")} | {args.tune_utilisation},
+                   reverse=True)
+    for u in [x for x in sweep if x <= args.tune_utilisation]:
+        tune_out = os.path.join(args.out, name, f"tune_u{u}")
+        if args.analyse_only:
+            if done(tune_out):
+                break
+            continue
+        try:
+            run_point(args, tune_config, name, u, out=tune_out)
+            break
+        except subprocess.CalledProcessError:
+            print(f"tuning {name} at {u} failed; trying a lower utilisation", file=sys.stderr)
+    md = [f"\nTuned on the **tune half** at offered utilisation {u} "
+          f"(`{os.path.relpath(tune_config)}`). Seconds; worst = the largest ratio to the best "
+          "candidate of the same arm over the six figures; the smallest worst wins.\n",
+          "| candidate | TTFT p50 | TTFT p90 | TTFT p99 | E2E p50 | E2E p90 | E2E p99 | errors | worst |",
+          "|---|---|---|---|---|---|---|---|---|"]
+    tuned = []
+    if not done(tune_out):
+        md.append("\n(tuning not run)\n")
+    else:
+        results = load_arms(tune_out)
+        figs = {a: point_figures(d["reps"]) for a, d in results.items() if d["reps"]}
+        for arm_name in tune_spec["candidates"]:
+            group = [c for c in cands if c[0] == arm_name and c[2]["name"] in figs]
+            if not group:
+                continue
+            best = {f: min(figs[c[2]["name"]][f] for c in group) for f in figs[group[0][2]["name"]]}
+            worst = {c[2]["name"]: max(figs[c[2]["name"]][f] / best[f] for f in best if best[f] > 0)
+                     for c in group}
+            winner = min(group, key=lambda c: worst[c[2]["name"]])
+            for c in group:
+                n = c[2]["name"]
+                mark = " **(won)**" if c is winner else ""
+                md.append(f"| {n}{mark} | " + " | ".join(f"{figs[n][(m, p)]:.2f}" for m in ("ttft", "e2e")
+                                                       for p in PCTS)
+                          + f" | {results[n]['errors']} | {worst[n]:.2f} |")
+            if winner[1]["name"] != "defaults":
+                arm = dict(winner[2])
+                arm["name"] = arm_name + TUNED
+                tuned.append(arm)
+    validate = derived_config(config, os.path.join(args.out, name, "validate.yaml"), "validate",
+                              arms + tuned)
+    md.append("")
+    md.append("Run on the validate half: " + (", ".join(
+        f"{a['name']} = {a['name'][:-len(TUNED)]} with " + json.dumps(
+            {k: a[k] for k in ("policy", "router") if k in a}) for a in tuned)
+        or "the defaults won every tuning; no tuned arm") + ".")
+    return validate, md
+
+
 def bootstrap(reps, resamples, rng):
     """point and 95% interval of each percentile of TTFT and E2E: {('ttft', 50): (v, lo, hi)}"""
     keys = sorted(reps)
@@ -129,8 +249,10 @@ def checks(stats, arms):
     names = [a for a in stats if a in arms]
     figures = [(m, p) for m in ("ttft", "e2e") for p in PCTS]
     label = lambda f: f"{f[0].upper()} p{f[1]}"
-    if DEFAULT_ARM in stats:
-        d = stats[DEFAULT_ARM]
+    for default in (DEFAULT_ARM, DEFAULT_ARM + TUNED):
+        if default not in stats:
+            continue
+        d = stats[default]
         far, lost = [], []
         for f in figures:
             best = min(stats[a][f][0] for a in names)
@@ -139,12 +261,12 @@ def checks(stats, arms):
                 far.append(f"{label(f)} {d[f][0] / best - 1:+.0%} vs {best_arm}")
             if BASELINE_ARM in stats and not d[f][0] < stats[BASELINE_ARM][f][0]:
                 lost.append(f"{label(f)} {d[f][0] / stats[BASELINE_ARM][f][0] - 1:+.0%}")
-        lines.append("- default (hybrid) within 5% of the best arm on all six: " +
+        lines.append(f"- default ({default}) within 5% of the best arm on all six: " +
                      ("**met**" if not far else "**not met** (" + "; ".join(far) + ")"))
-        lines.append("- default beats round robin on all six: " +
+        lines.append(f"- default ({default}) beats round robin on all six: " +
                      ("**met**" if not lost else "**not met** (" + "; ".join(lost) + ")"))
-    fixed = [a for a in names if a not in MOVING]
-    for a in sorted(MOVING & set(names)):
+    fixed = [a for a in names if base_arm(a) not in MOVING]
+    for a in sorted(a for a in names if base_arm(a) in MOVING):
         if arms[a]["moves"] == 0:
             lines.append(f"- {a}: made no moves (nothing to check)")
             continue
@@ -176,13 +298,23 @@ def main():
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--resamples", type=int, default=1000)
     ap.add_argument("--markdown", default="")
+    ap.add_argument("--tune", default="", help="candidates to tune on the tune half first")
+    ap.add_argument("--tune_utilisation", type=float, default=0.9)
     ap.add_argument("--analyse-only", action="store_true")
     args = ap.parse_args()
+    tune_spec = None
+    if args.tune:
+        with open(args.tune) as f:
+            tune_spec = yaml.safe_load(f)
     rng = np.random.default_rng(1)
     md = []
     for config in args.configs:
         name = os.path.splitext(os.path.basename(config))[0]
         md.append(f"\n### {name}\n")
+        if tune_spec:
+            config, tune_md = tune(args, config, name, tune_spec)
+            md.extend(tune_md)
+            print("\n".join(tune_md), flush=True)
         for u in [float(x) for x in args.utilisations.split(",")]:
             out = os.path.join(args.out, name, f"u{u}")
             if not args.analyse_only:

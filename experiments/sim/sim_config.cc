@@ -157,7 +157,7 @@ absl::StatusOr<std::vector<SimArm>> expandArms(const ExperimentConfig& config,
     a.name = arm.name;
     a.policy = YAML::Clone(arm.policy);
     a.sim = config.sim.IsMap() ? YAML::Clone(config.sim) : YAML::Node(YAML::NodeType::Map);
-    a.router = config.router.IsMap() ? YAML::Clone(config.router) : YAML::Node(YAML::NodeType::Map);
+    a.router = armRouter(config, arm);
     bool has_engine = config.sim.IsMap() && config.sim["engine"] && config.sim["engine"].IsMap();
     a.engine = has_engine ? YAML::Clone(config.sim["engine"]) : YAML::Node(YAML::NodeType::Map);
     return a;

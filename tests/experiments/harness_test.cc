@@ -71,6 +71,49 @@ arms:
   EXPECT_NE(m.find("arms[1].name: duplicate arm 'rr'"), std::string::npos) << m;
 }
 
+// An arm's own `router:` settings merge over the experiment's, key by key, for that arm only;
+// the keys the harness sets are refused there too.
+TEST(ExperimentConfig, ArmRouterSettingsMergeOverTheExperiments) {
+  fs::path dir = freshTempDir("kvf_exp_arm_router");
+  std::ofstream(dir / "exp.yaml") << R"(name: ab
+trace: {path: trace.jsonl}
+cluster: {engines: 2, engine_config: engine.yaml}
+router:
+  health: {interval_s: 1}
+  overload: {max_waiting: 4, max_queue: 100}
+arms:
+  - {name: plain, policy: {kind: hybrid}}
+  - name: controlled
+    policy: {kind: hybrid}
+    router: {overload: {enabled: true, max_waiting: 8}}
+)";
+  auto c = loadExperimentConfig((dir / "exp.yaml").string());
+  ASSERT_TRUE(c.ok()) << c.status();
+  YAML::Node plain = armRouter(*c, c->arms[0]);
+  YAML::Node controlled = armRouter(*c, c->arms[1]);
+  EXPECT_FALSE(plain["overload"]["enabled"]);
+  EXPECT_EQ(plain["overload"]["max_waiting"].as<int>(), 4);
+  EXPECT_TRUE(controlled["overload"]["enabled"].as<bool>());
+  EXPECT_EQ(controlled["overload"]["max_waiting"].as<int>(), 8);
+  EXPECT_EQ(controlled["overload"]["max_queue"].as<int>(), 100);
+  EXPECT_EQ(controlled["health"]["interval_s"].as<double>(), 1.0);
+  // The experiment's section is not changed by the merge.
+  EXPECT_EQ(c->router["overload"]["max_waiting"].as<int>(), 4);
+
+  std::ofstream(dir / "bad.yaml") << R"(name: ab
+trace: {path: trace.jsonl}
+cluster: {engines: 2, engine_config: engine.yaml}
+arms:
+  - {name: a, policy: {kind: hybrid}, router: {decision_log: /tmp/x}}
+  - {name: b, policy: {kind: hybrid}, router: [1]}
+)";
+  auto bad = loadExperimentConfig((dir / "bad.yaml").string());
+  ASSERT_FALSE(bad.ok());
+  std::string m(bad.status().message());
+  EXPECT_NE(m.find("arms[0].router: 'decision_log' is set by the harness"), std::string::npos) << m;
+  EXPECT_NE(m.find("arms[1].router: expected a map"), std::string::npos) << m;
+}
+
 // ${KVF_TRACES_DIR} in a path: expanded when set, and otherwise an error naming the field, its
 // line and the variable (never a silent fallback to some default folder).
 TEST(ExperimentConfig, TracesDirVariableInPaths) {

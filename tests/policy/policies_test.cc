@@ -175,6 +175,30 @@ TEST(HybridTest, GateSkipsOverloadedHolder) {
   EXPECT_EQ(d.reason, "gate_overloaded");
 }
 
+// With gate_cost_factor the gate also weighs the prefill work queued ahead on the holder: a
+// holder that would make this request wait behind more than factor x the least work anywhere
+// loses the gate, even when its running count is not overloaded.
+TEST(HybridTest, GateCostFactorSkipsHolderWithMuchQueuedPrefill) {
+  auto inst = idle(3);
+  for (auto& s : inst) s.running = 2;
+  inst[0].matched_tokens = 8000;           // holds 80% of the prompt
+  inst[0].pending_prefill_tokens = 40000;  // work ahead: 40000 + 2000 = 42000
+  inst[1].pending_prefill_tokens = 5000;   // 5000 + 10000 = 15000 (the least)
+  inst[2].pending_prefill_tokens = 20000;  // 30000
+  auto off = createPolicy(configFor("hybrid"));
+  auto d = off->decide(request(10000), inst, 0);
+  EXPECT_EQ(d.instance, 0);
+  EXPECT_EQ(d.reason, "cache_gate");
+  auto on = createPolicy(parsePolicy("kind: hybrid\nhybrid: {gate_cost_factor: 2}"));
+  auto skipped = on->decide(request(10000), inst, 0);
+  EXPECT_NE(skipped.instance, 0);
+  EXPECT_EQ(skipped.reason, "gate_costly");
+  // Within the factor the holder keeps the gate: 42000 <= 3 x 15000.
+  auto loose = createPolicy(parsePolicy("kind: hybrid\nhybrid: {gate_cost_factor: 3}"));
+  EXPECT_EQ(loose->decide(request(10000), inst, 0).reason, "cache_gate");
+  EXPECT_FALSE(tryParsePolicy("kind: hybrid\nhybrid: {gate_cost_factor: 0.5}").ok());
+}
+
 TEST(HybridTest, GateTieBreakIsDeterministic) {
   auto inst = idle(3);
   inst[0].matched_tokens = inst[2].matched_tokens = 8000;
