@@ -843,9 +843,8 @@ TEST_P(HostilePeerDeathTest, CraftedRemoteKeyNeverReachesUcx) {
 
 INSTANTIATE_TEST_SUITE_P(Loopback, HostilePeerDeathTest,
                          ::testing::Combine(::testing::Values("shm", "tcp"), ::testing::Bool()),
-                         [](const ::testing::TestParamInfo<std::tuple<std::string, bool>>& info) {
-                           return std::get<0>(info.param) +
-                                  (std::get<1>(info.param) ? "_Get" : "_Put");
+                         [](const ::testing::TestParamInfo<std::tuple<std::string, bool>>& p) {
+                           return std::get<0>(p.param) + (std::get<1>(p.param) ? "_Get" : "_Put");
                          });
 
 TEST(RemoteKey, RoundTripsAndBoundsTheRegion) {
