@@ -67,18 +67,19 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
     if (instance->removed || stopped_) break;
     bool ok = response.ok() && response->status == 200;
     if (ok) noteAlive(*instance);
-    if (!response.ok() && absl::IsUnavailable(response.status())) {
-      instance->unreachable_since_ejection = true;
-    }
+    // Only a late answer (timeout) says the process is alive and only slow; an unreachable one
+    // may have been replaced, and one that answers with an error may have lost its cache.
+    const bool late = !response.ok() && absl::IsDeadlineExceeded(response.status());
+    if (!ok && !late) instance->cache_state_unknown = true;
     switch (core_->healthCheck(instance->slot, ok)) {
       case RoutingCore::HealthChange::kReadmitted:
-        // A process that could not be reached may be a new one: what the old one held is
-        // unknown, and its events rebuild the index. One that only answered late is the same
-        // process, and its event stream (gaps replayed or reset) kept the index true.
-        if (instance->unreachable_since_ejection) resetKvInstance(*instance, "readmitted");
+        // What a replaced or failed process held is unknown: its events rebuild the index. One
+        // that only answered late is the same process, and its event stream (gaps replayed or
+        // reset) kept the index true.
+        if (instance->cache_state_unknown) resetKvInstance(*instance, "readmitted");
         log::info("instance re-admitted", "instance", instance->config.id, "index_kept",
-                  !instance->unreachable_since_ejection);
-        instance->unreachable_since_ejection = false;
+                  !instance->cache_state_unknown);
+        instance->cache_state_unknown = false;
         break;
       case RoutingCore::HealthChange::kEjected:
         instance->ejections->inc();
@@ -94,7 +95,7 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
       case RoutingCore::HealthChange::kNone:
         // Answering while admitted: a failure before it led to no ejection.
         if (ok && core_->instance(instance->slot).check_healthy) {
-          instance->unreachable_since_ejection = false;
+          instance->cache_state_unknown = false;
         }
         break;
     }

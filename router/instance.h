@@ -68,11 +68,11 @@ struct Instance {
   metrics::Counter* predicted_cached_tokens = nullptr;
   metrics::Counter* actual_cached_tokens = nullptr;
   metrics::Counter* ejections = nullptr;
-  // Since the instance last answered while admitted, a failed health check could not reach the
-  // process (refused, reset), so it may have been replaced: its index is reset when it is
-  // re-admitted. A check that only timed out (a stalled
-  // or overloaded process) keeps the index: the event stream still tells what it holds.
-  bool unreachable_since_ejection = false;
+  // Since the instance last answered while admitted, a health check failed otherwise than by
+  // answering late: the process could not be reached (it may have been replaced) or answered
+  // with an error (it may have lost its cache). Its index is then reset when it is re-admitted;
+  // after timeouts only (a stalled or overloaded process) the index is kept.
+  bool cache_state_unknown = false;
   metrics::Counter* circuit_opens = nullptr;
   metrics::Counter* stalls = nullptr;
   metrics::Counter* kv_batches = nullptr;
