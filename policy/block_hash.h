@@ -35,7 +35,7 @@ struct BlockHash {
 static_assert(sizeof(BlockHash) == sizeof(uint64_t) && std::is_trivially_copyable_v<BlockHash>);
 
 using TokenId = protocol::TokenId;
-// Instances holding a block (bit i: instance i), as the cache index reports them.
+// A word of instances (bit i: instance i), the inline part of a holder set (policy/holder_set.h).
 using InstanceMask = uint64_t;
 
 // Parent of the first block of every prompt.

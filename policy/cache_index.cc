@@ -3,20 +3,14 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <iterator>
 
 namespace kvf::policy {
 
 namespace {
 
-InstanceMask bit(int instance) { return InstanceMask{1} << instance; }
-
 bool validInstance(int instance) { return instance >= 0 && instance < kMaxInstances; }
 bool validStream(int stream) { return stream >= 0 && stream < kMaxStreams; }
-
-// Whether `me` holds the block exactly (from events).
-bool holdsExactly(const HolderTable::Entry* entry, InstanceMask me) {
-  return entry != nullptr && (*entry & me) != 0;
-}
 
 // Event runs (a prompt's blocks, an eviction batch, due expiries) touch one random slot per
 // block: prefetching the slot of the block kAhead positions on keeps that many cache misses in
@@ -37,22 +31,48 @@ void prefetchRunAhead(const HolderTable& table, std::span<const uint64_t> own, s
 }
 
 // The leading-run bookkeeping of matchLengths / hashAndMatch: which of the first out.size()
-// instances still hold every block so far, and each one's run length once it ends.
+// instances still hold every block so far, and each one's run length once it ends. Instances
+// below kWordInstances run as bits of one word; past them (clusters of more than 63), the listed
+// ones still running are kept in `listed`, ascending, which every block's listed holders thin.
 class RunTracker {
  public:
-  explicit RunTracker(std::span<uint32_t> out) : out_(out) {
+  RunTracker(std::span<uint32_t> out, std::vector<ListedInstance>* listed)
+      : out_(out.first(std::min<size_t>(out.size(), kMaxInstances))), listed_(listed) {
     std::fill(out.begin(), out.end(), 0u);
-    size_t n = std::min<size_t>(out.size(), kMaxInstances);
-    alive_ = n == kMaxInstances ? ~InstanceMask{0} : (bit(static_cast<int>(n)) - 1);
+    const size_t n = out_.size();
+    alive_ = instanceBit(static_cast<int>(std::min<size_t>(n, kWordInstances))) - 1;
+    listed_all_ = n > static_cast<size_t>(kWordInstances);
+    listed_live_ = listed_all_;
+    listed_->clear();
   }
-  // Block `i` is held by `held`; false once no instance continues the run.
-  bool step(size_t i, InstanceMask held) {
+  // Block `i` (`hash`, whose holder-table entry is `e`) is held by the entry's instances and
+  // by the soft cursor's (`soft_word` and soft.listed()); false once no instance continues the
+  // run. Inlined into the match loops: only the word path runs for a small cluster.
+  [[gnu::always_inline]] bool step(size_t i, const HolderTable& table, BlockHash hash,
+                                   HolderTable::Entry e, InstanceMask soft_word,
+                                   const SoftTree::Cursor& soft) {
+    InstanceMask exact_word = e;
+    if (!HolderTable::isWord(e)) [[unlikely]]
+      exact_word = decode(table, hash, e).word;
+    const InstanceMask held = exact_word | soft_word;
     record(alive_ & ~held, i);
     alive_ &= held;
-    return alive_ != 0;
+    // Listed holders change only where the entry or the soft node does: along a shared prefix
+    // they do not, and the running listed instances go on without a look at them.
+    if (listed_live_ && (listed_all_ || e != prev_e_ || HolderTable::isFar(e) ||
+                         soft.listed().data() != prev_b_.data() ||
+                         soft.listed().size() != prev_b_.size())) [[unlikely]] {
+      stepListed(i, HolderTable::isWord(e) ? std::span<const ListedInstance>{} : last_exact_.listed,
+                 soft.listed());
+      prev_e_ = e;
+    }
+    return alive_ != 0 || listed_live_;
   }
   // Every instance still running holds all `blocks` blocks.
-  void finish(size_t blocks) { record(alive_, blocks); }
+  void finish(size_t blocks) {
+    record(alive_, blocks);
+    for (ListedInstance id : *listed_) out_[id] = static_cast<uint32_t>(blocks);
+  }
 
  private:
   void record(InstanceMask ended, size_t length) {
@@ -61,8 +81,65 @@ class RunTracker {
       ended &= ended - 1;
     }
   }
+  // A compact entry equal to the block before's (a shared prefix's blocks have the same
+  // holders) is not decoded again. Decoding alternates between two buffers, so the block
+  // before's listed holders stay readable for stepListed.
+  [[gnu::noinline]] HolderView decode(const HolderTable& table, BlockHash hash,
+                                      HolderTable::Entry e) {
+    if (e == last_entry_ && !HolderTable::isFar(e)) return last_exact_;
+    cur_ ^= 1;
+    last_exact_ = table.view(hash, e, scratch_[cur_]);
+    last_entry_ = e;
+    return last_exact_;
+  }
+  [[gnu::noinline]] void stepListed(size_t i, std::span<const ListedInstance> a,
+                                    std::span<const ListedInstance> b) {
+    if (listed_all_) {
+      // The first block: every listed instance ran so far, those holding it go on (the others
+      // keep length 0).
+      listed_all_ = false;
+      std::set_union(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(*listed_));
+      while (!listed_->empty() && listed_->back() >= out_.size()) listed_->pop_back();
+    } else if (!sameIds(a, prev_a_) || !sameIds(b, prev_b_)) {
+      // One merge walk: the running instances, a and b all ascend.
+      size_t ia = 0, ib = 0, kept = 0;
+      for (ListedInstance id : *listed_) {
+        while (ia < a.size() && a[ia] < id) ++ia;
+        while (ib < b.size() && b[ib] < id) ++ib;
+        if ((ia < a.size() && a[ia] == id) || (ib < b.size() && b[ib] == id)) {
+          (*listed_)[kept++] = id;
+        } else {
+          out_[id] = static_cast<uint32_t>(i);
+        }
+      }
+      listed_->resize(kept);
+    }
+    // Otherwise the block has the same listed holders as the one before (a shared prefix
+    // usually does), which every running instance holds: nothing ends.
+    prev_a_ = a;
+    prev_b_ = b;
+    listed_live_ = !listed_->empty();
+  }
+  // A loop, not memcmp: the lists are short, and a library call per block cost more.
+  static bool sameIds(std::span<const ListedInstance> x, std::span<const ListedInstance> y) {
+    if (x.size() != y.size()) return false;
+    if (x.data() == y.data()) return true;
+    uint32_t differ = 0;
+    for (size_t k = 0; k < x.size(); ++k) differ |= x[k] ^ y[k];
+    return differ == 0;
+  }
+
   std::span<uint32_t> out_;
   InstanceMask alive_ = 0;
+  bool listed_all_ = false;
+  bool listed_live_ = false;  // listed_all_ or some listed instance still running
+  std::vector<ListedInstance>* listed_;
+  std::span<const ListedInstance> prev_a_, prev_b_;  // the last block's listed holders
+  HolderTable::Entry last_entry_ = 0;                // the last decoded entry
+  HolderTable::Entry prev_e_ = 0;                    // the entry stepListed last saw
+  HolderView last_exact_;
+  ListedInstance scratch_[2][HolderTable::kCompactIds];
+  int cur_ = 0;
 };
 
 }  // namespace
@@ -71,7 +148,9 @@ CacheIndex::CacheIndex(CacheIndexConfig config)
     : config_(config),
       entries_(processSalt(), static_cast<int>(std::lround(config.table_max_load * 8))),
       instances_(kMaxInstances),
-      soft_(config.max_soft_entries) {}
+      soft_(config.max_soft_entries) {
+  run_scratch_.reserve(kMaxInstances);
+}
 
 bool CacheIndex::storeBlocks(int instance, const StoredBlocks& event, int stream) {
   if (!validInstance(instance) || !validStream(stream) || event.engine_hashes.empty()) {
@@ -103,14 +182,13 @@ void CacheIndex::setCapacity(int instance, size_t blocks) {
 }
 
 void CacheIndex::acquire(BlockHash ours, int instance) {
-  const InstanceMask me = bit(instance);
   HolderTable::Entry* entry = entries_.insert(ours);
-  if (holdsExactly(entry, me)) {
+  if (entries_.holds(entry, ours, instance)) {
     ++instances_[instance].extra_refs.tryEmplace(ours.value, 0).first[0];
     return;
   }
   ++stats_.exact_entries;
-  *entry |= me;
+  entries_.add(entry, ours, instance);
 }
 
 void CacheIndex::release(BlockHash ours, int instance) {
@@ -176,10 +254,9 @@ bool CacheIndex::storeOwnChain(int instance, std::span<const uint64_t> hashes, b
                                BlockHash parent, NextHash next) {
   // The engine's hashes are ours (setEngineHashesAreOurs): each is converted as it is checked.
   InstanceState& state = instances_[instance];
-  const InstanceMask me = bit(instance);
   if (!has_parent) {
     parent = kRootBlockHash;
-  } else if (!holdsExactly(entries_.find(parent), me)) {
+  } else if (!entries_.holds(entries_.find(parent), parent, instance)) {
     ++stats_.stored_events_rejected;
     return false;
   }
@@ -194,31 +271,31 @@ bool CacheIndex::storeOwnChain(int instance, std::span<const uint64_t> hashes, b
     // no holder, so it reads as not held); at the cap only look.
     const bool room = state.own_blocks + 1 <= config_.max_blocks_per_instance;
     HolderTable::Entry* entry = room ? entries_.insert(parent) : entries_.find(parent);
-    if (holdsExactly(entry, me)) continue;
+    if (entries_.holds(entry, parent, instance)) continue;
     if (!room) {
       ++stats_.stored_events_rejected;
       return false;
     }
     ++state.own_blocks;
     ++stats_.exact_entries;
-    *entry |= me;
+    entries_.add(entry, parent, instance);
   }
   return true;
 }
 
 void CacheIndex::removeOwnBlocks(int instance, std::span<const uint64_t> hashes) {
   InstanceState& state = instances_[instance];
-  const InstanceMask me = bit(instance);
   for (size_t i = 0; i < hashes.size(); ++i) {
     prefetchRunAhead(entries_, hashes, i);
-    HolderTable::Entry* entry = entries_.find(BlockHash{hashes[i]});
-    if (!holdsExactly(entry, me)) {
+    const BlockHash hash{hashes[i]};
+    HolderTable::Entry* entry = entries_.find(hash);
+    if (!entries_.holds(entry, hash, instance)) {
       ++stats_.removed_unknown;
       continue;
     }
     --stats_.exact_entries;
     --state.own_blocks;
-    entries_.clearBits(entry, me);
+    entries_.remove(entry, hash, instance);
   }
 }
 
@@ -279,10 +356,9 @@ void CacheIndex::clearInstance(int instance) {
   state.extra_refs.clear();
   // Its exact entries where no map lists them, and its soft ones.
   if (state.hashes_are_ours) {
-    const InstanceMask me = bit(instance);
     std::vector<BlockHash> held;
-    entries_.forEach([&](BlockHash hash, HolderTable::Entry e) {
-      if (e & me) held.push_back(hash);
+    entries_.forEach([&](BlockHash hash, HolderView holders) {
+      if (holders.contains(instance)) held.push_back(hash);
     });
     for (BlockHash hash : held) clearExact(hash, instance);
   }
@@ -304,28 +380,28 @@ void CacheIndex::addSoft(int instance, std::span<const BlockHash> hashes, Nanos 
 void CacheIndex::expire(Nanos now) { soft_.expire(now); }
 
 void CacheIndex::clearExact(BlockHash hash, int instance) {
-  const InstanceMask me = bit(instance);
   HolderTable::Entry* entry = entries_.find(hash);
-  if (!holdsExactly(entry, me)) return;
+  if (!entries_.holds(entry, hash, instance)) return;
   --stats_.exact_entries;
-  entries_.clearBits(entry, me);
+  entries_.remove(entry, hash, instance);
 }
 
 void CacheIndex::matchLengths(std::span<const BlockHash> hashes, std::span<uint32_t> out) const {
-  RunTracker run(out);
+  RunTracker run(out, &run_scratch_);
   SoftTree::Cursor soft(soft_);
   constexpr size_t kPrefetch = 8;
   for (size_t i = 0; i < std::min(kPrefetch, hashes.size()); ++i) entries_.prefetch(hashes[i]);
   for (size_t i = 0; i < hashes.size(); ++i) {
     if (i + kPrefetch < hashes.size()) entries_.prefetch(hashes[i + kPrefetch]);
-    if (!run.step(i, entries_.get(hashes[i]) | soft.next(hashes[i]))) return;
+    const BlockHash h = hashes[i];
+    if (!run.step(i, entries_, h, entries_.raw(h), soft.next(h), soft)) return;
   }
   run.finish(hashes.size());
 }
 
 void CacheIndex::hashAndMatch(std::span<const TokenId> tokens, std::vector<BlockHash>* hashes,
                               std::span<uint32_t> out) const {
-  RunTracker run(out);
+  RunTracker run(out, &run_scratch_);
   size_t bs = config_.block_size;
   size_t blocks = bs == 0 ? 0 : tokens.size() / bs;
   hashes->resize(blocks);
@@ -349,21 +425,23 @@ void CacheIndex::hashAndMatch(std::span<const TokenId> tokens, std::vector<Block
   size_t i = 0;
   for (; i < blocks; ++i) {
     if (i % kStep == 0 && hashed < blocks) extend(std::min(blocks, hashed + kStep));
-    if (!run.step(i, entries_.get(dst[i]) | soft.next(dst[i]))) break;
+    if (!run.step(i, entries_, dst[i], entries_.raw(dst[i]), soft.next(dst[i]), soft)) break;
   }
   if (i == blocks) run.finish(blocks);
   hashes->resize(hashed);  // only what was hashed; completeBlockHashes() goes on from there
 }
 
-InstanceMask CacheIndex::holders(std::span<const BlockHash> chain) const {
-  if (chain.empty()) return 0;
+HolderSet CacheIndex::holders(std::span<const BlockHash> chain) const {
+  if (chain.empty()) return {};
   SoftTree::Cursor soft(soft_);
   InstanceMask last = 0;
   for (BlockHash hash : chain) last = soft.next(hash);
-  return entries_.get(chain.back()) | last;
+  HolderSet out = entries_.getSet(chain.back());
+  out |= HolderView{last, soft.listed()};
+  return out;
 }
 
-InstanceMask CacheIndex::exactHolders(BlockHash hash) const { return entries_.get(hash); }
+HolderSet CacheIndex::exactHolders(BlockHash hash) const { return entries_.getSet(hash); }
 
 size_t CacheIndex::instanceBlocks(int instance) const {
   if (!validInstance(instance)) return 0;

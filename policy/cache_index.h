@@ -1,10 +1,10 @@
 // The cache index: which instances hold which blocks, keyed by our chained BlockHash. Exact
 // holders (from KV events: engine hash -> our hash through BlockStored token ids, so
-// BlockRemoved resolves; no map for a simulator's engine that hashes as we do) are an instance
-// bitmask per block (up to kMaxInstances instances) in a flat HolderTable. Soft holders are
-// what the router routed: short-TTL predicted entries for instances with events, which the
-// engine's BlockStored makes exact meanwhile, and approximate entries (with a longer expiry) for
-// instances without events; they are claims on routed prompts' chains in a SoftTree. A match
+// BlockRemoved resolves; no map for a simulator's engine that hashes as we do) are a holder set
+// per block (up to kMaxInstances instances: a word below 63, a list past it) in a HolderTable. Soft
+// holders are what the router routed: short-TTL predicted entries for instances with events, which
+// the engine's BlockStored makes exact meanwhile, and approximate entries (with a longer expiry)
+// for instances without events; they are claims on routed prompts' chains in a SoftTree. A match
 // counts both. Pure and deterministic: time comes in as arguments. Single-threaded: the owner
 // serialises every call.
 #pragma once
@@ -16,12 +16,11 @@
 #include "common/clock.h"
 #include "common/flat_u64_map.h"
 #include "policy/block_hash.h"
+#include "policy/holder_set.h"
 #include "policy/holder_table.h"
 #include "policy/soft_tree.h"
 
 namespace kvf::policy {
-
-inline constexpr int kMaxInstances = 64;
 
 struct CacheIndexConfig {
   size_t block_size = kDefaultBlockSize;
@@ -119,8 +118,9 @@ class CacheIndex {
   // Drops soft entries whose time has come. Call before matching.
   void expire(Nanos now);
 
-  // For each instance i < out.size(): the number of leading blocks of `hashes` it holds
-  // (exact or soft). Cost: one lookup per block until no instance continues the run.
+  // For each instance i < out.size() (at most kMaxInstances count): the number of leading
+  // blocks of `hashes` it holds (exact or soft). Cost: one lookup per block until no instance
+  // continues the run, plus, past 63 instances, the listed holders still running.
   void matchLengths(std::span<const BlockHash> hashes, std::span<uint32_t> out) const;
   // The same for a token-id prompt whose hashes are not known yet: hashes its blocks (chained
   // from kRootBlockHash, `config().block_size` tokens each) only as far as the match needs,
@@ -130,9 +130,9 @@ class CacheIndex {
   void hashAndMatch(std::span<const TokenId> tokens, std::vector<BlockHash>* hashes,
                     std::span<uint32_t> out) const;
   // Holders (exact | soft) of the last block of `chain`, a prompt's hashes from its first
-  // block (soft entries are placed by their chain); 0 for an empty chain.
-  InstanceMask holders(std::span<const BlockHash> chain) const;
-  InstanceMask exactHolders(BlockHash hash) const;
+  // block (soft entries are placed by their chain); empty for an empty chain.
+  HolderSet holders(std::span<const BlockHash> chain) const;
+  HolderSet exactHolders(BlockHash hash) const;
 
   size_t instanceBlocks(int instance) const;
   CacheIndexStats stats() const;
@@ -178,6 +178,9 @@ class CacheIndex {
   std::vector<InstanceState> instances_;
   SoftTree soft_;
   CacheIndexStats stats_;
+  // Listed instances still running during a match (past 63 instances); reserved once, so a
+  // match allocates nothing.
+  mutable std::vector<ListedInstance> run_scratch_;
 };
 
 }  // namespace kvf::policy

@@ -8,8 +8,8 @@ namespace {
 
 bool inRange(int slot) { return slot >= 0 && slot < kMaxInstances; }
 
-size_t linkIndex(int source, int dest) {
-  return static_cast<size_t>(source) * kMaxInstances + static_cast<size_t>(dest);
+uint32_t linkKey(int source, int dest) {
+  return static_cast<uint32_t>(source) * kMaxInstances + static_cast<uint32_t>(dest);
 }
 
 }  // namespace
@@ -28,7 +28,7 @@ void MoveFeedback::record(int source, int dest, double predicted_s, double measu
   }
   // One wild sample moves the estimate at most to the bound.
   const double sample = clamp(std::log(measured_s / predicted_s));
-  links_[linkIndex(source, dest)].add(sample, config_.weight);
+  link(source, dest).add(sample, config_.weight);
   sources_[static_cast<size_t>(source)].add(sample, config_.weight);
 }
 
@@ -36,17 +36,34 @@ double MoveFeedback::clamp(double log_ratio) const {
   return std::clamp(log_ratio, std::log(config_.min_factor), std::log(config_.max_factor));
 }
 
+const MoveFeedback::Estimate* MoveFeedback::link(int source, int dest) const {
+  if (source < kDense && dest < kDense) {
+    return &dense_links_[static_cast<size_t>(source) * kDense + static_cast<size_t>(dest)];
+  }
+  auto it = sparse_links_.find(linkKey(source, dest));
+  return it == sparse_links_.end() ? nullptr : &it->second;
+}
+
+MoveFeedback::Estimate& MoveFeedback::link(int source, int dest) {
+  if (source < kDense && dest < kDense) {
+    return dense_links_[static_cast<size_t>(source) * kDense + static_cast<size_t>(dest)];
+  }
+  return sparse_links_[linkKey(source, dest)];
+}
+
 double MoveFeedback::factor(int source, int dest) const {
   if (!inRange(source) || !inRange(dest)) return 1.0;
-  const Estimate& link = links_[linkIndex(source, dest)];
-  if (link.samples >= config_.min_samples) return std::exp(clamp(link.log_ratio));
+  const Estimate* l = link(source, dest);
+  if (l != nullptr && l->samples >= config_.min_samples) return std::exp(clamp(l->log_ratio));
   const Estimate& src = sources_[static_cast<size_t>(source)];
   if (src.samples >= config_.min_samples) return std::exp(clamp(src.log_ratio));
   return 1.0;
 }
 
 int64_t MoveFeedback::linkSamples(int source, int dest) const {
-  return inRange(source) && inRange(dest) ? links_[linkIndex(source, dest)].samples : 0;
+  if (!inRange(source) || !inRange(dest)) return 0;
+  const Estimate* l = link(source, dest);
+  return l == nullptr ? 0 : l->samples;
 }
 
 int64_t MoveFeedback::sourceSamples(int source) const {
@@ -56,10 +73,14 @@ int64_t MoveFeedback::sourceSamples(int source) const {
 void MoveFeedback::forget(int slot) {
   if (!inRange(slot)) return;
   sources_[static_cast<size_t>(slot)] = {};
-  for (int other = 0; other < kMaxInstances; ++other) {
-    links_[linkIndex(slot, other)] = {};
-    links_[linkIndex(other, slot)] = {};
+  for (int other = 0; other < kDense && slot < kDense; ++other) {
+    dense_links_[static_cast<size_t>(slot) * kDense + static_cast<size_t>(other)] = {};
+    dense_links_[static_cast<size_t>(other) * kDense + static_cast<size_t>(slot)] = {};
   }
+  absl::erase_if(sparse_links_, [slot](const auto& entry) {
+    return static_cast<int>(entry.first / kMaxInstances) == slot ||
+           static_cast<int>(entry.first % kMaxInstances) == slot;
+  });
 }
 
 }  // namespace kvf::policy

@@ -11,7 +11,8 @@
 #include <array>
 #include <cstdint>
 
-#include "policy/cache_index.h"
+#include "absl/container/flat_hash_map.h"
+#include "policy/holder_set.h"
 
 namespace kvf::policy {
 
@@ -44,9 +45,16 @@ class MoveFeedback {
     void add(double log_ratio_sample, double weight);
   };
   double clamp(double log_ratio) const;
+  // The link's estimate; null (const) or inserted (mutable) when it has none.
+  const Estimate* link(int source, int dest) const;
+  Estimate& link(int source, int dest);
 
+  // Links between the first kDense slots (every link of a small cluster) live in an array;
+  // the rest, sparse among up to kMaxInstances^2, in a hash map.
+  static constexpr int kDense = 64;
   MoveFeedbackConfig config_;
-  std::array<Estimate, static_cast<size_t>(kMaxInstances) * kMaxInstances> links_{};
+  std::array<Estimate, static_cast<size_t>(kDense) * kDense> dense_links_{};
+  absl::flat_hash_map<uint32_t, Estimate> sparse_links_;
   std::array<Estimate, kMaxInstances> sources_{};
 };
 

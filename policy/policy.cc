@@ -59,14 +59,17 @@ int argmin(std::span<const InstanceSnapshot> inst, const std::vector<double>& sc
   size_t n = inst.size();
   if (n == 0) return best;
   cursor %= n;
-  for (size_t k = 0; k < n; ++k) {
-    size_t i = (cursor + k) % n;
-    if (!inst[i].healthy) continue;
+  auto consider = [&](size_t i) {
+    if (!inst[i].healthy) return;
     if (best < 0 || score[i] < score[best] ||
         (score[i] == score[best] && secondary[i] < secondary[best])) {
       best = static_cast<int>(i);
     }
-  }
+  };
+  // From the cursor to the end, then from the start: the rotation without a division per
+  // instance (which cost more than the rest of the loop at 1,024 instances).
+  for (size_t i = cursor; i < n; ++i) consider(i);
+  for (size_t i = 0; i < cursor; ++i) consider(i);
   return best;
 }
 

@@ -4,12 +4,6 @@
 
 namespace kvf::policy {
 
-namespace {
-
-InstanceMask bit(int instance) { return InstanceMask{1} << instance; }
-
-}  // namespace
-
 SoftTree::SoftTree(size_t max_blocks, uint64_t salt)
     : nodes_(1), starts_(salt), max_blocks_(max_blocks) {}
 
@@ -72,6 +66,7 @@ uint32_t SoftTree::newNode(uint32_t parent, std::span<const BlockHash> blocks) {
   n.parent = parent;
   n.children = 0;
   n.holders = 0;
+  n.listed.clear();
   n.claims.clear();
   ++nodes_[parent].children;
   starts_.tryEmplace(blocks.front().value, id);
@@ -95,6 +90,7 @@ uint32_t SoftTree::splitHead(uint32_t id, size_t at) {
   tail.blocks.erase(tail.blocks.begin(), tail.blocks.begin() + static_cast<ptrdiff_t>(at));
   top.children = 1;
   top.holders = tail.holders;
+  top.listed = tail.listed;
   top.claims = tail.claims;
   tail.parent = h;
   *starts_.find(top.blocks.front().value) = h;
@@ -103,7 +99,7 @@ uint32_t SoftTree::splitHead(uint32_t id, size_t at) {
 }
 
 SoftTree::Claim* SoftTree::findClaim(Node& n, int instance) {
-  if ((n.holders & bit(instance)) == 0) return nullptr;
+  if (!HolderView{n.holders, n.listed}.contains(instance)) return nullptr;
   for (Claim& c : n.claims) {
     if (c.instance == instance) return &c;
   }
@@ -116,13 +112,23 @@ void SoftTree::claim(uint32_t id, int instance, Nanos expiry) {
     c->expiry = std::max(c->expiry, expiry);
     return;
   }
-  n.holders |= bit(instance);
+  if (instance < kWordInstances) {
+    n.holders |= instanceBit(instance);
+  } else {
+    const auto listed_id = static_cast<ListedInstance>(instance);
+    n.listed.insert(std::lower_bound(n.listed.begin(), n.listed.end(), listed_id), listed_id);
+  }
   n.claims.push_back(Claim{instance, expiry});
   claims_ += n.blocks.size();
 }
 
 void SoftTree::dropClaim(Node& n, Claim* c) {
-  n.holders &= ~bit(c->instance);
+  if (c->instance < kWordInstances) {
+    n.holders &= ~instanceBit(c->instance);
+  } else {
+    n.listed.erase(std::lower_bound(n.listed.begin(), n.listed.end(),
+                                    static_cast<ListedInstance>(c->instance)));
+  }
   n.claims.erase(n.claims.begin() + (c - n.claims.data()));
   claims_ -= n.blocks.size();
 }
@@ -130,11 +136,12 @@ void SoftTree::dropClaim(Node& n, Claim* c) {
 void SoftTree::freeIfUnused(uint32_t id) {
   while (id != kRoot) {
     Node& n = nodes_[id];
-    if (n.holders != 0 || n.children != 0) return;
+    if (n.holders != 0 || !n.listed.empty() || n.children != 0) return;
     const uint32_t parent = n.parent;
     starts_.erase(n.blocks.front().value);
     blocks_ -= n.blocks.size();
     n.blocks.clear();
+    n.listed.clear();
     n.claims.clear();
     ++n.generation;
     free_.push_back(id);

@@ -28,6 +28,7 @@
 #include "common/clock.h"
 #include "common/flat_u64_map.h"
 #include "policy/block_hash.h"
+#include "policy/holder_set.h"
 
 namespace kvf::policy {
 
@@ -47,17 +48,21 @@ class SoftTree {
   void clearInstance(int instance);
 
   // Follows a prompt's hashes from its first block: next(h) gives the instances claiming the
-  // next block, 0 once the prompt leaves the tree (and from then on).
+  // next block, none once the prompt leaves the tree (and from then on). listed() stays valid
+  // until the tree next changes.
   class Cursor {
    public:
     explicit Cursor(const SoftTree& tree) : tree_(&tree) {}
+    // The claimants below kWordInstances of the next block; listed() gives the others.
     InstanceMask next(BlockHash hash) {
       if (pos_ == end_) [[unlikely]]
         return descend(hash);
       if (*pos_ != hash) return leave();
       ++pos_;
-      return holders_;
+      return word_;
     }
+    // The claimants at kWordInstances and past of the block next() last gave, ascending.
+    std::span<const ListedInstance> listed() const { return listed_; }
 
    private:
     static constexpr uint32_t kOut = ~uint32_t{0};
@@ -70,19 +75,22 @@ class SoftTree {
       node_ = *child;
       pos_ = n.blocks.data() + 1;  // the first block is the map's key
       end_ = n.blocks.data() + n.blocks.size();
-      holders_ = n.holders;
-      return holders_;
+      word_ = n.holders;
+      listed_ = n.listed;
+      return word_;
     }
     InstanceMask leave() {
       node_ = kOut;
       pos_ = end_ = nullptr;
+      listed_ = {};
       return 0;
     }
     const SoftTree* tree_;
     uint32_t node_ = kRoot;
     const BlockHash* pos_ = nullptr;  // node_'s next block, up to end_
     const BlockHash* end_ = nullptr;
-    InstanceMask holders_ = 0;
+    InstanceMask word_ = 0;
+    std::span<const ListedInstance> listed_;
   };
 
   // (block, instance) claims, distinct blocks, and claims expired so far (blocks x instances).
@@ -102,8 +110,9 @@ class SoftTree {
     std::vector<BlockHash> blocks;  // empty only for the root and for free nodes
     uint32_t parent = kRoot;
     uint32_t children = 0;
-    uint32_t generation = 0;  // bumped when freed: older records naming it are stale
-    InstanceMask holders = 0;
+    uint32_t generation = 0;               // bumped when freed: older records naming it are stale
+    InstanceMask holders = 0;              // claimants below kWordInstances
+    std::vector<ListedInstance> listed;    // the others, ascending
     absl::InlinedVector<Claim, 2> claims;  // one per holder
   };
   struct Record {

@@ -1,7 +1,8 @@
 // Routing hot path of policy/: hash a token-id prompt, match it against a cache index of 1M
-// blocks held by 8 instances, and decide with the hybrid policy. Reports per-call p50/p99 for
-// each step and for the whole path, for 1k, 32k and 128k-token prompts, and what the tail
-// comes from (faults, preemption, and a fixed-work loop as the machine's noise floor).
+// blocks held by 8 instances (and, for 32k-token prompts, by 64, 256 and 1,024), and decide
+// with the hybrid policy. Reports per-call p50/p99 for each step and for the whole path, for
+// 1k, 32k and 128k-token prompts, and what the tail comes from (faults, preemption, and a
+// fixed-work loop as the machine's noise floor).
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -32,7 +33,7 @@ using kvf::bench::percentile;
 using kvf::bench::reserveTouched;
 
 using namespace kvf::policy;
-constexpr int kInstances = 8;
+constexpr int kDefaultInstances = 8;
 constexpr size_t kIndexBlocks = 1'000'000;
 constexpr size_t kBlockSize = 16;
 
@@ -45,11 +46,15 @@ std::vector<TokenId> randomTokens(std::mt19937_64& rng, size_t n) {
 // Fills the index through the exact-event path: background sequences of 2,000 blocks spread
 // over the instances until 1M blocks are indexed, and the benchmark prompt's prefix stored on
 // instance 0 (its first 3/4), instance 5 (first 1/4) and predicted on instance 2 (first 1/2).
+// Past 8 instances, instances past the holder word (63 and beyond) hold it too: the last one
+// its first 5/8, the middle one predicted its first 3/8, and every 16th instance its first
+// 1/8 (a shared system prompt: 64 holders at 1,024 instances).
 struct Fixture {
   CacheIndex index;
   std::vector<TokenId> prompt;
+  int instances;
 
-  explicit Fixture(size_t prompt_tokens) {
+  Fixture(size_t prompt_tokens, int instance_count) : instances(instance_count) {
     std::mt19937_64 rng(42);
     uint64_t engine_hash = 1;
     size_t stored = 0;
@@ -59,7 +64,7 @@ struct Fixture {
       e.token_ids = randomTokens(rng, blocks * kBlockSize);
       e.block_size = kBlockSize;
       for (size_t b = 0; b < blocks; ++b) e.engine_hashes.push_back(engine_hash++);
-      index.storeBlocks(seq % kInstances, e);
+      index.storeBlocks(seq % instances, e);
       stored += blocks;
     }
     prompt = randomTokens(rng, prompt_tokens);
@@ -74,16 +79,25 @@ struct Fixture {
     store_prefix(0, all.size() * 3 / 4);
     store_prefix(5, all.size() / 4);
     index.addSoft(2, std::span<const BlockHash>(all).first(all.size() / 2), 0, false);
+    if (instances > kDefaultInstances) {
+      store_prefix(instances - 1, all.size() * 5 / 8);
+      index.addSoft(instances / 2, std::span<const BlockHash>(all).first(all.size() * 3 / 8), 0,
+                    false);
+      for (int i = 16; i < instances; i += 16) store_prefix(i, all.size() / 8);
+    }
   }
 };
 
-Fixture& fixtureFor(size_t prompt_tokens) {
-  static std::vector<std::pair<size_t, std::unique_ptr<Fixture>>> cache;
-  for (auto& [n, f] : cache) {
-    if (n == prompt_tokens) return *f;
+// One fixture at a time (an index of 1M blocks takes a few hundred MB).
+Fixture& fixtureFor(size_t prompt_tokens, int instances = kDefaultInstances) {
+  static std::unique_ptr<Fixture> cached;
+  static size_t cached_tokens = 0;
+  if (cached == nullptr || cached_tokens != prompt_tokens || cached->instances != instances) {
+    cached.reset();
+    cached = std::make_unique<Fixture>(prompt_tokens, instances);
+    cached_tokens = prompt_tokens;
   }
-  cache.emplace_back(prompt_tokens, std::make_unique<Fixture>(prompt_tokens));
-  return *cache.back().second;
+  return *cached;
 }
 
 enum class Step { kHash, kMatch, kDecide, kMatchDecide, kAll };
@@ -133,13 +147,15 @@ void reportThreadCounters(benchmark::State& state, const ThreadCounters& before,
 // match lengths, the prompt's hashes and the request.
 struct RouteBench {
   explicit RouteBench(const Fixture& f)
-      : policy(createPolicy(PolicyConfig{})), snapshots(kInstances), matched(kInstances) {
+      : policy(createPolicy(PolicyConfig{})),
+        snapshots(static_cast<size_t>(f.instances)),
+        matched(static_cast<size_t>(f.instances)) {
     request.prompt_tokens = static_cast<int64_t>(f.prompt.size());
     request.session = "bench-session";
   }
   // Match lengths into the snapshots, then decide.
   void decide(kvf::Nanos now) {
-    for (int i = 0; i < kInstances; ++i) {
+    for (size_t i = 0; i < snapshots.size(); ++i) {
       snapshots[i].matched_tokens = static_cast<int64_t>(matched[i] * kBlockSize);
     }
     auto decision = policy->decide(request, snapshots, now);
@@ -160,10 +176,10 @@ struct RouteBench {
   RouteRequest request;
 };
 
-void runSteps(benchmark::State& state, Step step) {
-  Fixture& f = fixtureFor(static_cast<size_t>(state.range(0)));
+void runSteps(benchmark::State& state, Step step, int instances = kDefaultInstances) {
+  Fixture& f = fixtureFor(static_cast<size_t>(state.range(0)), instances);
   RouteBench r(f);
-  for (int i = 0; i < kInstances; ++i) {
+  for (int i = 0; i < f.instances; ++i) {
     r.snapshots[i].running = 1 + i % 3;
     r.snapshots[i].pending_prefill_tokens = 1000 * i;
   }
@@ -225,8 +241,8 @@ void runSteps(benchmark::State& state, Step step) {
 // timed window) by getrusage, so iterations during which the thread was switched out or
 // faulted are counted apart; p99_clean_us is the p99 of the others. Interrupts and hypervisor
 // steal leave no trace there: compare with BM_FixedWork at the same p50.
-void BM_HashMatchDecideTail(benchmark::State& state) {
-  Fixture& f = fixtureFor(static_cast<size_t>(state.range(0)));
+void hashMatchDecideTail(benchmark::State& state, int instances) {
+  Fixture& f = fixtureFor(static_cast<size_t>(state.range(0)), instances);
   RouteBench r(f);
   std::vector<double> all, clean;
   reserveTouched(all, static_cast<size_t>(state.max_iterations));
@@ -264,6 +280,12 @@ void BM_HashMatchDecideTail(benchmark::State& state) {
   state.counters["switched_or_faulted_iters"] = static_cast<double>(disturbed);
   state.counters["slow_iters_over_1.5x_p50"] = static_cast<double>(std::count_if(
       all.begin(), all.end(), [p50 = percentile(all, 0.50)](double v) { return v > 1.5 * p50; }));
+}
+
+void BM_HashMatchDecideTail(benchmark::State& s) { hashMatchDecideTail(s, kDefaultInstances); }
+// The same for a cluster of range(1) instances.
+void BM_HashMatchDecideTailAt(benchmark::State& s) {
+  hashMatchDecideTail(s, static_cast<int>(s.range(1)));
 }
 
 // hash + match + decide with the table and the prompt out of the caches, as for a router whose
@@ -326,6 +348,10 @@ void BM_Match(benchmark::State& s) { runSteps(s, Step::kMatch); }
 void BM_Decide(benchmark::State& s) { runSteps(s, Step::kDecide); }
 void BM_MatchDecide(benchmark::State& s) { runSteps(s, Step::kMatchDecide); }
 void BM_HashMatchDecide(benchmark::State& s) { runSteps(s, Step::kAll); }
+// The same for a cluster of range(1) instances.
+void BM_HashMatchDecideAt(benchmark::State& s) {
+  runSteps(s, Step::kAll, static_cast<int>(s.range(1)));
+}
 
 // One decision per kind on `instances` push-capable instances, half of them holding part of
 // the prompt (unified looks at every target x holder pair).
@@ -356,13 +382,20 @@ void BM_DecideKind(benchmark::State& state) {
   state.SetLabel(std::string(policy->name()));
 }
 
-BENCHMARK(BM_DecideKind)->ArgsProduct({{0, 1, 2}, {8, 64}});
+BENCHMARK(BM_DecideKind)->ArgsProduct({{0, 1, 2}, {8, 64, 1024}});
 BENCHMARK(BM_Hash)->Arg(1024)->Arg(32768)->Arg(131072);
 BENCHMARK(BM_Match)->Arg(1024)->Arg(32768)->Arg(131072);
 BENCHMARK(BM_Decide)->Arg(1024)->Arg(32768)->Arg(131072);
 BENCHMARK(BM_MatchDecide)->Arg(1024)->Arg(32768)->Arg(131072);
 BENCHMARK(BM_HashMatchDecide)->Arg(1024)->Arg(32768)->Arg(131072);
+// 32k-token prompts as the cluster grows (8 is the same fixture as BM_HashMatchDecide/32768).
+BENCHMARK(BM_HashMatchDecideAt)
+    ->ArgsProduct({{32768}, {8, 64, 256, 1024}})
+    ->ArgNames({"", "instances"});
 BENCHMARK(BM_HashMatchDecideTail)->Arg(32768);
+BENCHMARK(BM_HashMatchDecideTailAt)
+    ->ArgsProduct({{32768}, {8, 64, 256, 1024}})
+    ->ArgNames({"", "instances"});
 BENCHMARK(BM_HashMatchDecideCold)
     ->ArgsProduct({{1024, 32768, 131072}, {0, 1}})
     ->ArgNames({"", "warm_prompt"})
@@ -384,8 +417,9 @@ int main(int argc, char** argv) {
       argc, argv,
       "kvf-policy-bench: the routing hot path: hash a token-id prompt, match it against a cache "
       "index\n"
-      "of 1M blocks held by 8 instances, decide with each policy; per-call p50/p99 for 1k, 32k\n"
-      "and 128k-token prompts, and where the tail comes from (faults, preemption, a fixed-work\n"
-      "noise floor). KVF_POLICY_BENCH_DUMP=FILE writes every iteration's time of the tail\n"
+      "of 1M blocks held by 8 instances (BM_*At: 32k-token prompts held by 8, 64, 256 and\n"
+      "1,024), decide with each policy; per-call p50/p99 for 1k, 32k and 128k-token\n"
+      "prompts, and where the tail comes from (faults, preemption, a fixed-work noise floor). "
+      "KVF_POLICY_BENCH_DUMP=FILE writes every iteration's time of the tail\n"
       "benchmark to FILE. Figures: docs/benchmarks.md.");
 }

@@ -173,7 +173,8 @@ void parseRoot(config::ConfigMap& root, RouterConfig* out, const policy::PolicyR
     out->instances.push_back(std::move(instance));
   }
   if (out->instances.size() > static_cast<size_t>(policy::kMaxInstances)) {
-    root.fail("instances", strCat("at most ", policy::kMaxInstances, " instances"));
+    root.fail("instances",
+              strCat("at most ", policy::kMaxInstances, " instances, got ", out->instances.size()));
   }
   if (auto p = root.map("policy")) {
     policy::parsePolicyConfig(*p, &out->policy, policies);

@@ -18,7 +18,7 @@ void RequestRoute::peerFailed(std::string_view outcome) {
 }
 
 void RequestRoute::exclude() {
-  if (instance_ >= 0) excluded_ |= policy::InstanceMask{1} << instance_;
+  if (instance_ >= 0) excluded_.insert(instance_);
 }
 
 void RequestRoute::endAttempt() {
@@ -233,16 +233,15 @@ bool RoutingCore::decide(RequestRoute& r, Nanos now) {
   if (config_.overload.enabled && config_.overload.steer) {
     for (size_t i = 0; i < n && !hide_saturated; ++i) {
       const int slot = static_cast<int>(i);
-      hide_saturated = admitted(slot, now) && (r.excluded_ & (policy::InstanceMask{1} << i)) == 0 &&
-                       !saturated(slot);
+      hide_saturated = admitted(slot, now) && !r.excluded_.contains(slot) && !saturated(slot);
     }
   }
   for (size_t i = 0; i < n; ++i) {
     const InstanceState& s = ledger_->instances[i];
     policy::InstanceSnapshot& snap = snapshots_[i];
     const int slot = static_cast<int>(i);
-    snap.healthy = admitted(slot, now) && (r.excluded_ & (policy::InstanceMask{1} << i)) == 0 &&
-                   !(hide_saturated && saturated(slot));
+    snap.healthy =
+        admitted(slot, now) && !r.excluded_.contains(slot) && !(hide_saturated && saturated(slot));
     snap.running = s.running;
     snap.waiting = s.waiting;
     snap.pending_prefill_tokens = s.pending_prefill_tokens;
@@ -352,9 +351,8 @@ void RoutingCore::fillRecord(const RequestRoute& r, DecisionRecord* out) const {
     if (s.present) out->scores.emplace_back(s.id, d.scores[i]);
   }
   out->excluded.clear();
-  for (policy::InstanceMask m = r.excluded_; m != 0; m &= m - 1) {
-    out->excluded.push_back(ledger_->instances[static_cast<size_t>(std::countr_zero(m))].id);
-  }
+  r.excluded_.forEach(
+      [&](int slot) { out->excluded.push_back(ledger_->instances[static_cast<size_t>(slot)].id); });
   out->source = r.instance_ >= 0 && r.peer_ >= 0 ? r.peer_id_ : "";
   out->predicted_costs = {{"local", d.predicted.local},
                           {"cold", d.predicted.cold},

@@ -56,7 +56,7 @@ class RequestRoute {
   int peer() const { return peer_; }          // push source / prefill instance slot; -1: none
   int64_t predictedCachedTokens() const { return decision_.predicted_cached_tokens; }
   int64_t ownMatchedTokens() const { return own_matched_tokens_; }
-  policy::InstanceMask excluded() const { return excluded_; }
+  const policy::HolderSet& excluded() const { return excluded_; }
   bool loadHeld() const { return load_.held(); }
   bool prefillPending() const { return load_.prefillHeld(); }
   bool peerLoadHeld() const { return peer_load_.held(); }
@@ -97,7 +97,7 @@ class RequestRoute {
   int64_t own_matched_tokens_ = 0;
   int64_t uncached_tokens_ = 0;
   int64_t engine_prompt_tokens_ = 0;  // a text prompt's length as the engine counted it; 0: none
-  policy::InstanceMask excluded_ = 0;
+  policy::HolderSet excluded_;
   bool predicted_ = false;
   std::string_view offload_outcome_;
   double measured_move_s_ = std::numeric_limits<double>::quiet_NaN();

@@ -5,14 +5,21 @@
 // max_soft_entries distinct blocks). Random operations on a few instances, shared prefixes,
 // reused engine hashes and both TTLs exercise the index's representation (exact holders in the
 // block table, soft claims on the routed chains' tree with splits, branches and several
-// holders per node); every holder mask and statistic must agree after every operation.
+// holders per node); every holder set, match length and statistic must agree after every
+// operation. It runs on a small cluster (instances 0-2 and 63, the first listed one) and on
+// 1,024 instances (random ones plus a hot few on both sides of the word/list boundary, so
+// blocks gather more listed holders than fit in a holder-table slot).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <deque>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <random>
 #include <set>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "policy/cache_index.h"
@@ -118,13 +125,26 @@ class ModelIndex {
       }
     }
   }
-  InstanceMask holders(BlockHash h) const { return exactHolders(h) | softHolders(h); }
-  InstanceMask exactHolders(BlockHash h) const {
-    InstanceMask m = 0;
+  HolderSet holders(BlockHash h) const {
+    HolderSet m = exactHolders(h);
+    m |= softHolders(h).view();
+    return m;
+  }
+  HolderSet exactHolders(BlockHash h) const {
+    HolderSet m;
     for (auto it = refs_.lower_bound({h, 0}); it != refs_.end() && it->first.first == h; ++it) {
-      m |= InstanceMask{1} << it->first.second;
+      m.insert(it->first.second);
     }
     return m;
+  }
+  // Leading blocks of `chain` each of the first out.size() instances holds.
+  void matchLengths(std::span<const BlockHash> chain, std::span<uint32_t> out) const {
+    std::fill(out.begin(), out.end(), 0u);
+    std::vector<HolderSet> held;
+    for (BlockHash h : chain) held.push_back(holders(h));
+    for (size_t i = 0; i < out.size(); ++i) {
+      while (out[i] < held.size() && held[out[i]].contains(static_cast<int>(i))) ++out[i];
+    }
   }
   size_t instanceBlocks(int inst) const {
     auto it = e2o_.find(inst);
@@ -136,7 +156,7 @@ class ModelIndex {
     s.soft_entries = soft_.size();
     s.soft_blocks = soft_blocks_.size();
     s.blocks = 0;
-    for (BlockHash h : seen_) s.blocks += exactHolders(h) != 0;
+    for (BlockHash h : seen_) s.blocks += !exactHolders(h).empty();
     return s;
   }
   // Every hash stored or routed so far.
@@ -161,10 +181,10 @@ class ModelIndex {
     auto it = refs_.find({h, inst});
     if (it != refs_.end() && --it->second == 0) refs_.erase(it);
   }
-  InstanceMask softHolders(BlockHash h) const {
-    InstanceMask m = 0;
+  HolderSet softHolders(BlockHash h) const {
+    HolderSet m;
     for (auto it = soft_.lower_bound({h, 0}); it != soft_.end() && it->first.first == h; ++it) {
-      m |= InstanceMask{1} << it->first.second;
+      m.insert(it->first.second);
     }
     return m;
   }
@@ -184,7 +204,9 @@ class ModelIndex {
   CacheIndexStats stats_;
 };
 
-void expectSame(const CacheIndex& index, const ModelIndex& model, int step) {
+// `most_exact`: the most exact holders any block has had so far.
+void expectSame(const CacheIndex& index, const ModelIndex& model, std::span<const int> hot,
+                std::mt19937_64& rng, int step, size_t* most_exact) {
   CacheIndexStats a = index.stats(), b = model.stats();
   ASSERT_EQ(a.exact_entries, b.exact_entries) << "step " << step;
   ASSERT_EQ(a.soft_entries, b.soft_entries) << "step " << step;
@@ -194,13 +216,24 @@ void expectSame(const CacheIndex& index, const ModelIndex& model, int step) {
   ASSERT_EQ(a.soft_expired, b.soft_expired) << "step " << step;
   ASSERT_EQ(a.soft_blocks, b.soft_blocks) << "step " << step;
   for (BlockHash h : model.seen()) {
-    ASSERT_EQ(index.exactHolders(h), model.exactHolders(h)) << "step " << step;
+    HolderSet want = model.exactHolders(h);
+    ASSERT_EQ(index.exactHolders(h), want) << "step " << step;
+    *most_exact = std::max(*most_exact, want.size());
   }
   for (const auto& [h, chain] : model.chains()) {
     ASSERT_EQ(index.holders(chain), model.holders(h)) << "step " << step;
   }
-  for (int i : {0, 1, 2, 63}) ASSERT_EQ(index.instanceBlocks(i), model.instanceBlocks(i));
+  for (int i : hot) ASSERT_EQ(index.instanceBlocks(i), model.instanceBlocks(i));
   ASSERT_EQ(a.blocks, b.blocks) << "step " << step;
+  // Match lengths of a routed chain, for clusters ending before, at and past the word.
+  if (model.chains().empty()) return;
+  auto pick = model.chains().begin();
+  std::advance(pick, static_cast<ptrdiff_t>(rng() % model.chains().size()));
+  constexpr size_t kSizes[] = {8, 63, 64, 100, kMaxInstances};
+  std::vector<uint32_t> got(kSizes[rng() % std::size(kSizes)]), want(got.size());
+  index.matchLengths(pick->second, got);
+  model.matchLengths(pick->second, want);
+  ASSERT_EQ(got, want) << "step " << step;
 }
 
 // Prompts: chains of content keys sharing prefixes (a tree of depth kDepth, fan-out 3).
@@ -233,10 +266,14 @@ std::vector<uint64_t> engineForm(std::span<const BlockHash> ours) {
   return out;
 }
 
-class CacheIndexModelTest : public testing::TestWithParam<bool> {};
+// The parameters: engine hashes are ours (instance 2), and the cluster has 1,024 instances.
+class CacheIndexModelTest : public testing::TestWithParam<std::tuple<bool, bool>> {};
 
 TEST_P(CacheIndexModelTest, AgreesWithReferenceModelUnderRandomOperations) {
-  const bool own_hashes = GetParam();
+  const auto [own_hashes, large] = GetParam();
+  // Instances 1 and 2 are special (engineHash); large clusters also draw any of the 1,024.
+  const std::vector<int> hot =
+      large ? std::vector<int>{0, 1, 2, 62, 63, 64, 700, 1023} : std::vector<int>{0, 1, 2, 63};
   CacheIndexConfig config;
   config.block_size = 16;
   config.predicted_ttl = 40;
@@ -249,10 +286,11 @@ TEST_P(CacheIndexModelTest, AgreesWithReferenceModelUnderRandomOperations) {
     ModelIndex model(config);
     if (own_hashes) model.setOwn(2);
     std::mt19937_64 rng(seed);
-    const int instances[] = {0, 1, 2, 63};
     Nanos now = 0;
+    size_t most_exact = 0;
     for (int step = 0; step < 4000; ++step) {
-      int inst = instances[rng() % 4];
+      int inst = large && rng() % 2 == 0 ? static_cast<int>(rng() % kMaxInstances)
+                                         : hot[rng() % hot.size()];
       auto keys = randomKeys(rng);
       auto ours = chain(keys);
       size_t from = rng() % kDepth, to = from + 1 + rng() % (kDepth - from);
@@ -301,14 +339,21 @@ TEST_P(CacheIndexModelTest, AgreesWithReferenceModelUnderRandomOperations) {
             model.expire(now);
           }
       }
-      expectSame(index, model, step);
+      expectSame(index, model, hot, rng, step, &most_exact);
     }
     EXPECT_GT(index.stats().soft_expired, 100u);
+    // Large clusters reach blocks with more listed holders than a holder-table slot keeps.
+    if (large) {
+      EXPECT_GE(most_exact, 6u);
+    }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(EngineHashes, CacheIndexModelTest, testing::Values(false, true),
-                         [](const auto& p) { return p.param ? "OwnHashes" : "Mapped"; });
+INSTANTIATE_TEST_SUITE_P(EngineHashes, CacheIndexModelTest,
+                         testing::Combine(testing::Bool(), testing::Bool()), [](const auto& p) {
+                           return std::string(std::get<0>(p.param) ? "OwnHashes" : "Mapped") +
+                                  (std::get<1>(p.param) ? "1024Instances" : "SmallCluster");
+                         });
 
 // An instance declared to hash as we do rejects a store whose hashes are not ours.
 TEST(CacheIndexOwnHashesTest, ForeignHashesAreRejected) {
@@ -321,7 +366,8 @@ TEST(CacheIndexOwnHashesTest, ForeignHashesAreRejected) {
   std::vector<uint64_t> foreign = {engine[0], engine[1] + 1};
   EXPECT_FALSE(index.storeKeyedBlocks(0, foreign, false, 0, keys, kDefaultBlockSize));
   EXPECT_EQ(index.stats().stored_events_rejected, 1u);
-  EXPECT_EQ(index.exactHolders(ours[0]), 1u);  // blocks before the mismatch stay, as mapped
+  EXPECT_EQ(index.exactHolders(ours[0]),
+            HolderSet{0});  // blocks before the mismatch stay, as mapped
   EXPECT_TRUE(index.storeKeyedBlocks(0, engine, false, 0, keys, kDefaultBlockSize));
   EXPECT_EQ(index.instanceBlocks(0), 2u);
   index.removeBlocks(0, std::vector<uint64_t>{engine[1], 12345});
@@ -349,9 +395,10 @@ TEST(CacheIndexOwnHashesTest, HashesAloneNeedADeclaredInstance) {
   EXPECT_TRUE(index.storeOwnHashes(0, std::span(engine).first(1), false, 0, kDefaultBlockSize));
   EXPECT_TRUE(
       index.storeOwnHashes(0, std::span(engine).subspan(1), true, engine[0], kDefaultBlockSize));
-  EXPECT_EQ(index.exactHolders(ours[1]), 1u);
+  EXPECT_EQ(index.exactHolders(ours[1]), HolderSet{0});
   EXPECT_EQ(index.instanceBlocks(0), 2u);
   EXPECT_FALSE(index.storeOwnHashes(64, engine, false, 0, kDefaultBlockSize));
+  EXPECT_FALSE(index.storeOwnHashes(kMaxInstances, engine, false, 0, kDefaultBlockSize));
 }
 
 }  // namespace

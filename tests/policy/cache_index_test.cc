@@ -49,7 +49,7 @@ TEST(CacheIndexTest, ExactEventsMapEngineHashesThroughTokens) {
   std::vector<uint64_t> removed = {1003};
   index.removeBlocks(1, removed);
   EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 2, 0, 0}));
-  EXPECT_EQ(index.exactHolders(ours[3]), InstanceMask{1} << 1);  // block 3 still held
+  EXPECT_EQ(index.exactHolders(ours[3]), HolderSet{1});  // block 3 still held
   EXPECT_EQ(index.stats().exact_entries, 3u);
 }
 
@@ -188,11 +188,11 @@ TEST(CacheIndexTest, PredictedEntriesExpireWhereNoEventConfirmedThem) {
   auto ours = hashTokenBlocks(t, kBs);
   index.addSoft(2, ours, 0, false);
   EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 0, 4, 0}));
-  EXPECT_EQ(index.holders(std::span(ours).first(3)), InstanceMask{1} << 2);
-  EXPECT_EQ(index.exactHolders(ours[0]), 0u);
+  EXPECT_EQ(index.holders(std::span(ours).first(3)), HolderSet{2});
+  EXPECT_TRUE(index.exactHolders(ours[0]).empty());
   // The engine announces the first two blocks; the others stay predicted only.
   ASSERT_TRUE(index.storeBlocks(2, stored({11, 12}, std::nullopt, {t.begin(), t.begin() + 32})));
-  EXPECT_EQ(index.exactHolders(ours[0]), InstanceMask{1} << 2);
+  EXPECT_EQ(index.exactHolders(ours[0]), HolderSet{2});
   index.expire(9 * kNanosPerSecond);
   EXPECT_EQ(match(index, ours), (std::vector<uint32_t>{0, 0, 4, 0}));
   index.expire(10 * kNanosPerSecond);

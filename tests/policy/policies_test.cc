@@ -1,6 +1,7 @@
 // Policy scenarios from the milestone report (seed 003 §3.4, §3.9, §9): LMetric's implicit
 // soft affinity through the uncached term, Linear's session stickiness with its overload
 // redirect, and the hybrid's > 50% cache gate with deterministic ties and hysteresis.
+#include "policy/holder_set.h"
 #include "policy/policy.h"
 #include "policy/registry.h"
 #include "tests/policy/parse_policy.h"
@@ -291,6 +292,47 @@ TEST(PolicyConfigTest, OtherPoliciesBlocksAreParsedByTheirOwners) {
   auto bad = tryParsePolicy("kind: lmetric\nunified: {min_push_tokens: 0}\n");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(std::string(bad.status().message()).find("unified.min_push_tokens"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace kvf::policy
+
+namespace kvf::policy {
+namespace {
+
+// Every policy decides among kMaxInstances (1,024) instances: the cache-aware ones find the one
+// holding the prompt far past the holder word, the load-based ones the idle one, round robin
+// cycles over the healthy ones, and none picks an unhealthy instance.
+TEST(LargeClusterTest, EveryPolicyDecidesAmong1024Instances) {
+  constexpr int kHolder = 1000;
+  for (std::string_view kind : {"lmetric", "linear", "hybrid", "unified", "elastic"}) {
+    SCOPED_TRACE(kind);
+    auto p = createPolicy(configFor(kind));
+    auto inst = idle(kMaxInstances);
+    for (auto& s : inst) s.running = 2;
+    inst[kHolder].matched_tokens = 30000;
+    auto d = p->decide(request(32768, "s"), inst, 0);
+    EXPECT_EQ(d.instance, kHolder);
+    EXPECT_EQ(d.scores.size(), static_cast<size_t>(kMaxInstances));
+    inst[kHolder].healthy = false;
+    d = p->decide(request(32768, "t"), inst, 1);
+    EXPECT_NE(d.instance, kHolder);
+    EXPECT_GE(d.instance, 0);
+    EXPECT_LT(d.instance, kMaxInstances);
+  }
+  auto least = createPolicy(configFor("least_request"));
+  auto inst = idle(kMaxInstances);
+  for (auto& s : inst) s.running = 3;
+  inst[kMaxInstances - 1].running = 0;
+  EXPECT_EQ(least->decide(request(10), inst, 0).instance, kMaxInstances - 1);
+
+  auto rr = createPolicy(configFor("round_robin"));
+  for (auto& s : inst) s.healthy = false;
+  inst[70].healthy = true;
+  inst[kMaxInstances - 1].healthy = true;
+  std::vector<int> picks;
+  for (int i = 0; i < 3; ++i) picks.push_back(rr->decide(request(10), inst, 0).instance);
+  EXPECT_EQ(picks, (std::vector<int>{70, kMaxInstances - 1, 70}));
 }
 
 }  // namespace

@@ -24,6 +24,17 @@ std::vector<InstanceMask> walk(const SoftTree& tree, std::initializer_list<uint6
   return out;
 }
 
+// The same with every claimant, listed ones (slot 63 and past) included.
+std::vector<HolderSet> walkSets(const SoftTree& tree, std::initializer_list<uint64_t> chain) {
+  SoftTree::Cursor cursor(tree);
+  std::vector<HolderSet> out;
+  for (BlockHash h : H(chain)) {
+    const InstanceMask word = cursor.next(h);
+    out.emplace_back(HolderView{word, cursor.listed()});
+  }
+  return out;
+}
+
 using Masks = std::vector<InstanceMask>;
 
 TEST(SoftTreeTest, ChainsShareTheirCommonPrefixAndBranchAfterIt) {
@@ -119,6 +130,27 @@ TEST(SoftTreeTest, AHashAlreadyStartingAnotherRunEndsTheChain) {
   tree.expire(10);
   EXPECT_EQ(tree.nodes(), 0u);
   EXPECT_EQ(tree.blocks(), 0u);
+  EXPECT_EQ(tree.claims(), 0u);
+}
+
+// Instances past the word (63 .. 1,023) claim, split, expire and clear like the others.
+TEST(SoftTreeTest, ListedInstancesClaimSplitAndExpire) {
+  SoftTree tree(100);
+  tree.add(1023, H({1, 2, 3, 4}), 10, 0);
+  tree.add(63, H({1, 2}), 20, 0);
+  tree.add(5, H({1, 2, 3}), 30, 0);
+  tree.add(700, H({1, 2, 3}), 30, 0);
+  using Sets = std::vector<HolderSet>;
+  EXPECT_EQ(walkSets(tree, {1, 2, 3, 4}),
+            (Sets{{5, 63, 700, 1023}, {5, 63, 700, 1023}, {5, 700, 1023}, {1023}}));
+  EXPECT_EQ(tree.claims(), 4u + 2u + 3u + 3u);
+  tree.expire(10);
+  EXPECT_EQ(walkSets(tree, {1, 2, 3, 4}), (Sets{{5, 63, 700}, {5, 63, 700}, {5, 700}, {}}));
+  tree.clearInstance(700);
+  tree.expire(20);
+  EXPECT_EQ(walkSets(tree, {1, 2, 3}), (Sets{{5}, {5}, {5}}));
+  tree.expire(30);
+  EXPECT_EQ(tree.nodes(), 0u);
   EXPECT_EQ(tree.claims(), 0u);
 }
 

@@ -66,7 +66,7 @@ class RouterFixture : public ::testing::Test {
                 std::to_string(reinterpret_cast<uintptr_t>(this)) + ".jsonl";
     std::remove(log_path_.c_str());
     std::string yaml = extra_yaml.find("listen:") == std::string::npos ? "listen: {port: 0}\n" : "";
-    yaml += "instances:\n";
+    yaml += "instances:\n" + leading_instances_yaml_;
     for (auto& e : engines_) {
       yaml += "  - id: " + e->options().id + "\n    url: " + e->url() + "\n";
       if (workers_) yaml += "    worker_url: " + e->workerUrl() + "\n";
@@ -176,6 +176,8 @@ class RouterFixture : public ::testing::Test {
   }
 
   bool workers_ = false;  // give every instance a worker_url (push-capable)
+  // Instances listed before the engines (so the engines take the slots after theirs).
+  std::string leading_instances_yaml_;
   SteadyClock clock_;
   testing::IoThread engine_io_;
   testing::IoThread router_io_;

@@ -125,7 +125,7 @@ TEST(RoutingCoreTest, FailedAttemptsAreExcludedAndOpenTheCircuit) {
   r.exclude();
   ASSERT_TRUE(core->decide(r, 0));
   EXPECT_EQ(r.attempt(), 2);
-  EXPECT_EQ(r.excluded(), policy::InstanceMask{1});
+  EXPECT_EQ(r.excluded(), policy::HolderSet{0});
   EXPECT_EQ(r.instance(), 1);
   EXPECT_TRUE(std::isnan(r.decision().scores[0]));  // excluded: not eligible
   DecisionRecord record;
