@@ -94,6 +94,13 @@ asio::awaitable<bool> EngineCoreSide::resetPrefixCache() {
   co_return co_await asio::co_spawn(ioc_, reset, asio::use_awaitable);
 }
 
+asio::awaitable<KvPool::PayloadAudit> EngineCoreSide::auditPayloads() {
+  auto audit = [this]() -> asio::awaitable<KvPool::PayloadAudit> {
+    co_return core_->pool().auditPayloads();
+  };
+  co_return co_await asio::co_spawn(ioc_, audit, asio::use_awaitable);
+}
+
 double EngineCoreSide::latenessQuantile(double q) const {
   if (recent_lateness_.empty()) return 0;
   std::vector<double> v(recent_lateness_.begin(), recent_lateness_.end());
@@ -254,12 +261,17 @@ void EngineCoreSide::settleFetch(const worker::RemoteKvOutcome& outcome, Nanos k
   std::string problem;
   if (auto it = fetches_.find(outcome.id); it != fetches_.end()) {
     const detail::FetchRecord& f = it->second;
-    for (size_t i = 0; i < good && i < f.blocks.size(); ++i) {
+    const size_t landed = std::min(good, f.blocks.size());
+    for (size_t i = 0; i < landed; ++i) {
       if (!worker::verifyBlockPayload(f.hashes[i], core_->pool().payload(f.blocks[i]))) {
-        problem = strCat("block ", i, " landed with content that does not match its hash");
+        if (problem.empty()) {
+          problem = strCat("block ", i, " landed with content that does not match its hash");
+        }
+        shared_.m.landed_corrupt->inc();
         good = 0;
       }
     }
+    shared_.m.landed_verified->inc(static_cast<double>(landed));
   }
   Nanos now = shared_.engineNow(steadyNanos());
   absl::Status st = good > 0 ? core_->completeRemoteKv(outcome.id, good, now, kv_ready_at)

@@ -119,6 +119,23 @@ void EngineHttpSide::registerRoutes() {
                    std::string empty;
                    co_await w.send(200, "text/plain", std::move(empty));
                  });
+  // Peer-only (the worker token): every cached block's payload checked against its hash, for
+  // fault-injection tests and operators who suspect a stray write (docs/engine.md).
+  server_->route(
+      "GET", "/kv/audit",
+      [this](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
+        KvPool::PayloadAudit audit = co_await core_.auditPayloads();
+        std::string body = strCat("{\"cached_blocks\":", audit.cached_blocks,
+                                  ",\"corrupt_blocks\":", audit.corrupt_blocks, "}");
+        co_await w.sendJson(200, std::move(body));
+      },
+      nullptr,
+      [this](const Request& head) {
+        if (agent_ == nullptr) return absl::NotFoundError("no worker agent: /kv/audit is off");
+        return agent_->authorized(head)
+                   ? absl::OkStatus()
+                   : absl::UnauthenticatedError("missing or wrong bearer token");
+      });
   server_->route("GET", "/health", [](const Request&, ResponseWriter& w) -> asio::awaitable<void> {
     std::string empty;  // named: GCC 12 mishandles temporaries inside co_await
     co_await w.send(200, "text/plain", std::move(empty));

@@ -189,6 +189,12 @@ void EngineServer::Impl::registerPushMetrics() {
                                   "Tokens of KV received from peers and used", labels);
   m.bytes_in = &registry.counter("kvfabric_engine_kv_push_received_bytes_total",
                                  "Payload bytes received from peers and used", labels);
+  m.landed_verified =
+      &registry.counter("kvfabric_engine_kv_push_verified_blocks_total",
+                        "Landed blocks checked byte for byte against their hashes", labels);
+  m.landed_corrupt = &registry.counter(
+      "kvfabric_engine_kv_push_corrupt_blocks_total",
+      "Landed blocks whose content did not match their hash (the fetch fell back)", labels);
   m.fetch_seconds = &registry.histogram(
       "kvfabric_engine_kv_push_fetch_seconds",
       "Wall time from fetch start to complete/fail (includes the modelled link time)",

@@ -101,6 +101,9 @@ struct EngineShared {
     // Remote KV as this engine used it (the agent counts what landed).
     metrics::Counter *fetch_ok = nullptr, *fetch_partial = nullptr, *fetch_fallback = nullptr;
     metrics::Counter *tokens_in = nullptr, *bytes_in = nullptr;
+    // Landed blocks checked against their hashes before use (core thread), and those whose
+    // content did not match.
+    metrics::Counter *landed_verified = nullptr, *landed_corrupt = nullptr;
     metrics::Histogram* fetch_seconds = nullptr;
     // kv_transfer_params refused: not signed by the router; do_remote_decode over the bounds.
     metrics::Counter *kv_transfer_refused = nullptr, *leases_refused = nullptr;
@@ -142,7 +145,8 @@ class EngineCoreSide final : public worker::EngineAdapter {
 
   void add(RequestSpec spec, Nanos arrival, std::shared_ptr<detail::Pending> pending);
   void abort(const std::string& id);
-  asio::awaitable<bool> resetPrefixCache();  // awaited from the HTTP thread
+  asio::awaitable<bool> resetPrefixCache();               // awaited from the HTTP thread
+  asio::awaitable<KvPool::PayloadAudit> auditPayloads();  // awaited from the HTTP thread
 
   // worker::EngineAdapter (engine thread = the core thread).
   worker::BlockGeometry geometry() const override;

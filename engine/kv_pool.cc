@@ -234,6 +234,18 @@ bool KvPool::resetPrefixCache() {
   return true;
 }
 
+KvPool::PayloadAudit KvPool::auditPayloads() const {
+  PayloadAudit audit;
+  for (BlockIndex b = 0; b < static_cast<BlockIndex>(blocks_.size()); ++b) {
+    if (!hasHash(b)) continue;
+    ++audit.cached_blocks;
+    if (payload_ != nullptr && !worker::verifyBlockPayload(blocks_[b].hash, payload(b))) {
+      ++audit.corrupt_blocks;
+    }
+  }
+  return audit;
+}
+
 std::span<std::byte> KvPool::payload(BlockIndex block) {
   size_t n = options_.payload_bytes_per_block;
   if (payload_ == nullptr) return {};

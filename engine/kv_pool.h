@@ -109,6 +109,14 @@ class KvPool {
   // Drops every cached hash of unreferenced blocks (returns false if any block is in use).
   bool resetPrefixCache();
 
+  // Every cached block's payload checked byte for byte against its hash (the emulator's
+  // payload is a function of the hash): a write that reached a live block shows up here.
+  struct PayloadAudit {
+    int64_t cached_blocks = 0;
+    int64_t corrupt_blocks = 0;
+  };
+  PayloadAudit auditPayloads() const;
+
   std::span<std::byte> payload(BlockIndex block);
   std::span<const std::byte> payload(BlockIndex block) const;
   // The whole payload region (for one memory registration).

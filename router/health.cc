@@ -67,11 +67,19 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
     if (instance->removed || stopped_) break;
     bool ok = response.ok() && response->status == 200;
     if (ok) noteAlive(*instance);
+    // Only a late answer (timeout) says the process is alive and only slow; an unreachable one
+    // may have been replaced, and one that answers with an error may have lost its cache.
+    const bool late = !response.ok() && absl::IsDeadlineExceeded(response.status());
+    if (!ok && !late) instance->cache_state_unknown = true;
     switch (core_->healthCheck(instance->slot, ok)) {
       case RoutingCore::HealthChange::kReadmitted:
-        // What it held before the ejection is unknown now; its events rebuild the index.
-        resetKvInstance(*instance, "readmitted");
-        log::info("instance re-admitted", "instance", instance->config.id);
+        // What a replaced or failed process held is unknown: its events rebuild the index. One
+        // that only answered late is the same process, and its event stream (gaps replayed or
+        // reset) kept the index true.
+        if (instance->cache_state_unknown) resetKvInstance(*instance, "readmitted");
+        log::info("instance re-admitted", "instance", instance->config.id, "index_kept",
+                  !instance->cache_state_unknown);
+        instance->cache_state_unknown = false;
         break;
       case RoutingCore::HealthChange::kEjected:
         instance->ejections->inc();
@@ -85,6 +93,10 @@ asio::awaitable<void> Router::healthLoop(std::shared_ptr<Instance> instance) {
         log::info("stalled instance answers again", "instance", instance->config.id);
         break;
       case RoutingCore::HealthChange::kNone:
+        // Answering while admitted: a failure before it led to no ejection.
+        if (ok && core_->instance(instance->slot).check_healthy) {
+          instance->cache_state_unknown = false;
+        }
         break;
     }
     if (ok && config_.health.scrape_metrics) {

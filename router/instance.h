@@ -68,6 +68,11 @@ struct Instance {
   metrics::Counter* predicted_cached_tokens = nullptr;
   metrics::Counter* actual_cached_tokens = nullptr;
   metrics::Counter* ejections = nullptr;
+  // Since the instance last answered while admitted, a health check failed otherwise than by
+  // answering late: the process could not be reached (it may have been replaced) or answered
+  // with an error (it may have lost its cache). Its index is then reset when it is re-admitted;
+  // after timeouts only (a stalled or overloaded process) the index is kept.
+  bool cache_state_unknown = false;
   metrics::Counter* circuit_opens = nullptr;
   metrics::Counter* stalls = nullptr;
   metrics::Counter* kv_batches = nullptr;

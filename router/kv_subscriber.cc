@@ -40,15 +40,19 @@ class Sequencer {
   // Applies a batch if it is the next one (or the first). Returns false if it is ahead
   // (a gap) and was not applied.
   bool offer(uint64_t seq, std::string_view payload, bool allow_gap) {
-    if (last_ && seq <= *last_) {
-      // Sequence went back: the engine restarted and its cache started empty.
-      ++stats_->restarts;
-      reset("restart");
-      last_.reset();
-    }
+    restartIfBack(seq);
     if (last_ && seq != *last_ + 1 && !allow_gap) return false;
     deliver(seq, payload);
     return true;
+  }
+
+  // Sequence went back: the engine restarted and its cache started empty. The stream then
+  // starts over, as on first contact (its first batches may come from the replay socket).
+  void restartIfBack(uint64_t seq) {
+    if (!last_ || seq > *last_) return;
+    ++stats_->restarts;
+    reset("restart");
+    last_.reset();
   }
 
   void reset(std::string reason, uint64_t seq = 0, uint64_t lost = 0, std::string error = {}) {
@@ -159,6 +163,9 @@ void KvSubscriber::run() {
         ++stats_.decode_errors;
         continue;
       }
+      // A restarted engine's first batches may have gone out before the subscription reached
+      // it: seen as a restart first, they are then recovered like any history below.
+      seq.restartIfBack(*s);
       // The first batch after (re)connecting may be mid-stream: earlier history, if the engine
       // still buffers it, comes from the replay socket.
       bool behind = seq.last() ? *s > *seq.last() + 1 : *s > 0;

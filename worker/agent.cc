@@ -126,6 +126,8 @@ size_t WorkerAgent::leaseCount() const { return impl_->lease_count.load(); }
 
 size_t WorkerAgent::leasedBlocks() const { return impl_->leased_blocks.load(); }
 
+bool WorkerAgent::authorized(const http::Request& head) const { return impl_->authorized(head); }
+
 void WorkerAgent::Impl::releaseLease(const std::string& lease_id) {
   std::optional<std::vector<BlockHash>> hashes = leases.release(lease_id);
   if (hashes && !hashes->empty()) adapter.unpin(*hashes);

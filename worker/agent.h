@@ -127,6 +127,9 @@ class WorkerAgent {
   // Any thread: leases held now, and the blocks they pin.
   size_t leaseCount() const;
   size_t leasedBlocks() const;
+  // Any thread: whether a request head carries the cluster's worker token (always true for an
+  // insecure agent). Lets the engine guard its own peer-only endpoints with the same token.
+  bool authorized(const http::Request& head) const;
 
   struct Impl;
 

@@ -6,10 +6,7 @@
 // client seeing one response (plain and streaming); with P killed, D prefills locally.
 #include <gtest/gtest.h>
 
-#include <unistd.h>
-
 #include <filesystem>
-#include <fstream>
 #include <future>
 #include <numeric>
 
@@ -21,9 +18,11 @@
 #include "common/sse.h"
 #include "common/strings.h"
 #include "tests/testing/child_process.h"
+#include "tests/testing/engine_cluster.h"
 #include "tests/testing/http_call.h"
 #include "tests/testing/io_thread.h"
 #include "tests/testing/poll.h"
+#include "tests/testing/temp_dir.h"
 
 namespace kvf::testing {
 namespace {
@@ -54,56 +53,27 @@ class MigrationMultiprocessTest : public ::testing::Test {
   void SetUp() override {
     source_ = envOr("KVF_SOURCE_DIR", fs::current_path().string());
     bin_ = envOr("KVF_BIN_DIR", source_ + "/build/bin");
-    dir_ = fs::temp_directory_path() / ("kvf_migrate_mp_" + std::to_string(getpid()));
-    fs::create_directories(dir_);
+    dir_ = freshTempDir("kvf_migrate_mp");
     setenv("KVF_WORKER_TOKEN", "mp-test-token", 1);
-  }
-
-  void TearDown() override {
-    router_.reset();
-    engines_.clear();
-    fs::remove_all(dir_);
   }
 
   // Starts 3 engines with worker servers and a router with `policy_yaml`.
   // `connector`: every instance's kv_connector (engines and router), "kvfabric" or "nixl".
   void startCluster(const std::string& policy_yaml, double health_interval_s = 0.2,
                     const std::string& connector = "kvfabric", double time_scale = 20) {
-    std::ofstream(dir_ / "engine.yaml")
-        << "port: 0\nprofile: " << source_ << "/engine/profiles/qwen3-coder-30b-a3b-h20.yaml\n"
-        << "served_model_name: test-model\ntime_scale: " << time_scale << "\nmax_model_len: 32768\n"
-        << "cache: {block_size: " << kBlockSize
-        << ", payload_bytes_per_block: " << kPayloadBytesPerBlock << ", num_gpu_blocks: 4096}\n"
-        << "kv_events: {endpoint: 'tcp://127.0.0.1:*', replay_endpoint: 'tcp://127.0.0.1:*'}\n"
-        << "worker: {kv_connector: " << connector << "}\n";
-    std::string yaml =
-        strCat("listen: {port: 0}\npolicy: ", policy_yaml,
-               "\nhealth: {interval_s: ", health_interval_s, "}\nadmin: {token: adm}\n",
-               "decision_log: ", (dir_ / "decisions.jsonl").string(), "\ninstances:\n");
-    for (int i = 0; i < 3; ++i) {
-      std::string id = "e" + std::to_string(i);
-      auto worker = pickFreePort();
-      ASSERT_TRUE(worker.ok()) << worker.status();
-      engines_.push_back(
-          startLogged({bin_ + "/kvf-engine", "--config", (dir_ / "engine.yaml").string(),
-                       "--instance_id", id, "--worker_port", std::to_string(*worker)},
-                      (dir_ / (id + ".log")).string()));
-      ASSERT_TRUE(waitForLog(*engines_.back(), "kvf-engine ready", 30s))
-          << readLog(*engines_.back());
-      auto& e = *engines_.back();
-      yaml += strCat(
-          "  - id: ", id, "\n    url: http://127.0.0.1:", logValue(e, "kvf-engine ready", "port"),
-          "\n    worker_url: http://127.0.0.1:", *worker, "\n    kv_connector: ", connector,
-          "\n    kv_events: {endpoint: \"", logValue(e, "kvf-engine ready", "kv_events"),
-          "\", replay_endpoint: \"", logValue(e, "kvf-engine ready", "kv_replay"), "\"}\n");
-    }
-    std::ofstream(dir_ / "router.yaml") << yaml;
-    router_ = startLogged(
-        {bin_ + "/kvf-router", "--config", (dir_ / "router.yaml").string(), "--log_level", "warn"},
-        (dir_ / "router.log").string());
-    ASSERT_TRUE(waitForLog(*router_, "listening on port ", 20s)) << readLog(*router_);
-    client_ =
-        http::HttpClient::create(io_.executor(), "127.0.0.1", routerPort(*router_).value_or(0));
+    EngineClusterOptions o;
+    o.engines = 3;
+    o.engine_yaml = strCat("time_scale: ", time_scale,
+                           "\nmax_model_len: 32768\ncache: {block_size: ", kBlockSize,
+                           ", payload_bytes_per_block: ", kPayloadBytesPerBlock,
+                           ", num_gpu_blocks: 4096}\n");
+    o.kv_connector = connector;
+    o.policy_yaml = policy_yaml;
+    o.router_yaml = strCat("health: {interval_s: ", health_interval_s,
+                           "}\ndecision_log: ", (dir_ / "decisions.jsonl").string(), "\n");
+    cluster_ = std::make_unique<EngineCluster>(dir_, source_, bin_);
+    cluster_->start(std::move(o));
+    client_ = http::HttpClient::create(io_.executor(), "127.0.0.1", cluster_->routerPort());
   }
 
   absl::StatusOr<http::Response> call(std::string method, std::string target, std::string body,
@@ -135,9 +105,7 @@ class MigrationMultiprocessTest : public ::testing::Test {
   double metric(int i, const std::string& name, const std::string& label = "") {
     std::shared_ptr<http::HttpClient> client = client_;
     if (i >= 0) {
-      auto port =
-          std::stoi(logValue(*engines_[static_cast<size_t>(i)], "kvf-engine ready", "port"));
-      client = http::HttpClient::create(io_.executor(), "127.0.0.1", static_cast<uint16_t>(port));
+      client = http::HttpClient::create(io_.executor(), "127.0.0.1", cluster_->ports(i).http);
     }
     auto r = httpCall(io_, *client, "GET", "/metrics");
     if (!r.ok()) return -1;
@@ -175,7 +143,7 @@ class MigrationMultiprocessTest : public ::testing::Test {
     // several seconds of wall time at this scale: the engine shows the request running after
     // the first, and the leg is far from done. (750 blocks: within P's lease bound.)
     ASSERT_TRUE(eventually([&] { return metric(1, "vllm:num_requests_running") == 1; }))
-        << readLog(*router_);
+        << readLog(cluster_->router());
     asio::post(io_.context(), [canceller] { canceller->cancel(); });
     ASSERT_EQ(answer.wait_for(10s), std::future_status::ready);
     EXPECT_FALSE(answer.get().ok());
@@ -194,8 +162,7 @@ class MigrationMultiprocessTest : public ::testing::Test {
   std::string source_, bin_;
   fs::path dir_;
   IoThread io_;
-  std::vector<std::unique_ptr<Process>> engines_;
-  std::unique_ptr<Process> router_;
+  std::unique_ptr<EngineCluster> cluster_;
   std::shared_ptr<http::HttpClient> client_;
 };
 
@@ -250,7 +217,7 @@ TEST_F(MigrationMultiprocessTest, HeavyPrefillIsOffloadedAndClientSeesOneRespons
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(r->header("x-kvf-mode"), "prefill_offload");
-  EXPECT_EQ(r->header("x-kvf-offload-prefill"), "ok") << readLog(*router_);
+  EXPECT_EQ(r->header("x-kvf-offload-prefill"), "ok") << readLog(cluster_->router());
   EXPECT_NE(r->header("x-kvf-source"), r->header("x-kvf-instance"));
   auto body = json::parseObject(r->body);
   ASSERT_TRUE(body.ok());
@@ -300,7 +267,7 @@ TEST_F(MigrationMultiprocessTest, KilledPrefillInstanceFallsBackToLocalPrefillOn
   startCluster("{kind: elastic, classify: {warm_max_new_tokens: 100, medium_max_new_tokens: 1000}}",
                60);
   // The first cold request decodes on e0 (hybrid's first pick) with e1 as P; kill e1.
-  engines_[1]->kill();
+  cluster_->killEngine(1);
   auto r = call("POST", "/v1/completions", prompt(4100));
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->status, 200) << r->body;
@@ -370,7 +337,7 @@ TEST_F(MigrationMultiprocessTest, NixlHeavyPrefillIsOffloadedAndReadByD) {
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->status, 200) << r->body;
   EXPECT_EQ(r->header("x-kvf-mode"), "prefill_offload");
-  EXPECT_EQ(r->header("x-kvf-offload-prefill"), "ok") << readLog(*router_);
+  EXPECT_EQ(r->header("x-kvf-offload-prefill"), "ok") << readLog(cluster_->router());
   EXPECT_NE(r->body.find("\"cached_tokens\":4096"), std::string::npos) << r->body;
   EXPECT_NE(r->body.find("\"status\":\"ok\""), std::string::npos) << r->body;
   EXPECT_NE(r->body.find("[DONE]"), std::string::npos);
@@ -379,7 +346,7 @@ TEST_F(MigrationMultiprocessTest, NixlHeavyPrefillIsOffloadedAndReadByD) {
 TEST_F(MigrationMultiprocessTest, NixlKilledPrefillInstanceFallsBackToLocalPrefillOnD) {
   startCluster("{kind: elastic, classify: {warm_max_new_tokens: 100, medium_max_new_tokens: 1000}}",
                60, "nixl");
-  engines_[1]->kill();
+  cluster_->killEngine(1);
   auto r = call("POST", "/v1/completions", prompt(4100));
   ASSERT_TRUE(r.ok()) << r.status();
   ASSERT_EQ(r->status, 200) << r->body;

@@ -14,7 +14,6 @@
 
 #include <atomic>
 #include <filesystem>
-#include <fstream>
 #include <future>
 #include <map>
 #include <numeric>
@@ -29,9 +28,11 @@
 #include "common/sse.h"
 #include "common/strings.h"
 #include "tests/testing/child_process.h"
+#include "tests/testing/engine_cluster.h"
 #include "tests/testing/http_call.h"
 #include "tests/testing/io_thread.h"
 #include "tests/testing/poll.h"
+#include "tests/testing/temp_dir.h"
 
 namespace kvf::testing {
 namespace {
@@ -66,45 +67,26 @@ class RouterLifecycleTest : public ::testing::Test {
   void SetUp() override {
     source_ = envOr("KVF_SOURCE_DIR", fs::current_path().string());
     bin_ = envOr("KVF_BIN_DIR", source_ + "/build/bin");
-    dir_ = fs::temp_directory_path() / ("kvf_lifecycle_" + std::to_string(getpid()));
-    fs::create_directories(dir_);
+    dir_ = freshTempDir("kvf_lifecycle");
   }
 
-  void TearDown() override {
-    for (auto& e : engines_) ::kill(e->pid(), SIGCONT);  // a stopped child cannot take SIGTERM
-    router_.reset();
-    engines_.clear();
-    fs::remove_all(dir_);
-  }
-
-  void startCluster(int n, const std::string& upstream_yaml) {
-    std::ofstream(dir_ / "engine.yaml")
-        << "port: 0\nprofile: " << source_ << "/engine/profiles/qwen3-coder-30b-a3b-h20.yaml\n"
-        << "served_model_name: test-model\nmax_model_len: 32768\n"
-        << "kv_events: {enabled: false}\n";
-    std::string yaml = strCat(
-        "listen: {port: 0}\npolicy: {kind: round_robin}\n"
-        "health: {interval_s: 0.2, timeout_s: 0.2, unhealthy_threshold: 1000}\n"
-        "admin: {token: adm}\nupstream: ",
-        upstream_yaml, "\ninstances:\n");
+  // `workers`: worker servers and KV events on (the router indexes the engines' blocks).
+  void startCluster(int n, const std::string& upstream_yaml,
+                    const std::string& health_yaml =
+                        "{interval_s: 0.2, timeout_s: 0.2, unhealthy_threshold: 1000}",
+                    bool workers = false) {
+    EngineClusterOptions o;
+    o.engines = n;
+    o.engine_yaml = "max_model_len: 32768\n";
+    o.workers = workers;
+    o.router_yaml = strCat("health: ", health_yaml, "\nupstream: ", upstream_yaml, "\n");
+    cluster_ = std::make_unique<EngineCluster>(dir_, source_, bin_);
+    cluster_->start(std::move(o));
     for (int i = 0; i < n; ++i) {
-      std::string id = "e" + std::to_string(i);
-      engines_.push_back(startLogged(
-          {bin_ + "/kvf-engine", "--config", (dir_ / "engine.yaml").string(), "--instance_id", id},
-          (dir_ / (id + ".log")).string()));
-      ASSERT_TRUE(waitForLog(*engines_.back(), "kvf-engine ready", 30s))
-          << readLog(*engines_.back());
-      uint16_t port =
-          static_cast<uint16_t>(std::stoi(logValue(*engines_.back(), "kvf-engine ready", "port")));
-      engine_clients_.push_back(http::HttpClient::create(io_.executor(), "127.0.0.1", port));
-      yaml += strCat("  - id: ", id, "\n    url: http://127.0.0.1:", port, "\n");
+      engine_clients_.push_back(
+          http::HttpClient::create(io_.executor(), "127.0.0.1", cluster_->ports(i).http));
     }
-    std::ofstream(dir_ / "router.yaml") << yaml;
-    router_ = startLogged(
-        {bin_ + "/kvf-router", "--config", (dir_ / "router.yaml").string(), "--log_level", "warn"},
-        (dir_ / "router.log").string());
-    ASSERT_TRUE(waitForLog(*router_, "listening on port ", 20s)) << readLog(*router_);
-    port_ = routerPort(*router_).value_or(0);
+    port_ = cluster_->routerPort();
     client_ = http::HttpClient::create(io_.executor(), "127.0.0.1", port_);
   }
 
@@ -170,9 +152,8 @@ class RouterLifecycleTest : public ::testing::Test {
   std::string source_, bin_;
   fs::path dir_;
   IoThread io_;
-  std::vector<std::unique_ptr<Process>> engines_;
+  std::unique_ptr<EngineCluster> cluster_;
   std::vector<std::shared_ptr<http::HttpClient>> engine_clients_;
-  std::unique_ptr<Process> router_;
   std::shared_ptr<http::HttpClient> client_;
   uint16_t port_ = 0;
 };
@@ -220,7 +201,7 @@ TEST_F(RouterLifecycleTest, StalledEngineIsFoundRetriedAroundAndReadmitted) {
                                      asio::use_future));
   }
   ASSERT_TRUE(eventually([&] { return streaming_[0] == 1 && streaming_[1] == 2; }, 20s));
-  ::kill(engines_[0]->pid(), SIGSTOP);
+  cluster_->signalEngine(0, SIGSTOP);
   const auto stopped_at = std::chrono::steady_clock::now();
   // Sent before the stall is found: the one that lands on e0 gets no byte there.
   std::vector<std::future<absl::StatusOr<http::Response>>> calls;
@@ -268,7 +249,7 @@ TEST_F(RouterLifecycleTest, StalledEngineIsFoundRetriedAroundAndReadmitted) {
     EXPECT_EQ(r->status, 200);
     EXPECT_NE(r->header("x-kvf-instance"), "e0");
   }
-  ::kill(engines_[0]->pid(), SIGCONT);
+  cluster_->signalEngine(0, SIGCONT);
   // A passing health check readmits it.
   EXPECT_TRUE(eventually(
       [&] {
@@ -276,6 +257,48 @@ TEST_F(RouterLifecycleTest, StalledEngineIsFoundRetriedAroundAndReadmitted) {
         return !s.empty() && !s["stalled"].as_bool() && s["admitted"].as_bool();
       },
       10s));
+}
+
+// An instance ejected because it answered too late (SIGSTOP) is the same process when it is
+// re-admitted: the router keeps its index. One that could not be reached (SIGKILL) may be a new
+// process: its index starts empty.
+TEST_F(RouterLifecycleTest, ReadmissionKeepsTheIndexOfALateEngineAndEmptiesARestartedOnes) {
+  setenv("KVF_WORKER_TOKEN", "lifecycle-token", 1);
+  startCluster(2, "{stall_timeout_s: 30}",
+               "{interval_s: 0.2, timeout_s: 0.3, unhealthy_threshold: 2}", true);
+  auto r = call(client_, "POST", "/v1/completions", prompt(0, 512, 4, false));
+  ASSERT_TRUE(r.ok() && r->status == 200);
+  const std::string id(r->header("x-kvf-instance"));
+  const int i = id == "e0" ? 0 : 1;
+  auto cached = [&] {
+    auto a = call(engine_clients_[static_cast<size_t>(i)], "GET", "/kv/audit", "",
+                  {{"Authorization", "Bearer lifecycle-token"}});
+    if (!a.ok() || a->status != 200) return int64_t{-1};
+    return json::parseObject(a->body)->at("cached_blocks").as_int64();
+  };
+  auto index = [&] {
+    auto s = instanceState(id);
+    return s.empty() ? int64_t{-2} : s["index_blocks"].as_int64();
+  };
+  auto admitted = [&] {
+    auto s = instanceState(id);
+    return !s.empty() && s["admitted"].as_bool();
+  };
+  ASSERT_TRUE(eventually([&] { return index() == 32; }, 10s)) << index();
+  ASSERT_EQ(cached(), 32);
+
+  cluster_->signalEngine(i, SIGSTOP);
+  ASSERT_TRUE(eventually([&] { return !admitted(); }, 10s));
+  cluster_->signalEngine(i, SIGCONT);
+  ASSERT_TRUE(eventually(admitted, 10s));
+  EXPECT_EQ(index(), 32) << "the index of a process that never went away was dropped";
+
+  cluster_->killEngine(i);
+  ASSERT_TRUE(eventually([&] { return !admitted(); }, 10s));
+  cluster_->restartEngine(i);
+  ASSERT_TRUE(eventually(admitted, 10s));
+  EXPECT_EQ(index(), 0) << "the killed process's blocks stayed in the index";
+  EXPECT_EQ(cached(), 0);
 }
 
 }  // namespace

@@ -144,6 +144,37 @@ TEST(KvSubscriberTest, RestartAndUnrecoverableGapReset) {
   EXPECT_EQ(sub.stats().restarts.load(), 1u);
 }
 
+// A restarted engine's first batch went out before the subscription reached it (ZMQ drops
+// what a PUB sends to no subscriber): the restart is seen on its second batch, and the first
+// still comes from the replay socket instead of being reported lost (late_join).
+TEST(KvSubscriberTest, RestartWhoseFirstBatchWasMissedIsReplayed) {
+  fakes::FakeKvPublisher pub;
+  Collector c;
+  KvEventsConfig config{pub.endpoint(), pub.replayEndpoint(), ""};
+  KvSubscriber sub(std::make_shared<zmq::context_t>(1), config, c.sink());
+  probeUntilConnected(pub, c);
+  for (int i = 0; i < 3; ++i) pub.publish({});
+  ASSERT_TRUE(c.waitFor([](auto& u) { return batchSeqs(u).size() >= 4; }));
+  c.take();
+
+  pub.restart();
+  fakes::FakeKvEvent stored;
+  stored.hashes = {7};
+  stored.token_ids.assign(16, 5);
+  pub.publish({stored}, /*drop=*/true);  // seq 0: missed on the wire, kept for replay
+  pub.publish({});                       // seq 1
+  ASSERT_TRUE(c.waitFor([](auto& u) { return u.size() >= 3; }));
+  auto updates = c.take();
+  ASSERT_EQ(updates.size(), 3u);
+  EXPECT_EQ(updates[0].kind, KvUpdate::Kind::kReset);
+  EXPECT_EQ(updates[0].reason, "restart");
+  EXPECT_EQ(batchSeqs(updates), (std::vector<uint64_t>{0, 1}));
+  ASSERT_EQ(updates[1].batch.events.size(), 1u);  // the missed BlockStored
+  EXPECT_EQ(sub.stats().late_joins.load(), 0u);
+  EXPECT_EQ(sub.stats().lost_batches.load(), 0u);
+  EXPECT_EQ(sub.stats().restarts.load(), 1u);
+}
+
 // A child process speaking line commands over pipes.
 class PythonPublisher {
  public:
