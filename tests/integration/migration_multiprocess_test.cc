@@ -63,10 +63,9 @@ class MigrationMultiprocessTest : public ::testing::Test {
                     const std::string& connector = "kvfabric", double time_scale = 20) {
     EngineClusterOptions o;
     o.engines = 3;
-    o.engine_yaml = strCat("time_scale: ", time_scale,
-                           "\nmax_model_len: 32768\ncache: {block_size: ", kBlockSize,
-                           ", payload_bytes_per_block: ", kPayloadBytesPerBlock,
-                           ", num_gpu_blocks: 4096}\n");
+    o.engine_yaml = strCat(
+        "time_scale: ", time_scale, "\nmax_model_len: 32768\ncache: {block_size: ", kBlockSize,
+        ", payload_bytes_per_block: ", kPayloadBytesPerBlock, ", num_gpu_blocks: 4096}\n");
     o.kv_connector = connector;
     o.policy_yaml = policy_yaml;
     o.router_yaml = strCat("health: {interval_s: ", health_interval_s,
