@@ -257,8 +257,16 @@ bool WorkerAgent::Impl::authorized(const http::Request& req) const {
   return diff == 0;
 }
 
-void WorkerAgent::Impl::addAuth(http::ClientRequest& req) const {
+http::ClientRequest WorkerAgent::Impl::peerRequest(std::string method, std::string target,
+                                                   std::string body,
+                                                   std::chrono::milliseconds timeout) const {
+  http::ClientRequest req;
+  req.method = std::move(method);
+  req.target = std::move(target);
+  req.body = std::move(body);
   if (!options.token.empty()) req.headers.emplace_back("authorization", "Bearer " + options.token);
+  req.read_timeout = timeout;
+  return req;
 }
 
 asio::awaitable<void> WorkerAgent::Impl::handleKvInfo(const http::Request&,

@@ -123,7 +123,9 @@ struct WorkerAgent::Impl {
   void registerMetrics(metrics::Registry& registry);
   void registerRoutes();
   bool authorized(const http::Request& req) const;
-  void addAuth(http::ClientRequest& req) const;
+  // A request to a peer's control server, carrying this agent's token.
+  http::ClientRequest peerRequest(std::string method, std::string target, std::string body,
+                                  std::chrono::milliseconds timeout) const;
   asio::awaitable<void> handleKvInfo(const http::Request& req, http::ResponseWriter& w);
   asio::awaitable<void> handleKvPush(const http::Request& req, http::ResponseWriter& w);
   asio::awaitable<void> handleKvClaim(const http::Request& req, http::ResponseWriter& w);

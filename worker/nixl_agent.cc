@@ -152,12 +152,8 @@ asio::awaitable<TransferResult> WorkerAgent::Impl::readNixlBlocks(const RemoteKv
     co_return out;
   }
   protocol::NixlMetaRequest mr{nixl.remote_request_id, nixl.remote_block_ids};
-  http::ClientRequest req;
-  req.method = "POST";
-  req.target = "/kv/nixl/meta";
-  req.body = protocol::serializeNixlMetaRequest(mr);
-  addAuth(req);
-  req.read_timeout = msUntil(deadline);
+  http::ClientRequest req = peerRequest("POST", "/kv/nixl/meta",
+                                        protocol::serializeNixlMetaRequest(mr), msUntil(deadline));
   auto resp = co_await (*sw)->client->request(std::move(req));
   absl::StatusOr<protocol::NixlMetaResponse> meta = absl::UnavailableError("no answer");
   if (!resp.ok()) {
@@ -211,12 +207,9 @@ asio::awaitable<TransferResult> WorkerAgent::Impl::readNixlBlocks(const RemoteKv
   }
   out.writes_may_arrive = out.get != nullptr && !out.get->drained();
   // vLLM's read-completion notification: the holder frees the blocks now, not at lease expiry.
-  http::ClientRequest notify;
-  notify.method = "POST";
-  notify.target = "/kv/nixl/notify";
-  notify.body = protocol::serializeNixlNotify({nixl.remote_request_id});
-  addAuth(notify);
-  notify.read_timeout = std::chrono::milliseconds(1000);
+  http::ClientRequest notify =
+      peerRequest("POST", "/kv/nixl/notify",
+                  protocol::serializeNixlNotify({nixl.remote_request_id}), std::chrono::seconds(1));
   auto ack = co_await (*sw)->client->request(std::move(notify));
   if (!ack.ok() || ack->status != 200) {
     log::warn("nixl notify failed; the holder frees the blocks at lease expiry", "request",

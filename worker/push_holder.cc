@@ -148,12 +148,9 @@ asio::awaitable<absl::StatusOr<protocol::LandingGrant>> WorkerAgent::Impl::claim
   };
   auto sw = workerAt(req.receiver_url);
   if (!sw.ok()) co_return refuse(m.refused_not_granted, std::string(sw.status().message()));
-  http::ClientRequest claim;
-  claim.method = "POST";
-  claim.target = "/kv/claim";
-  claim.body = protocol::serializeLandingClaim({req.landing_id});
-  addAuth(claim);
-  claim.read_timeout = std::chrono::milliseconds(std::max<int64_t>(1, req.deadline_ms));
+  http::ClientRequest claim =
+      peerRequest("POST", "/kv/claim", protocol::serializeLandingClaim({req.landing_id}),
+                  std::chrono::milliseconds(std::max<int64_t>(1, req.deadline_ms)));
   auto resp = co_await (*sw)->client->request(std::move(claim));
   if (!resp.ok()) {
     sources.erase(req.receiver_url);

@@ -75,11 +75,7 @@ asio::awaitable<absl::StatusOr<std::shared_ptr<SourceWorker>>> WorkerAgent::Impl
     const std::string& url, Nanos deadline) {
   KVF_CO_ASSIGN_OR_RETURN(std::shared_ptr<SourceWorker> sw, workerAt(url));
   if (sw->info) co_return sw;
-  http::ClientRequest req;
-  req.method = "GET";
-  req.target = "/kv/info";
-  addAuth(req);
-  req.read_timeout = msUntil(deadline);
+  http::ClientRequest req = peerRequest("GET", "/kv/info", "", msUntil(deadline));
   auto resp = co_await sw->client->request(std::move(req));
   if (!resp.ok()) co_return resp.status();
   if (resp->status != 200) {
@@ -143,12 +139,8 @@ asio::awaitable<TransferResult> WorkerAgent::Impl::transferBlocks(const RemoteKv
   pr.landing_id = landing_id;
   pr.deadline_ms = msUntil(deadline).count();
   pr.lease_id = f.lease_id;
-  http::ClientRequest req;
-  req.method = "POST";
-  req.target = "/kv/push";
-  req.body = protocol::serializePushRequest(pr);
-  addAuth(req);
-  req.read_timeout = msUntil(deadline);
+  http::ClientRequest req =
+      peerRequest("POST", "/kv/push", protocol::serializePushRequest(pr), msUntil(deadline));
   auto resp = co_await (*sw)->client->request(std::move(req));
   // Closed to claims from now on. A holder writes only after its claim was granted, so an
   // unclaimed landing can receive no write: it is dismissed below instead of quarantined.
