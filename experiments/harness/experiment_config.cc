@@ -70,17 +70,6 @@ bool checkRouterSection(config::ConfigMap& m, const YAML::Node& router) {
   return ok;
 }
 
-void mergeInto(YAML::Node dst, const YAML::Node& src) {
-  for (const auto& kv : src) {
-    auto key = kv.first.as<std::string>();
-    if (kv.second.IsMap() && dst[key] && dst[key].IsMap()) {
-      mergeInto(dst[key], kv.second);
-    } else {
-      dst[key] = YAML::Clone(kv.second);
-    }
-  }
-}
-
 void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::string& dir,
                      const PathVariables& variables) {
   root.require("name");
@@ -205,10 +194,21 @@ absl::StatusOr<ExperimentConfig> loadExperimentConfig(const std::string& path,
   return parsed;
 }
 
+void mergeYaml(YAML::Node base, const YAML::Node& over) {
+  for (const auto& kv : over) {
+    auto key = kv.first.as<std::string>();
+    if (kv.second.IsMap() && base[key] && base[key].IsMap()) {
+      mergeYaml(base[key], kv.second);
+    } else {
+      base[key] = YAML::Clone(kv.second);
+    }
+  }
+}
+
 YAML::Node armRouter(const ExperimentConfig& config, const ArmConfig& arm) {
   YAML::Node out =
       config.router.IsMap() ? YAML::Clone(config.router) : YAML::Node(YAML::NodeType::Map);
-  if (arm.router.IsMap()) mergeInto(out, arm.router);
+  if (arm.router.IsMap()) mergeYaml(out, arm.router);
   return out;
 }
 

@@ -77,6 +77,9 @@ struct ExperimentConfig {
 using PathVariables = std::map<std::string, std::string>;
 inline constexpr char kTracesDirVariable[] = "KVF_TRACES_DIR";
 
+// Overrides `base` with every leaf of `over`: maps merge key by key, anything else replaces.
+void mergeYaml(YAML::Node base, const YAML::Node& over);
+
 // The router settings an arm runs with: the experiment's `router:` section with the arm's own
 // `router:` merged over it (maps merged key by key, any other value replaced). A fresh node.
 YAML::Node armRouter(const ExperimentConfig& config, const ArmConfig& arm);

@@ -23,18 +23,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Overrides `base` with every leaf of `over` (maps merge, anything else replaces).
-void merge(YAML::Node base, const YAML::Node& over) {
-  for (const auto& kv : over) {
-    std::string key = kv.first.as<std::string>();
-    if (kv.second.IsMap() && base[key].IsMap()) {
-      merge(base[key], kv.second);
-    } else {
-      base[key] = YAML::Clone(kv.second);
-    }
-  }
-}
-
 absl::StatusOr<engine::EngineConfig> engineConfigFor(const ExperimentConfig& config,
                                                      const SimArm& arm) {
   const std::string& path = config.cluster.engine_config;
@@ -44,7 +32,7 @@ absl::StatusOr<engine::EngineConfig> engineConfigFor(const ExperimentConfig& con
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(strCat(path, ": ", e.what()));
   }
-  if (arm.engine.IsMap()) merge(node, arm.engine);
+  if (arm.engine.IsMap()) mergeYaml(node, arm.engine);
   YAML::Emitter out;
   out << node;
   std::string source = arm.engine.IsMap() && arm.engine.size() > 0
