@@ -5,8 +5,10 @@
 # kvf-proxy-bench sending token-id completions at a fixed rate to each in turn.
 # Usage: experiments/bench/proxy_overhead.sh [rate=200] [rounds=5] [phase_s=3]
 # Writes experiments/results/proxy-overhead/{1k,100k,peak}.json and prints the tables.
-# Environment: KVF_PROXY_TOKENS (default "1000 100000"); KVF_PROXY_INSTANCES (see below);
-# KVF_PROXY_PEAK_RATE, KVF_PROXY_PEAK_ROUNDS (peak rate per core, at the end); KVF_PROXY_ROUTER_EXTRA: YAML lines
+# Environment: KVF_PROXY_TOKENS (default "1000 100000"); KVF_PROXY_INSTANCES=N (default 1):
+# the router routes among N instances that all point at the one engine; KVF_PROXY_PEAK_RATE
+# (default 1500 requests/s; 0 skips) and KVF_PROXY_PEAK_ROUNDS (default 4): the peak rate per
+# core, router against nginx, measured at the end as answered requests per CPU second; KVF_PROXY_ROUTER_EXTRA: YAML lines
 # appended to the router's config (e.g. "server: {busy_poll_us: 0}"); KVF_PROXY_BASE_ROUTER:
 # a second kvf-router binary (e.g. main's, copied aside) added as target router_base in the
 # same rotation, for before/after comparisons, with KVF_PROXY_BASE_EXTRA as its extra YAML.
