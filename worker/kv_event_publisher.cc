@@ -174,8 +174,8 @@ void KvEventPublisher::sendBatch(Pending pending) {
   uint64_t buffered = buffered_bytes_.load(std::memory_order_relaxed) + payload.size();
   replay_buffer_.emplace_back(seq, std::move(payload));
   // The newest batch always stays (a single batch over buffer_bytes is still replayable).
-  while (replay_buffer_.size() > 1 && (replay_buffer_.size() > options_.buffer_batches ||
-                                       buffered > options_.buffer_bytes)) {
+  while (replay_buffer_.size() > 1 &&
+         (replay_buffer_.size() > options_.buffer_batches || buffered > options_.buffer_bytes)) {
     const size_t bytes = replay_buffer_.front().second.size();
     if (replay_buffer_.size() <= options_.buffer_batches) {
       trimmed_batches_.fetch_add(1, std::memory_order_relaxed);

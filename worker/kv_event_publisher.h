@@ -28,7 +28,7 @@ struct PublisherOptions {
   // Encoded bytes kept for replay: the oldest batches are trimmed past either bound (a batch
   // may reach tens of KB, so 10,000 batches alone could hold hundreds of MB).
   size_t buffer_bytes = size_t{64} << 20;
-  size_t max_queued_batches = 100000;     // enqueued beyond this are dropped (and counted)
+  size_t max_queued_batches = 100000;  // enqueued beyond this are dropped (and counted)
 };
 
 class KvEventPublisher {
@@ -53,9 +53,7 @@ class KvEventPublisher {
   uint64_t replayRequests() const { return replays_.load(std::memory_order_relaxed); }
   // Batches and bytes trimmed from the replay buffer to keep it within buffer_bytes (trims by
   // buffer_batches are the normal rotation and not counted here), and the bytes it holds now.
-  uint64_t replayTrimmedBatches() const {
-    return trimmed_batches_.load(std::memory_order_relaxed);
-  }
+  uint64_t replayTrimmedBatches() const { return trimmed_batches_.load(std::memory_order_relaxed); }
   uint64_t replayTrimmedBytes() const { return trimmed_bytes_.load(std::memory_order_relaxed); }
   uint64_t replayBufferBytes() const { return buffered_bytes_.load(std::memory_order_relaxed); }
 

@@ -151,9 +151,8 @@ absl::StatusOr<kvf_worker_config> fullConfig(const kvf_worker_config* c) {
   if (c == nullptr) return absl::InvalidArgumentError("config: NULL");
   const size_t size = c->struct_size;
   if (size < KVF_WORKER_CONFIG_SIZE_V1) {
-    return absl::InvalidArgumentError(strCat("config.struct_size: ", size,
-                                             ", this library needs at least ",
-                                             KVF_WORKER_CONFIG_SIZE_V1));
+    return absl::InvalidArgumentError(strCat(
+        "config.struct_size: ", size, ", this library needs at least ", KVF_WORKER_CONFIG_SIZE_V1));
   }
   const auto* bytes = reinterpret_cast<const unsigned char*>(c);
   if (size > sizeof(kvf_worker_config) &&
@@ -203,7 +202,8 @@ absl::Status validate(const kvf_worker_config* c, const kvf_worker_callbacks* cb
       return absl::InvalidArgumentError(strCat("config.peers[", i, "]: NULL"));
     }
     if (absl::Status s = validateWorkerUrl(c->peers[i]); !s.ok()) {
-      return absl::InvalidArgumentError(strCat("config.peers[", i, "]: ", std::string(s.message())));
+      return absl::InvalidArgumentError(
+          strCat("config.peers[", i, "]: ", std::string(s.message())));
     }
   }
   return absl::OkStatus();
