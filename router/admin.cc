@@ -10,8 +10,8 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "router/fast_parse.h"
-#include "router/router.h"
 #include "router/replica_sync.h"
+#include "router/router.h"
 #include "router/router_internal.h"
 
 namespace kvf::router {
@@ -179,8 +179,8 @@ asio::awaitable<void> Router::handleAdmin(const http::Request& request,
   }
   if (request.method == "GET" && path == "/admin/replicas") {
     if (!replicas_) {
-      co_await writer.sendJson(404, json::errorBody("replicas are not configured",
-                                                    "invalid_request_error", 404));
+      co_await writer.sendJson(
+          404, json::errorBody("replicas are not configured", "invalid_request_error", 404));
     } else {
       co_await writer.sendJson(200, replicas_->statusJson());
     }

@@ -108,8 +108,7 @@ ReplicaSync::ReplicaSync(asio::io_context& ioc, std::shared_ptr<zmq::context_t> 
       key_(std::move(key)),
       core_(core),
       clock_(clock),
-      table_(config_.id, config_.peer_timeout,
-             PeerLoadLimits{.max_peers = config_.max_peers}),
+      table_(config_.id, config_.peer_timeout, PeerLoadLimits{.max_peers = config_.max_peers}),
       publisher_(config_.id, randomEpoch()) {
   auto& r = registry;
   metrics_ = std::make_unique<Metrics>();
@@ -127,10 +126,9 @@ ReplicaSync::ReplicaSync(asio::io_context& ioc, std::shared_ptr<zmq::context_t> 
   m.send_failed = &r.counter("kvfabric_router_replica_send_failures_total",
                              "Load messages the PUB socket would not take");
   for (PeerLoadTable::Outcome outcome : kOutcomes) {
-    m.received[outcome] =
-        &r.counter("kvfabric_router_replica_messages_received_total",
-                   "Authenticated peer messages by what became of them",
-                   {{"outcome", std::string(outcomeName(outcome))}});
+    m.received[outcome] = &r.counter("kvfabric_router_replica_messages_received_total",
+                                     "Authenticated peer messages by what became of them",
+                                     {{"outcome", std::string(outcomeName(outcome))}});
   }
   auto rejected = [&](std::string_view reason) {
     return &r.counter("kvfabric_router_replica_messages_rejected_total",
@@ -185,8 +183,8 @@ void ReplicaSync::receive() {
         metrics_->rejected_malformed->inc();
         continue;
       }
-      auto message = decodeReplicaMessage(key_, parts[0].to_string_view(),
-                                          parts[1].to_string_view());
+      auto message =
+          decodeReplicaMessage(key_, parts[0].to_string_view(), parts[1].to_string_view());
       if (!message.ok()) {
         (message.status().code() == absl::StatusCode::kPermissionDenied
              ? metrics_->rejected_signature

@@ -52,9 +52,8 @@ class ReplicaSync : public std::enable_shared_from_this<ReplicaSync> {
 
  private:
   ReplicaSync(asio::io_context& ioc, std::shared_ptr<zmq::context_t> zmq, ReplicasConfig config,
-              std::string key, RoutingCore& core, const Clock& clock,
-              metrics::Registry& registry);
-  void receive();                       // the receiver thread
+              std::string key, RoutingCore& core, const Clock& clock, metrics::Registry& registry);
+  void receive();                          // the receiver thread
   void onMessage(ReplicaMessage message);  // io thread
   asio::awaitable<void> publishLoop(std::shared_ptr<ReplicaSync> self);
   void publishOnce(Nanos now);

@@ -26,12 +26,16 @@ std::string hmac(std::string_view key, std::string_view message) {
 
 class Writer {
  public:
-  void array(uint32_t n) { put(mp_sizeof_array(n), [&](char* p) { return mp_encode_array(p, n); }); }
+  void array(uint32_t n) {
+    put(mp_sizeof_array(n), [&](char* p) { return mp_encode_array(p, n); });
+  }
   void str(std::string_view s) {
     const auto n = static_cast<uint32_t>(s.size());
     put(mp_sizeof_str(n), [&](char* p) { return mp_encode_str(p, s.data(), n); });
   }
-  void uint(uint64_t v) { put(mp_sizeof_uint(v), [&](char* p) { return mp_encode_uint(p, v); }); }
+  void uint(uint64_t v) {
+    put(mp_sizeof_uint(v), [&](char* p) { return mp_encode_uint(p, v); });
+  }
   void integer(int64_t v) {
     if (v >= 0) return uint(static_cast<uint64_t>(v));
     put(mp_sizeof_int(v), [&](char* p) { return mp_encode_int(p, v); });

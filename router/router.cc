@@ -167,10 +167,9 @@ absl::Status Router::init() {
     KVF_RETURN_IF_ERROR(membership_->start());
   }
   if (config_.replicas.enabled()) {
-    KVF_ASSIGN_OR_RETURN(replicas_,
-                         ReplicaSync::create(ioc_, zmq_, config_.replicas,
-                                             replicaLoadKey(config_.worker_token), *core_, clock_,
-                                             registry_));
+    KVF_ASSIGN_OR_RETURN(replicas_, ReplicaSync::create(ioc_, zmq_, config_.replicas,
+                                                        replicaLoadKey(config_.worker_token),
+                                                        *core_, clock_, registry_));
     replicas_->start();
   }
   registerRoutes();

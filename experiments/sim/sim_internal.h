@@ -225,7 +225,7 @@ struct Flight {
   std::vector<int32_t> prompt;       // until the engine has it (token mode)
   std::vector<uint64_t> block_keys;  // token-free mode: engine-block content keys
   uint64_t content_seed = 0;         // token-free mode: the prompt's key
-  uint32_t replica = 0;  // the router replica the client sent it to
+  uint32_t replica = 0;              // the router replica the client sent it to
   // Router side: the request's routing in the core (prompt size, block hashes until the engine
   // has the prompt, attempts, decision, leases, exclusions).
   router::RequestRoute route;
@@ -375,8 +375,8 @@ class Sim {
   // routed entries; every one indexes every engine's KV events.
   std::vector<std::unique_ptr<router::RoutingCore>> cores_;
   uint64_t next_replica_ = 0;
-  std::vector<router::ReplicaLoadPublisher> publishers_;  // by replica (sync on)
-  std::vector<router::PeerLoadTable> peer_tables_;        // by replica (sync on)
+  std::vector<router::ReplicaLoadPublisher> publishers_;         // by replica (sync on)
+  std::vector<router::PeerLoadTable> peer_tables_;               // by replica (sync on)
   std::map<uint64_t, router::ReplicaMessage> replica_messages_;  // in flight, by id
   uint64_t next_replica_message_ = 0;
   Nanos last_replica_snapshot_ = 0;

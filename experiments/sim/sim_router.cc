@@ -40,7 +40,7 @@ void Sim::onRoute(uint32_t index, Nanos t) {
 
 void Sim::drainQueue(Nanos t) {
   if (draining_queue_) return;
-  draining_queue_ = true;  // a request sent on may free capacity again: this loop takes it
+  draining_queue_ = true;      // a request sent on may free capacity again: this loop takes it
   for (auto& core : cores_) {  // each replica holds its own queue
     if (core->queueDepth() == 0) continue;
     while (std::optional<uint64_t> ticket = core->nextDispatch(t)) {

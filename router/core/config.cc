@@ -118,8 +118,7 @@ void parseHealth(config::ConfigMap& map, HealthConfig* out) {
   map.rejectUnknownKeys();
 }
 
-void getMillis(config::ConfigMap& map, std::string_view key, Nanos* out, int64_t min,
-               int64_t max) {
+void getMillis(config::ConfigMap& map, std::string_view key, Nanos* out, int64_t min, int64_t max) {
   int64_t ms = *out / kNanosPerMilli;
   map.get(key, &ms, min, max);
   *out = ms * kNanosPerMilli;

@@ -68,9 +68,9 @@ struct HealthConfig {
 // instance on `publish` (ZMQ PUB) and subscribes to each of `peers`; every message is signed
 // with a key derived from worker_token. Off while `id` is empty.
 struct ReplicasConfig {
-  std::string id;                   // this replica's id, unique among the replicas
-  std::string publish;              // ZMQ endpoint it binds, e.g. tcp://0.0.0.0:7600
-  std::vector<std::string> peers;   // the other replicas' publish endpoints
+  std::string id;                                  // this replica's id, unique among the replicas
+  std::string publish;                             // ZMQ endpoint it binds, e.g. tcp://0.0.0.0:7600
+  std::vector<std::string> peers;                  // the other replicas' publish endpoints
   Nanos sync_interval = 5 * kNanosPerMilli;        // deltas batched this long
   Nanos snapshot_interval = 100 * kNanosPerMilli;  // a full snapshot (and heartbeat) this often
   Nanos peer_timeout = 500 * kNanosPerMilli;       // silent this long: its load is dropped

@@ -57,8 +57,8 @@ bool ReplicaLoadPublisher::delta(const std::map<std::string, InFlightLoad>& own,
   return true;
 }
 
-void ReplicaLoadPublisher::snapshot(const std::map<std::string, InFlightLoad>& own,
-                                    int64_t unix_ns, ReplicaMessage* out) {
+void ReplicaLoadPublisher::snapshot(const std::map<std::string, InFlightLoad>& own, int64_t unix_ns,
+                                    ReplicaMessage* out) {
   start(ReplicaMessage::Kind::kSnapshot, unix_ns, out);
   published_.clear();
   for (const auto& [id, load] : own) {
@@ -128,8 +128,8 @@ size_t PeerLoadTable::expire(Nanos now) {
 
 InFlightLoad PeerLoadTable::clamp(InFlightLoad load) const {
   load.running = std::clamp<int64_t>(load.running, 0, limits_.max_running);
-  load.pending_prefill_tokens = std::clamp<int64_t>(load.pending_prefill_tokens, 0,
-                                                    limits_.max_tokens);
+  load.pending_prefill_tokens =
+      std::clamp<int64_t>(load.pending_prefill_tokens, 0, limits_.max_tokens);
   load.ongoing_tokens = std::clamp<int64_t>(load.ongoing_tokens, 0, limits_.max_tokens);
   return load;
 }

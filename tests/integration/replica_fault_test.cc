@@ -69,8 +69,9 @@ class ReplicaFaultTest : public ::testing::Test {
     for (int p = 0; p < kReplicas; ++p) {
       if (p != r) peers.push_back(strCat("'tcp://127.0.0.1:", ports[static_cast<size_t>(p)], "'"));
     }
-    return strCat("replicas: {id: r", r, ", publish: 'tcp://127.0.0.1:",
-                  ports[static_cast<size_t>(r)], "', peers: [", strJoin(peers, ", "),
+    return strCat("replicas: {id: r", r,
+                  ", publish: 'tcp://127.0.0.1:", ports[static_cast<size_t>(r)], "', peers: [",
+                  strJoin(peers, ", "),
                   "], sync_interval_ms: 5, snapshot_interval_ms: 100, peer_timeout_ms: ",
                   kPeerTimeout.count(), "}\n");
   }
@@ -97,9 +98,9 @@ class ReplicaFaultTest : public ::testing::Test {
       yaml.replace(yaml.find(own), own.size(), replicasYaml(r, ports));
       const fs::path path = dir_ / strCat("router-r", r, ".yaml");
       std::ofstream(path) << yaml;
-      auto router = startLogged({bin_ + "/kvf-router", "--config", path.string(), "--log_level",
-                                 "warn"},
-                                (dir_ / strCat("router-r", r, ".log")).string());
+      auto router =
+          startLogged({bin_ + "/kvf-router", "--config", path.string(), "--log_level", "warn"},
+                      (dir_ / strCat("router-r", r, ".log")).string());
       ASSERT_TRUE(waitForLog(*router, "listening on port ", 20s)) << readLog(*router);
       router_ports_.push_back(routerPort(*router).value_or(0));
       routers_.push_back(std::move(router));
@@ -112,8 +113,8 @@ class ReplicaFaultTest : public ::testing::Test {
   // Replica r's view of its peers: id -> running requests it counts for that peer.
   std::map<std::string, int64_t> peers(int r) {
     http::Headers h{{"Authorization", "Bearer " + cluster_->adminToken()}};
-    auto response = httpCall(*io_, *admin_[static_cast<size_t>(r)], "GET", "/admin/replicas", "",
-                             std::move(h));
+    auto response =
+        httpCall(*io_, *admin_[static_cast<size_t>(r)], "GET", "/admin/replicas", "", std::move(h));
     std::map<std::string, int64_t> out;
     if (!response.ok() || response->status != 200) return out;
     auto obj = json::parseObject(response->body);

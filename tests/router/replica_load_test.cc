@@ -13,8 +13,8 @@ namespace {
 
 constexpr Nanos kMs = kNanosPerMilli;
 
-ReplicaMessage message(ReplicaMessage::Kind kind, std::string replica, uint64_t epoch,
-                       uint64_t seq, std::vector<ReplicaLoadEntry> entries) {
+ReplicaMessage message(ReplicaMessage::Kind kind, std::string replica, uint64_t epoch, uint64_t seq,
+                       std::vector<ReplicaLoadEntry> entries) {
   ReplicaMessage m;
   m.kind = kind;
   m.replica = std::move(replica);
@@ -31,7 +31,7 @@ TEST(ReplicaLoadPublisherTest, DeltasCarryOnlyChangesAndSumToTheLoad) {
   pub.snapshot(own, 1, &m);
   EXPECT_EQ(m.kind, ReplicaMessage::Kind::kSnapshot);
   EXPECT_EQ(m.seq, 1u);
-  ASSERT_EQ(m.entries.size(), 1u);  // idle instances are left out
+  ASSERT_EQ(m.entries.size(), 1u);      // idle instances are left out
   EXPECT_FALSE(pub.delta(own, 2, &m));  // nothing changed: nothing sent
   own["e0"] = {1, 0, 150};
   own["e1"] = {1, 50, 60};
@@ -104,9 +104,8 @@ TEST(PeerLoadTableTest, BoundsWhatAHostilePeerCanDo) {
   EXPECT_EQ(table.apply(message(K::kSnapshot, "a", 1, 1, {{"e0", {1 << 30, -5, 0}}}), 0),
             PeerLoadTable::Outcome::kApplied);
   EXPECT_EQ(table.total("e0"), (InFlightLoad{100, 0, 0}));  // clamped to [0, max]
-  EXPECT_EQ(table.apply(message(K::kSnapshot, "b", 1, 1, {{"x", {1, 1, 1}},
-                                                          {"y", {1, 1, 1}},
-                                                          {"z", {1, 1, 1}}}),
+  EXPECT_EQ(table.apply(message(K::kSnapshot, "b", 1, 1,
+                                {{"x", {1, 1, 1}}, {"y", {1, 1, 1}}, {"z", {1, 1, 1}}}),
                         0),
             PeerLoadTable::Outcome::kTooLarge);
   table.apply(message(K::kSnapshot, "b", 1, 1, {}), 0);
