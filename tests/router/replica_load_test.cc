@@ -4,6 +4,7 @@
 // the policy sees, and the signed wire form refusing forged, truncated and oversized messages.
 #include <gtest/gtest.h>
 
+#include "router/core/config.h"
 #include "router/core/peer_load.h"
 #include "router/core/routing_core.h"
 #include "router/replica_wire.h"
@@ -180,6 +181,33 @@ TEST(ReplicaWireTest, RefusesForgedTruncatedAndOversizedMessages) {
   auto big = decodeReplicaMessage(key, payload, signReplicaPayload(key, payload), limits);
   EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(big.status().message().find("entries"), std::string_view::npos);
+}
+
+TEST(ReplicasConfigTest, ParsesAndValidatesTheBlock) {
+  constexpr std::string_view kInstances = "instances: [{id: e0, url: 'http://127.0.0.1:8100'}]\n";
+  auto config = parseRouterConfig(
+      std::string(kInstances) +
+          "replicas: {id: r0, publish: 'tcp://127.0.0.1:7600', peers: ['tcp://127.0.0.1:7601'],"
+          " sync_interval_ms: 2, peer_timeout_ms: 300}\n",
+      "<test>");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_TRUE(config->replicas.enabled());
+  EXPECT_EQ(config->replicas.sync_interval, 2 * kMs);
+  EXPECT_EQ(config->replicas.snapshot_interval, 100 * kMs);
+  EXPECT_EQ(config->replicas.peer_timeout, 300 * kMs);
+  EXPECT_FALSE(parseRouterConfig(kInstances, "<test>")->replicas.enabled());  // off by default
+  // A timeout no longer than the snapshot interval would drop live peers; unknown keys, a
+  // peer equal to our own endpoint and a missing publish are refused, each by field.
+  auto bad = parseRouterConfig(
+      std::string(kInstances) +
+          "replicas: {id: r0, peers: ['tcp://a:1', 'tcp://a:1'], peer_timeout_ms: 100, x: 1}\n",
+      "<test>");
+  ASSERT_FALSE(bad.ok());
+  const std::string message(bad.status().message());
+  EXPECT_NE(message.find("replicas.publish"), std::string::npos) << message;
+  EXPECT_NE(message.find("replicas.peers"), std::string::npos) << message;
+  EXPECT_NE(message.find("replicas.peer_timeout_ms"), std::string::npos) << message;
+  EXPECT_NE(message.find("x"), std::string::npos) << message;
 }
 
 }  // namespace
