@@ -219,7 +219,12 @@ void ReplicaSync::onMessage(ReplicaMessage message) {
     log::warn("replica message gap; waiting for the peer's snapshot", "replica", message.replica,
               "seq", message.seq);
   }
-  if (outcome == PeerLoadTable::Outcome::kApplied) fold();
+  // A gap keeps the peer's last figures, but a restart (new epoch) drops them: fold whenever
+  // the table may have changed.
+  if (outcome == PeerLoadTable::Outcome::kApplied || outcome == PeerLoadTable::Outcome::kGap ||
+      outcome == PeerLoadTable::Outcome::kAwaitingResync) {
+    fold();
+  }
   metrics_->peers_up->set(static_cast<double>(table_.peersUp()));
 }
 
