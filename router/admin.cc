@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "router/fast_parse.h"
+#include "router/replica_sync.h"
 #include "router/router.h"
 #include "router/router_internal.h"
 
@@ -174,6 +175,15 @@ asio::awaitable<void> Router::handleAdmin(const http::Request& request,
   std::string_view path = request.path;
   if (request.method == "GET" && path == "/admin/instances") {
     co_await writer.sendJson(200, instancesJson());
+    co_return;
+  }
+  if (request.method == "GET" && path == "/admin/replicas") {
+    if (!replicas_) {
+      co_await writer.sendJson(
+          404, json::errorBody("replicas are not configured", "invalid_request_error", 404));
+    } else {
+      co_await writer.sendJson(200, replicas_->statusJson());
+    }
     co_return;
   }
   if (request.method == "GET" && path == "/admin/decisions") {

@@ -13,6 +13,8 @@
 #include "common/strings.h"
 #include "protocol/transfer_auth.h"
 #include "router/membership.h"
+#include "router/replica_sync.h"
+#include "router/replica_wire.h"
 #include "router/router_internal.h"
 
 namespace kvf::router {
@@ -164,6 +166,12 @@ absl::Status Router::init() {
     membership_ = std::make_unique<EtcdMembership>(*this);
     KVF_RETURN_IF_ERROR(membership_->start());
   }
+  if (config_.replicas.enabled()) {
+    KVF_ASSIGN_OR_RETURN(replicas_, ReplicaSync::create(ioc_, zmq_, config_.replicas,
+                                                        replicaLoadKey(config_.worker_token),
+                                                        *core_, clock_, registry_));
+    replicas_->start();
+  }
   registerRoutes();
   server_->start();
   if (config_.stall_timeout > 0) {
@@ -181,6 +189,7 @@ void Router::stop() {
   stopped_ = true;
   *stall_watch_stop_ = true;
   if (membership_) membership_->stop();
+  if (replicas_) replicas_->stop();
   if (server_) server_->stop();
   for (auto& instance : slots_) {
     if (!instance) continue;

@@ -42,6 +42,7 @@ class context_t;
 namespace kvf::router {
 
 class EtcdMembership;
+class ReplicaSync;
 struct Instance;
 struct KvUpdate;
 struct RequestContext;
@@ -188,6 +189,7 @@ class Router : public std::enable_shared_from_this<Router> {
   std::unique_ptr<http::HttpServer> server_;
   std::unique_ptr<DecisionLog> log_;
   std::unique_ptr<EtcdMembership> membership_;  // membership.source: etcd
+  std::shared_ptr<ReplicaSync> replicas_;       // replicas: load exchange with peer routers
   std::shared_ptr<zmq::context_t> zmq_;
   std::unique_ptr<RoutingCore> core_;
   std::vector<std::shared_ptr<Instance>> slots_;  // index = the core's slot

@@ -64,14 +64,20 @@ absl::Status Sim::init(const std::string& rep_dir) {
   KVF_ASSIGN_OR_RETURN(trace::TokenSynthesizer synth,
                        trace::TokenSynthesizer::create(setup_.synth));
   synth_.emplace(std::move(synth));
-  KVF_ASSIGN_OR_RETURN(core_, router::RoutingCore::create(setup_.router));
+  for (int r = 0; r < setup_.sim.replicas.count; ++r) {
+    KVF_ASSIGN_OR_RETURN(auto core, router::RoutingCore::create(setup_.router));
+    cores_.push_back(std::move(core));
+  }
   for (int i = 0; i < setup_.engines; ++i) {
     instance_ids_.push_back(std::to_string(i));
-    // Every simulated engine publishes KV events; cluster.workers gives each one a worker.
-    core_->addInstance(i, instance_ids_.back(), setup_.workers, true);
     KVF_ASSIGN_OR_RETURN(engines_[i].core, makeCore(engines_[i]));
-    if (setup_.sim.token_free) core_->index().setEngineHashesAreOurs(i, true);  // see makeCore
+    for (auto& core : cores_) {
+      // Every simulated engine publishes KV events; cluster.workers gives each one a worker.
+      core->addInstance(i, instance_ids_.back(), setup_.workers, true);
+      if (setup_.sim.token_free) core->index().setEngineHashesAreOurs(i, true);  // see makeCore
+    }
   }
+  initReplicaSync();
   if (setup_.sim.decision_log) {
     KVF_ASSIGN_OR_RETURN(decisions_, router::DecisionLog::open(rep_dir + "/decisions.jsonl", 1));
   }
@@ -189,6 +195,12 @@ void Sim::dispatch(const Event& e) {
     case Ev::kQueueTimeout:
       onQueueTimeout(e.a, e.t);
       break;
+    case Ev::kReplicaSync:
+      onReplicaSync(e.t);
+      break;
+    case Ev::kReplicaDeliver:
+      onReplicaDeliver(e.b, e.t);
+      break;
   }
 }
 
@@ -234,6 +246,8 @@ void Sim::send(uint32_t index, Nanos t) {
   auto f = std::make_unique<Flight>();
   f->index = index;
   f->sent = t;
+  // Client-side round robin over the router replicas, in send order.
+  f->replica = static_cast<uint32_t>(next_replica_++ % cores_.size());
   router::RequestRoute& route = f->route;
   route.session = r.session_id;
   route.max_tokens = std::max<int64_t>(r.output_length, 1);
@@ -282,7 +296,7 @@ void Sim::promptKeys(Flight& f, const trace::Request& r) {
 void Sim::onTimeout(uint32_t index, Nanos t) {
   Flight* f = flights_[index].get();
   if (f == nullptr) return;
-  core_->cancelQueued(index);  // the client left while its request waited in the router
+  core(*f).cancelQueued(index);  // the client left while its request waited in the router
   // The client closes the stream: the router stops forwarding and the engine aborts the request.
   if (f->in_engine) {
     SimEngine& e = engines_[f->route.instance()];

@@ -21,8 +21,25 @@ void parseOverheads(config::ConfigMap& m, Overheads* o) {
   m.rejectUnknownKeys();
 }
 
+void parseReplicaSim(config::ConfigMap& m, ReplicaSim* r) {
+  m.get("count", &r->count, 1, 64);
+  m.get("sync", &r->sync);
+  m.get("sync_interval_ms", &r->sync_interval_ms, 0.01, 10'000.0);
+  m.get("snapshot_interval_ms", &r->snapshot_interval_ms, 0.01, 60'000.0);
+  m.get("link_ms", &r->link_ms, 0.0, 10'000.0);
+  m.get("peer_timeout_ms", &r->peer_timeout_ms, 1.0, 600'000.0);
+  if (r->snapshot_interval_ms < r->sync_interval_ms) {
+    m.fail("snapshot_interval_ms", "must be at least sync_interval_ms");
+  }
+  if (r->peer_timeout_ms <= r->snapshot_interval_ms + r->link_ms) {
+    m.fail("peer_timeout_ms", "must be longer than snapshot_interval_ms + link_ms");
+  }
+  m.rejectUnknownKeys();
+}
+
 void parseSim(config::ConfigMap& m, SimOptions* out) {
   if (auto o = m.map("overheads")) parseOverheads(*o, &out->overheads);
+  if (auto r = m.map("replicas")) parseReplicaSim(*r, &out->replicas);
   m.get("seed", &out->seed, 0, UINT64_MAX);
   m.get("jobs", &out->jobs, 0, 1024);
   m.get("repetitions", &out->repetitions, 0, 1000);

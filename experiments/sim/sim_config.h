@@ -48,8 +48,22 @@ struct Overheads {
   double jitter_ms = 0.0;              // uniform [0, jitter) added to request_ms, seeded
 };
 
+// Router replicas (docs/router.md "Replicas"): `count` routing cores, each with its own ledger
+// and routed (soft) entries, behind client-side round robin; each indexes every engine's KV
+// events. With `sync`, each replica publishes its load every sync_interval (a snapshot every
+// snapshot_interval) and its peers apply it link_ms later (router/core/peer_load.h).
+struct ReplicaSim {
+  int count = 1;
+  bool sync = true;
+  double sync_interval_ms = 5.0;
+  double snapshot_interval_ms = 100.0;
+  double link_ms = 0.5;
+  double peer_timeout_ms = 500.0;
+};
+
 struct SimOptions {
   Overheads overheads;
+  ReplicaSim replicas;
   uint64_t seed = 1;  // jitter draws; repetition k uses seed + k
   int jobs = 0;       // arm processes at once; 0 = hardware threads
   // Repetitions simulated per arm; 0 = the experiment's `repetitions` (what `run` does). With

@@ -242,7 +242,7 @@ void Sim::onReadTimeout(uint32_t index, Nanos t) {
     publish(e);
   }
   f->in_engine = false;
-  core_->upstreamFailure(instance, t);
+  core(*f).upstreamFailure(instance, t);
   f->status = 502;
   finishAttempt(*f, t);
   failAtClient(*f, t + ms(setup_.sim.overheads.response_ms), 200,
@@ -254,9 +254,12 @@ void Sim::onReadTimeout(uint32_t index, Nanos t) {
 void Sim::onHealthTick(int instance, Nanos t) {
   SimEngine& e = engines_[instance];
   const router::HealthConfig& h = setup_.router.health;
-  core_->healthCheck(instance, e.up);
-  if (e.up && h.scrape_metrics) {
-    core_->reportEngineLoad(instance, e.published_waiting, e.published_usage);
+  // Each replica checks every engine itself.
+  for (auto& core : cores_) {
+    core->healthCheck(instance, e.up);
+    if (e.up && h.scrape_metrics) {
+      core->reportEngineLoad(instance, e.published_waiting, e.published_usage);
+    }
   }
   drainQueue(t);
   if (unfinished_ > 0) push(t + h.interval, Ev::kHealthTick, static_cast<uint32_t>(instance));
@@ -281,7 +284,7 @@ void Sim::onEngineDown(int instance, Nanos t) {
   for (auto& slot : flights_) {
     Flight* f = slot.get();
     if (f != nullptr && f->prefill_phase && f->route.peer() == instance) {
-      core_->upstreamFailure(instance, t);
+      core(*f).upstreamFailure(instance, t);
       prefillFailed(*f, t);  // D prefills locally
       continue;
     }
@@ -289,7 +292,7 @@ void Sim::onEngineDown(int instance, Nanos t) {
       continue;
     }
     // Response headers are out: the router ends the client's stream with an error event.
-    core_->upstreamFailure(instance, t);
+    core(*f).upstreamFailure(instance, t);
     f->status = 502;
     f->in_engine = false;
     finishAttempt(*f, t);
@@ -311,7 +314,7 @@ void Sim::onFault(int instance, const Failure& failure, bool start) {
       e.refuse_push = start;
       break;
     case FailureKind::kDrain:
-      core_->setDraining(instance, start);
+      for (auto& core : cores_) core->setDraining(instance, start);
       break;
     case FailureKind::kDown:
       break;  // onEngineDown / onEngineUp
@@ -386,7 +389,8 @@ absl::Status Sim::writeMetrics(const std::string& rep_dir) const {
   }
   if (setup_.router.overload.enabled) {
     KVF_RETURN_IF_ERROR(writeText(rep_dir + "/router.metrics",
-                                  core_->overloadStats().prometheusText(core_->queueDepth())));
+                                  cores_[0]->overloadStats().prometheusText(
+                                      cores_[0]->queueDepth())));  // the first replica's
   }
   return absl::OkStatus();
 }

@@ -22,6 +22,7 @@
 #include "policy/cache_index.h"
 #include "policy/policy.h"
 #include "router/core/decision_log.h"
+#include "router/core/peer_load.h"
 #include "router/core/routing_core.h"
 #include "worker/kv_events.h"
 
@@ -46,6 +47,8 @@ enum class Ev : uint8_t {
   kFaultEnd,        // a = engine, b = index in sim.failures: it ends
   kPrefillTimeout,  // a = request: the router gives up on an offload's P (prefill_timeout)
   kQueueTimeout,    // a = request: it has waited overload.max_wait in the router's queue
+  kReplicaSync,     // every router replica publishes its load (sim.replicas.sync)
+  kReplicaDeliver,  // b = message id: a replica's load message reaches its peers
 };
 
 struct Event {
@@ -222,6 +225,7 @@ struct Flight {
   std::vector<int32_t> prompt;       // until the engine has it (token mode)
   std::vector<uint64_t> block_keys;  // token-free mode: engine-block content keys
   uint64_t content_seed = 0;         // token-free mode: the prompt's key
+  uint32_t replica = 0;              // the router replica the client sent it to
   // Router side: the request's routing in the core (prompt size, block hashes until the engine
   // has the prompt, attempts, decision, leases, exclusions).
   router::RequestRoute route;
@@ -312,6 +316,13 @@ class Sim {
   void onFirstToken(uint32_t index, Nanos t);
   void onFinish(uint32_t index, Nanos t);
   void applyKv(int instance, std::vector<SimKvEvent>& batch);
+  void applyKv(policy::CacheIndex& index, int instance, const std::vector<SimKvEvent>& batch);
+  router::RoutingCore& core(const Flight& f) { return *cores_[f.replica]; }
+
+  // Router replicas' load exchange (sim_replicas.cc).
+  void initReplicaSync();
+  void onReplicaSync(Nanos t);
+  void onReplicaDeliver(uint64_t message, Nanos t);
 
   // KV push and prefill offload (sim_transfer.cc).
   void startFetches(int instance, std::vector<engine::RemoteKvFetch>& fetches, Nanos t);
@@ -360,7 +371,15 @@ class Sim {
   int64_t unfinished_ = 0;
   Nanos origin_ = 0;
 
-  std::unique_ptr<router::RoutingCore> core_;
+  // One routing core per router replica (sim.replicas.count), each with its own ledger and
+  // routed entries; every one indexes every engine's KV events.
+  std::vector<std::unique_ptr<router::RoutingCore>> cores_;
+  uint64_t next_replica_ = 0;
+  std::vector<router::ReplicaLoadPublisher> publishers_;         // by replica (sync on)
+  std::vector<router::PeerLoadTable> peer_tables_;               // by replica (sync on)
+  std::map<uint64_t, router::ReplicaMessage> replica_messages_;  // in flight, by id
+  uint64_t next_replica_message_ = 0;
+  Nanos last_replica_snapshot_ = 0;
   std::vector<SimEngine> engines_;
   std::unique_ptr<router::DecisionLog> decisions_;
   std::FILE* results_ = nullptr;

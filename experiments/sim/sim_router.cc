@@ -13,7 +13,7 @@
 namespace kvf::experiments::sim {
 
 bool Sim::decide(Flight& f, Nanos t) {
-  bool chosen = core_->decide(f.route, t);
+  bool chosen = core(f).decide(f.route, t);
   f.decided_at = t;
   f.status = 0;
   return chosen;
@@ -23,12 +23,12 @@ void Sim::onRoute(uint32_t index, Nanos t) {
   Flight* f = flights_[index].get();
   if (f == nullptr) return;  // timed out before reaching the router
   router::ShedReason why{};
-  switch (core_->admit(f->route, index, t, &why)) {
+  switch (core(*f).admit(f->route, index, t, &why)) {
     case router::RoutingCore::Admission::kDispatch:
       routeAdmitted(index, t);
       return;
     case router::RoutingCore::Admission::kQueued:
-      push(t + core_->overloadConfig().max_wait, Ev::kQueueTimeout, index);
+      push(t + core(*f).overloadConfig().max_wait, Ev::kQueueTimeout, index);
       return;
     case router::RoutingCore::Admission::kShed:
       f->status = 429;
@@ -39,17 +39,20 @@ void Sim::onRoute(uint32_t index, Nanos t) {
 }
 
 void Sim::drainQueue(Nanos t) {
-  if (draining_queue_ || core_->queueDepth() == 0) return;
-  draining_queue_ = true;  // a request sent on may free capacity again: this loop takes it
-  while (std::optional<uint64_t> ticket = core_->nextDispatch(t)) {
-    routeAdmitted(static_cast<uint32_t>(*ticket), t);
+  if (draining_queue_) return;
+  draining_queue_ = true;      // a request sent on may free capacity again: this loop takes it
+  for (auto& core : cores_) {  // each replica holds its own queue
+    if (core->queueDepth() == 0) continue;
+    while (std::optional<uint64_t> ticket = core->nextDispatch(t)) {
+      routeAdmitted(static_cast<uint32_t>(*ticket), t);
+    }
   }
   draining_queue_ = false;
 }
 
 void Sim::onQueueTimeout(uint32_t index, Nanos t) {
   Flight* f = flights_[index].get();
-  if (f == nullptr || !core_->expireQueued(index, t)) return;
+  if (f == nullptr || !core(*f).expireQueued(index, t)) return;
   f->status = 429;
   failAtClient(*f, t + ms(setup_.sim.overheads.response_ms), 429,
                "HTTP 429: overloaded (wait_timeout)");
@@ -73,15 +76,15 @@ void Sim::routeAdmitted(uint32_t index, Nanos t) {
     const int instance = route.instance();
     SimEngine& e = engines_[instance];
     if (!e.up) {  // connection refused: exclude the instance and decide again
-      core_->upstreamFailure(instance, t);
+      core(*f).upstreamFailure(instance, t);
       route.exclude();
       finishAttempt(*f, t);
       if (route.attempt() < rc.max_attempts) ++stats_.retries;
       continue;
     }
-    core_->upstreamSuccess(instance);
+    core(*f).upstreamSuccess(instance);
     f->incarnation = e.incarnation;
-    core_->predict(route, t);
+    core(*f).predict(route, t);
     const policy::Decision& d = route.decision();
     f->outcome.instance = instance_ids_[instance];
     f->outcome.decision = std::string(policy::modeName(d.mode));
@@ -113,7 +116,7 @@ void Sim::finishAttempt(Flight& f, Nanos t) {
   drainQueue(t);
   if (!decisions_) return;
   router::DecisionRecord record;
-  core_->fillRecord(f.route, &record);
+  core(f).fillRecord(f.route, &record);
   record.ts = nanosToSeconds(f.decided_at);
   record.request_id = requests_[f.index].id;
   if (f.outcome.cached_tokens >= 0) record.actual_cached_tokens = f.outcome.cached_tokens;
@@ -136,8 +139,12 @@ void Sim::onFinish(uint32_t index, Nanos t) {
 }
 
 void Sim::applyKv(int instance, std::vector<SimKvEvent>& batch) {
-  policy::CacheIndex& index = core_->index();
-  for (SimKvEvent& event : batch) {
+  // Every replica subscribes to every engine: each index gets the same events.
+  for (auto& core : cores_) applyKv(core->index(), instance, batch);
+}
+
+void Sim::applyKv(policy::CacheIndex& index, int instance, const std::vector<SimKvEvent>& batch) {
+  for (const SimKvEvent& event : batch) {
     if (auto* stored = std::get_if<worker::BlockStored>(&event);
         stored && stored->token_ids.empty()) {  // token-free: the engine hashes as the index
       index.storeOwnHashes(instance, protocol::rawHashes(stored->block_hashes),

@@ -31,7 +31,7 @@ void Sim::sendToDecoder(Flight& f, Nanos t) {
 void Sim::startPrefill(Flight& f, Nanos t) {
   SimEngine& p = engines_[f.route.peer()];
   if (!p.up) {  // connection refused: D prefills locally
-    core_->upstreamFailure(f.route.peer(), t);
+    core(f).upstreamFailure(f.route.peer(), t);
     prefillFailed(f, t);
     return;
   }
@@ -44,7 +44,7 @@ void Sim::onPrefillArrive(Flight& f, Nanos t) {
   const int peer = f.route.peer();
   SimEngine& p = engines_[peer];
   if (!p.up || p.incarnation != f.peer_incarnation) {
-    core_->upstreamFailure(peer, t);
+    core(f).upstreamFailure(peer, t);
     prefillFailed(f, t);
     return;
   }
@@ -53,7 +53,7 @@ void Sim::onPrefillArrive(Flight& f, Nanos t) {
     return;
   }
   if (p.stalled) {  // P never answers: the router gives up after prefill_timeout
-    push(t + core_->policy().offloadTerms().prefill_timeout, Ev::kPrefillTimeout, f.index);
+    push(t + core(f).policy().offloadTerms().prefill_timeout, Ev::kPrefillTimeout, f.index);
     return;
   }
   engine::RequestSpec spec;
@@ -62,7 +62,7 @@ void Sim::onPrefillArrive(Flight& f, Nanos t) {
   fillPrompt(f, spec, true);  // D needs the prompt too
   spec.sampling.max_tokens = 1;
   spec.sampling.ignore_eos = true;
-  double lease_ns = static_cast<double>(core_->policy().offloadTerms().lease_ms) * 1e6;
+  double lease_ns = static_cast<double>(core(f).policy().offloadTerms().lease_ms) * 1e6;
   spec.remote_decode_lease = engineTime(static_cast<Nanos>(lease_ns));
   absl::Status added = p.core->validate(spec);
   if (added.ok()) added = p.core->add(std::move(spec), engineTime(t));
@@ -82,15 +82,15 @@ void Sim::onPrefillDone(uint32_t index, Nanos t) {
   route.endPeerLoad();
   route.releaseOffload();
   route.peerSucceeded();
-  core_->upstreamSuccess(route.peer());
-  core_->predictPeer(route, t);  // P caches the prompt's blocks too
+  core(*f).upstreamSuccess(route.peer());
+  core(*f).predictPeer(route, t);  // P caches the prompt's blocks too
   sendToDecoder(*f, t);
 }
 
 void Sim::onPrefillTimeout(uint32_t index, Nanos t) {
   Flight* f = flights_[index].get();
   if (f == nullptr || !f->prefill_phase) return;  // answered, or abandoned, meanwhile
-  core_->upstreamFailure(f->route.peer(), t);
+  core(*f).upstreamFailure(f->route.peer(), t);
   prefillFailed(*f, t, "timeout");
 }
 
@@ -156,7 +156,7 @@ void Sim::onKvPushDone(uint64_t push_id, Nanos t) {
   if (uint32_t index = indexOf(p.id); holder_alive && p.blocks > 0 && index < flights_.size()) {
     Flight* f = flights_[index].get();
     if (f != nullptr && f->route.peer() == p.holder && f->route.instance() == p.dest) {
-      core_->reportMove(f->route, nanosToSeconds(t - p.started));
+      core(*f).reportMove(f->route, nanosToSeconds(t - p.started));
     }
   }
   size_t filled = holder_alive ? p.blocks : 0;

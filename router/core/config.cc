@@ -118,6 +118,47 @@ void parseHealth(config::ConfigMap& map, HealthConfig* out) {
   map.rejectUnknownKeys();
 }
 
+void getMillis(config::ConfigMap& map, std::string_view key, Nanos* out, int64_t min, int64_t max) {
+  int64_t ms = *out / kNanosPerMilli;
+  map.get(key, &ms, min, max);
+  *out = ms * kNanosPerMilli;
+}
+
+void parseReplicas(config::ConfigMap& map, ReplicasConfig* out) {
+  map.require("id");
+  map.require("publish");
+  map.get("id", &out->id);
+  if (map.has("id") && (out->id.empty() || out->id.size() > 128)) {
+    map.fail("id", "must be 1 to 128 characters");
+  }
+  map.get("publish", &out->publish);
+  map.get("peers", &out->peers);
+  std::set<std::string> seen;
+  for (const std::string& peer : out->peers) {
+    if (peer.empty() || peer == out->publish || !seen.insert(peer).second) {
+      map.fail("peers", strCat("\"", peer, "\" is empty, repeated or this replica's publish"));
+    }
+  }
+  getMillis(map, "sync_interval_ms", &out->sync_interval, 1, 10'000);
+  getMillis(map, "snapshot_interval_ms", &out->snapshot_interval, 1, 60'000);
+  getMillis(map, "peer_timeout_ms", &out->peer_timeout, 10, 600'000);
+  uint64_t max_bytes = out->max_message_bytes;
+  map.get("max_message_bytes", &max_bytes, 1024, uint64_t{64} << 20);
+  out->max_message_bytes = max_bytes;
+  uint64_t max_peers = out->max_peers;
+  map.get("max_peers", &max_peers, 1, 1024);
+  out->max_peers = max_peers;
+  getSeconds(map, "max_clock_skew_s", &out->max_clock_skew, 0.1, 3600);
+  if (out->snapshot_interval < out->sync_interval) {
+    map.fail("snapshot_interval_ms", "must be at least sync_interval_ms");
+  }
+  // A live peer sends a snapshot every snapshot_interval: a shorter timeout would drop it.
+  if (out->peer_timeout <= out->snapshot_interval) {
+    map.fail("peer_timeout_ms", "must be longer than snapshot_interval_ms");
+  }
+  map.rejectUnknownKeys();
+}
+
 void parseOverload(config::ConfigMap& map, OverloadConfig* out) {
   map.get("enabled", &out->enabled);
   map.get("max_pending_prefill_tokens", &out->max_pending_prefill_tokens, 1, int64_t{1} << 40);
@@ -183,6 +224,7 @@ void parseRoot(config::ConfigMap& root, RouterConfig* out, const policy::PolicyR
   if (auto i = root.map("index")) parseIndex(*i, &out->index);
   if (auto h = root.map("health")) parseHealth(*h, &out->health);
   if (auto o = root.map("overload")) parseOverload(*o, &out->overload);
+  if (auto r = root.map("replicas")) parseReplicas(*r, &out->replicas);
   // Unset, the stall window spans a few health intervals (at least its 5 s default).
   out->stall_timeout = std::max(out->stall_timeout, 3 * out->health.interval);
   if (auto u = root.map("upstream")) {

@@ -64,6 +64,24 @@ struct HealthConfig {
   bool scrape_metrics = true;   // read waiting / KV usage from the engine's /metrics
 };
 
+// Router replicas (docs/router.md "Replicas"): this replica publishes its in-flight load per
+// instance on `publish` (ZMQ PUB) and subscribes to each of `peers`; every message is signed
+// with a key derived from worker_token. Off while `id` is empty.
+struct ReplicasConfig {
+  std::string id;                                  // this replica's id, unique among the replicas
+  std::string publish;                             // ZMQ endpoint it binds, e.g. tcp://0.0.0.0:7600
+  std::vector<std::string> peers;                  // the other replicas' publish endpoints
+  Nanos sync_interval = 5 * kNanosPerMilli;        // deltas batched this long
+  Nanos snapshot_interval = 100 * kNanosPerMilli;  // a full snapshot (and heartbeat) this often
+  Nanos peer_timeout = 500 * kNanosPerMilli;       // silent this long: its load is dropped
+  size_t max_message_bytes = 256u << 10;
+  size_t max_peers = 64;
+  // A message whose send time is further than this from the receiver's clock is refused (with
+  // the per-epoch sequence, this bounds replays of captured messages).
+  Nanos max_clock_skew = 30 * kNanosPerSecond;
+  bool enabled() const { return !id.empty(); }
+};
+
 // Where instances come from besides `instances:`: nowhere (static), or etcd leases.
 enum class MembershipSource { kStatic, kEtcd };
 
@@ -79,6 +97,7 @@ struct RouterConfig {
   policy::PolicyConfig policy;
   policy::CacheIndexConfig index;
   HealthConfig health;
+  ReplicasConfig replicas;
   OverloadConfig overload;            // saturation, the router-side queue and shedding
   int max_attempts = 3;               // connection attempts per request (first + retries)
   int circuit_failure_threshold = 5;  // consecutive request failures -> circuit open

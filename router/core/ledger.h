@@ -19,6 +19,14 @@
 
 namespace kvf::router {
 
+// Requests, prefill tokens and ongoing tokens in flight on an instance.
+struct InFlightLoad {
+  int64_t running = 0;
+  int64_t pending_prefill_tokens = 0;
+  int64_t ongoing_tokens = 0;
+  bool operator==(const InFlightLoad&) const = default;
+};
+
 struct InstanceState {
   std::string id;
   bool present = false;
@@ -30,6 +38,9 @@ struct InstanceState {
   int64_t running = 0;
   int64_t pending_prefill_tokens = 0;
   int64_t ongoing_tokens = 0;
+  // What the other router replicas have in flight on it (router/core/peer_load.h); the policy
+  // sees the sum of both.
+  InFlightLoad peers;
   // Reported by the engine (its /metrics).
   int64_t waiting = 0;
   double kv_usage = 0;

@@ -65,6 +65,7 @@ void RoutingCore::removeInstance(int slot) {
   ++s.generation;
   s.present = false;
   s.running = s.pending_prefill_tokens = s.ongoing_tokens = 0;
+  s.peers = {};
   index_.clearInstance(slot);
   while (slot_end_ > 0 && !ledger_->instances[static_cast<size_t>(slot_end_ - 1)].present) {
     --slot_end_;
@@ -137,9 +138,20 @@ bool RoutingCore::admitted(int slot, Nanos now) const {
 bool RoutingCore::saturated(int slot) const {
   const InstanceState& s = ledger_->instances[static_cast<size_t>(slot)];
   const OverloadConfig& o = config_.overload;
-  return s.pending_prefill_tokens >= o.max_pending_prefill_tokens || s.waiting >= o.max_waiting ||
-         (o.max_kv_usage < 1.0 && s.kv_usage >= o.max_kv_usage) ||
-         (o.max_running > 0 && s.running >= o.max_running);
+  return s.pending_prefill_tokens + s.peers.pending_prefill_tokens >=
+             o.max_pending_prefill_tokens ||
+         s.waiting >= o.max_waiting || (o.max_kv_usage < 1.0 && s.kv_usage >= o.max_kv_usage) ||
+         (o.max_running > 0 && s.running + s.peers.running >= o.max_running);
+}
+
+void RoutingCore::setPeerLoad(int slot, const InFlightLoad& load) {
+  InstanceState& s = ledger_->instances[static_cast<size_t>(slot)];
+  if (s.present) s.peers = load;
+}
+
+InFlightLoad RoutingCore::ownLoad(int slot) const {
+  const InstanceState& s = ledger_->instances[static_cast<size_t>(slot)];
+  return {s.running, s.pending_prefill_tokens, s.ongoing_tokens};
 }
 
 bool RoutingCore::hasCapacity(Nanos now) const {
@@ -251,10 +263,10 @@ bool RoutingCore::decide(RequestRoute& r, Nanos now) {
     const int slot = static_cast<int>(i);
     snap.healthy =
         admitted(slot, now) && !r.excluded_.contains(slot) && !(hide_saturated && saturated(slot));
-    snap.running = s.running;
+    snap.running = s.running + s.peers.running;
     snap.waiting = s.waiting;
-    snap.pending_prefill_tokens = s.pending_prefill_tokens;
-    snap.ongoing_tokens = s.ongoing_tokens;
+    snap.pending_prefill_tokens = s.pending_prefill_tokens + s.peers.pending_prefill_tokens;
+    snap.ongoing_tokens = s.ongoing_tokens + s.peers.ongoing_tokens;
     snap.kv_usage = s.kv_usage;
     snap.push_capable = s.present && s.push_capable;
     snap.reachable = reachable(slot, now);

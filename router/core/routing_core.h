@@ -128,6 +128,13 @@ class RoutingCore {
   // One past the highest slot in use: the length of the snapshot the policy sees.
   int slotEnd() const { return slot_end_; }
 
+  // Router replicas (router/core/peer_load.h): what the other replicas have in flight on the
+  // instance, added to this core's own load wherever the policy and overload control look.
+  // Ignored for an empty slot; removeInstance() clears it.
+  void setPeerLoad(int slot, const InFlightLoad& load);
+  // This core's own leases on the instance (what a replica publishes to its peers).
+  InFlightLoad ownLoad(int slot) const;
+
   // Health checks: `ok` or not; ejects after unhealthy_threshold failures in a row, re-admits
   // after healthy_threshold passes. A passing check also ends a stall (kUnstalled when the
   // instance was not ejected meanwhile; its cache index stays, as a stall loses no blocks).

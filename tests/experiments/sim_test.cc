@@ -198,6 +198,40 @@ TEST(SimDeterminism, SameSeedGivesIdenticalBytes) {
 
 // sim.repetitions overrides the experiment's repetitions for the simulator only; repetition k
 // draws its jitter from seed + k, so rep1 at seed 7 is rep0 at seed 8.
+// Router replicas: one replica is the single router exactly; two replicas with the load
+// exchange decide differently from two blind ones (each then sees only its own requests), and
+// both finish every request; the same inputs give the same bytes.
+TEST(SimReplicas, ExchangeChangesDecisionsAndOneReplicaIsOneRouter) {
+  fs::path dir = freshTempDir("kvf_sim_replicas");
+  writeCluster(dir);
+  writeTrace(dir / "trace.jsonl", 150, 5);
+  auto write = [&](const std::string& name, const std::string& replicas) {
+    std::ofstream(dir / name) << "name: rep\ntrace: {path: trace.jsonl}\n"
+                              << "replay: {timeout_s: 600, time_scale: 4}\n"
+                              << "cluster: {engines: 3, engine_config: engine.yaml}\n"
+                              << "sim: {seed: 7" << replicas << "}\n"
+                              << "arms:\n  - {name: lr, policy: {kind: least_request}}\n";
+  };
+  write("one.yaml", "");
+  write("one_replica.yaml", ", replicas: {count: 1}");
+  write("synced.yaml", ", replicas: {count: 2, sync: true, sync_interval_ms: 1}");
+  write("blind.yaml", ", replicas: {count: 2, sync: false}");
+  for (const char* name : {"one", "one_replica", "synced", "blind"}) {
+    ASSERT_TRUE(runSim(dir / (std::string(name) + ".yaml"), dir / name).ok()) << name;
+  }
+  ASSERT_TRUE(runSim(dir / "synced.yaml", dir / "synced_again").ok());
+  const fs::path rel = fs::path("arms") / "lr" / "rep0" / "results.jsonl";
+  const fs::path decisions = fs::path("arms") / "lr" / "rep0" / "decisions.jsonl";
+  EXPECT_EQ(readFile(dir / "one" / rel), readFile(dir / "one_replica" / rel));
+  EXPECT_EQ(readFile(dir / "synced" / rel), readFile(dir / "synced_again" / rel));
+  EXPECT_NE(readFile(dir / "synced" / decisions), readFile(dir / "blind" / decisions));
+  for (const char* name : {"synced", "blind"}) {
+    auto results = loadById(dir / name / rel);
+    EXPECT_EQ(results.size(), 150u) << name;
+    for (const auto& [id, r] : results) EXPECT_TRUE(r.outcome.error.empty()) << name << " " << id;
+  }
+}
+
 TEST(SimDeterminism, SimRepetitionsDrawFromConsecutiveSeeds) {
   fs::path dir = freshTempDir("kvf_sim_reps");
   writeCluster(dir);
