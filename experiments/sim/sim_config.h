@@ -55,7 +55,7 @@ struct Overheads {
 struct ReplicaSim {
   int count = 1;
   bool sync = true;
-  double sync_interval_ms = 5.0;
+  double sync_interval_ms = 1.0;
   double snapshot_interval_ms = 100.0;
   double link_ms = 0.5;
   double peer_timeout_ms = 500.0;

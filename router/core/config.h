@@ -71,7 +71,7 @@ struct ReplicasConfig {
   std::string id;                                  // this replica's id, unique among the replicas
   std::string publish;                             // ZMQ endpoint it binds, e.g. tcp://0.0.0.0:7600
   std::vector<std::string> peers;                  // the other replicas' publish endpoints
-  Nanos sync_interval = 5 * kNanosPerMilli;        // deltas batched this long
+  Nanos sync_interval = 1 * kNanosPerMilli;        // deltas batched this long
   Nanos snapshot_interval = 100 * kNanosPerMilli;  // a full snapshot (and heartbeat) this often
   Nanos peer_timeout = 500 * kNanosPerMilli;       // silent this long: its load is dropped
   size_t max_message_bytes = 256u << 10;
