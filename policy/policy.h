@@ -179,3 +179,24 @@ class Policy {
 };
 
 }  // namespace kvf::policy
+
+// The lower-tier credit's common case, inline (policy/tier_credit.h).
+namespace kvf::policy::tiers {
+
+inline double effectiveHits(const RouteRequest& r, const InstanceSnapshot& s,
+                            const TierCreditConfig& c) {
+  if (s.cpu_tokens != 0 || s.disk_tokens != 0) return effectiveHitsWithRun(r, s, c);
+  const int64_t gpu = s.matched_tokens < 0                 ? 0
+                      : s.matched_tokens > r.prompt_tokens ? r.prompt_tokens
+                                                           : s.matched_tokens;
+  return static_cast<double>(gpu);
+}
+
+inline int64_t reach(const RouteRequest& r, const InstanceSnapshot& s, const TierCreditConfig& c) {
+  if (s.cpu_tokens != 0 || s.disk_tokens != 0) return reachWithRun(r, s, c);
+  return s.matched_tokens < 0                 ? 0
+         : s.matched_tokens > r.prompt_tokens ? r.prompt_tokens
+                                              : s.matched_tokens;
+}
+
+}  // namespace kvf::policy::tiers

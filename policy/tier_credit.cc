@@ -53,8 +53,9 @@ double creditedTokens(int64_t cpu_tokens, int64_t disk_tokens, const TierCreditC
     case TierScoring::kModelled:
       // Worth (1 - onboard_s / recompute_s) of a GPU hit each, recompute_s = t / rate: the
       // tokens net of the onboard time in prefill-token equivalents.
-      return std::clamp(tokens - onboardSeconds(cpu_tokens, disk_tokens, c) * c.prefill_tokens_per_s,
-                        0.0, tokens);
+      return std::clamp(
+          tokens - onboardSeconds(cpu_tokens, disk_tokens, c) * c.prefill_tokens_per_s, 0.0,
+          tokens);
   }
   return 0.0;
 }
@@ -69,15 +70,16 @@ void lowerRun(const RouteRequest& r, const InstanceSnapshot& s, int64_t* cpu, in
 }
 }  // namespace
 
-double effectiveHits(const RouteRequest& r, const InstanceSnapshot& s, const TierCreditConfig& c) {
+double effectiveHitsWithRun(const RouteRequest& r, const InstanceSnapshot& s,
+                            const TierCreditConfig& c) {
   const auto gpu = static_cast<double>(std::clamp<int64_t>(s.matched_tokens, 0, r.prompt_tokens));
-  if (c.scoring == TierScoring::kOff || (s.cpu_tokens == 0 && s.disk_tokens == 0)) return gpu;
+  if (c.scoring == TierScoring::kOff) return gpu;
   int64_t cpu = 0, disk = 0;
   lowerRun(r, s, &cpu, &disk);
   return gpu + creditedTokens(cpu, disk, c);
 }
 
-int64_t reach(const RouteRequest& r, const InstanceSnapshot& s, const TierCreditConfig& c) {
+int64_t reachWithRun(const RouteRequest& r, const InstanceSnapshot& s, const TierCreditConfig& c) {
   const int64_t gpu = std::clamp<int64_t>(s.matched_tokens, 0, r.prompt_tokens);
   if (c.scoring == TierScoring::kOff) return gpu;
   int64_t cpu = 0, disk = 0;

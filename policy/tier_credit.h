@@ -50,11 +50,18 @@ double onboardSeconds(int64_t cpu_tokens, int64_t disk_tokens, const TierCreditC
 // never more than their sum, never negative.
 double creditedTokens(int64_t cpu_tokens, int64_t disk_tokens, const TierCreditConfig& c);
 // The request's prefix on `s` as effective hit tokens: its GPU hits plus the credit of the
-// lower-tier run after them, within [0, prompt].
-double effectiveHits(const RouteRequest& r, const InstanceSnapshot& s, const TierCreditConfig& c);
+// lower-tier run after them, within [0, prompt]. Inline for the common case of no run (every
+// policy asks it per instance and decision).
+// Defined at the end of policy/policy.h (they read InstanceSnapshot).
+inline double effectiveHits(const RouteRequest& r, const InstanceSnapshot& s,
+                            const TierCreditConfig& c);
 // The prefix `s` could give a peer (a push): GPU hits plus the lower-tier run (none with `off`),
 // in tokens within [0, prompt].
-int64_t reach(const RouteRequest& r, const InstanceSnapshot& s, const TierCreditConfig& c);
+inline int64_t reach(const RouteRequest& r, const InstanceSnapshot& s, const TierCreditConfig& c);
+// The two above for an instance with a lower-tier run.
+double effectiveHitsWithRun(const RouteRequest& r, const InstanceSnapshot& s,
+                            const TierCreditConfig& c);
+int64_t reachWithRun(const RouteRequest& r, const InstanceSnapshot& s, const TierCreditConfig& c);
 // Seconds `s` needs to read the last `tokens` of its reach (a push of its run past a peer's own
 // hits) out of its lower tiers before sending them: the lower-tier part of those tokens, in
 // the instance's CPU/DISK proportion, priced by onboardSeconds (0 when all are GPU hits).

@@ -53,8 +53,7 @@ TEST(TierCreditTest, HugeDiskPrefixBeatsRecomputeTinyOneDoesNot) {
 TEST(TierCreditTest, FixedModeMatchesLlmDAndDynamoWeights) {
   PolicyConfig llmd = parsePolicy("tier_scoring: fixed\ntier_weights: {CPU: 0.8}");
   EXPECT_DOUBLE_EQ(tiers::creditedTokens(1000, 0, llmd.tiers), 800.0);
-  PolicyConfig dynamo =
-      parsePolicy("tier_scoring: fixed\ntier_weights: {CPU: 0.75, DISK: 0.25}");
+  PolicyConfig dynamo = parsePolicy("tier_scoring: fixed\ntier_weights: {CPU: 0.75, DISK: 0.25}");
   EXPECT_DOUBLE_EQ(tiers::creditedTokens(1000, 1000, dynamo.tiers), 1000.0);
   EXPECT_DOUBLE_EQ(tiers::creditedTokens(16, 0, dynamo.tiers), 12.0);  // no size threshold
   PolicyConfig off = parsePolicy("tier_scoring: off");
@@ -73,8 +72,7 @@ TEST(TierCreditTest, ConfigErrorsNameTheField) {
   ASSERT_FALSE(bad.ok());
   bad = tryParsePolicy("tier_model: {pcie_gbps: 0}");
   ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.status().message().find("tier_model.pcie_gbps"), std::string::npos)
-      << bad.status();
+  EXPECT_NE(bad.status().message().find("tier_model.pcie_gbps"), std::string::npos) << bad.status();
   auto good = tryParsePolicy("tier_model: {pcie_gbps: 200, disk_read_gbps: 24}");
   ASSERT_TRUE(good.ok()) << good.status();
   EXPECT_EQ(good->tiers.pcie_gbps, 200);
@@ -143,7 +141,8 @@ TEST(TierPolicyTest, UnifiedPricesOnboardSecondsInsteadOfPrefill) {
   ASSERT_EQ(d.instance, 1);
   const UnifiedParams& m = config.params<UnifiedParams>("unified");
   // 16000 tokens cost their onboard seconds, the other 4000 their prefill.
-  const double expected = tiers::onboardSeconds(16000, 0, config.tiers) + 4000 / m.prefill_tokens_per_s;
+  const double expected =
+      tiers::onboardSeconds(16000, 0, config.tiers) + 4000 / m.prefill_tokens_per_s;
   EXPECT_NEAR(d.predicted.chosen, expected, 1e-9);
   auto close = shortGpuLongCpu(4000, 4016);
   EXPECT_EQ(createPolicy(config)->decide(request(20000), close, 0).instance, 0);
@@ -163,9 +162,10 @@ TEST(TierPolicyTest, UnifiedPushesFromAHolderThatHasThePrefixOnlyInCpu) {
   EXPECT_EQ(d.predicted_cached_tokens, 16000);
   const UnifiedParams& m = config.params<UnifiedParams>("unified");
   // The move reads the run out of host memory before sending it.
-  EXPECT_NEAR(d.move_model_s,
-              unified::moveSeconds(16000, inst[1], m) + tiers::onboardSeconds(16000, 0, config.tiers),
-              1e-9);
+  EXPECT_NEAR(
+      d.move_model_s,
+      unified::moveSeconds(16000, inst[1], m) + tiers::onboardSeconds(16000, 0, config.tiers),
+      1e-9);
   auto off = createPolicy(parsePolicy("kind: unified\ntier_scoring: off"));
   Decision cold = off->decide(request(20000), inst, 0);
   EXPECT_EQ(cold.mode, Mode::kLocal);

@@ -339,7 +339,8 @@ policy::StoredBlocks blocksOf(const std::vector<policy::TokenId>& prompt, size_t
   b.has_parent = first > 0;
   b.engine_parent = 100 + first - 1;
   b.block_size = 16;
-  if (with_tokens) b.token_ids.assign(prompt.begin() + first * 16, prompt.begin() + (first + n) * 16);
+  if (with_tokens)
+    b.token_ids.assign(prompt.begin() + first * 16, prompt.begin() + (first + n) * 16);
   return b;
 }
 
