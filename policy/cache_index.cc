@@ -443,6 +443,17 @@ HolderSet CacheIndex::holders(std::span<const BlockHash> chain) const {
 
 HolderSet CacheIndex::exactHolders(BlockHash hash) const { return entries_.getSet(hash); }
 
+std::optional<BlockHash> CacheIndex::ourHash(int instance, int stream, uint64_t engine_hash) const {
+  if (!validInstance(instance) || !validStream(stream)) return std::nullopt;
+  const InstanceState& state = instances_[instance];
+  if (state.hashes_are_ours) return BlockHash{engine_hash};
+  if (static_cast<size_t>(stream) >= state.streams.size()) return std::nullopt;
+  const BlockHash* ours =
+      state.streams[static_cast<size_t>(stream)].engine_to_ours.find(engine_hash);
+  if (ours == nullptr) return std::nullopt;
+  return *ours;
+}
+
 size_t CacheIndex::instanceBlocks(int instance) const {
   if (!validInstance(instance)) return 0;
   const InstanceState& state = instances_[instance];

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -133,6 +134,11 @@ class CacheIndex {
   // block (soft entries are placed by their chain); empty for an empty chain.
   HolderSet holders(std::span<const BlockHash> chain) const;
   HolderSet exactHolders(BlockHash hash) const;
+
+  // Our hash of a block `instance`'s stream holds exactly under `engine_hash` (the engine's
+  // hash itself for an instance declared with setEngineHashesAreOurs, held or not); nullopt
+  // when the stream holds none.
+  std::optional<BlockHash> ourHash(int instance, int stream, uint64_t engine_hash) const;
 
   size_t instanceBlocks(int instance) const;
   CacheIndexStats stats() const;

@@ -14,8 +14,6 @@ namespace kvf::policy {
 namespace {
 
 using unified::hits;
-using unified::prefillSeconds;
-using unified::queueSeconds;
 
 struct ElasticParams final : PolicyParams {
   int64_t max_concurrent_offloads = 4;         // offloads whose prefill phase is in flight
@@ -44,6 +42,7 @@ class ElasticPolicy final : public Policy {
   explicit ElasticPolicy(const PolicyConfig& c)
       : params_(c.params<ElasticParams>("elastic")),
         model_(c.params<UnifiedParams>("unified")),
+        tiers_(c.tiers),
         base_(hybrid::create(c)),
         feedback_(unified::feedbackConfig(model_)) {}
   std::string_view name() const override { return "elastic"; }
@@ -63,7 +62,7 @@ class ElasticPolicy final : public Policy {
     if (d.instance < 0) return d;
     const UnifiedParams& m = model_;
     const InstanceSnapshot& decode = inst[d.instance];
-    double local = queueSeconds(decode, m) + prefillSeconds(r.prompt_tokens - hits(r, decode), m);
+    double local = unified::localSeconds(r, decode, m, tiers_);
     d.predicted.local = local;
     d.predicted.chosen = local;
     if (d.request_class != RequestClass::kHeavy || !decode.push_capable) return d;
@@ -80,8 +79,7 @@ class ElasticPolicy final : public Policy {
       // corrected by what P's moves to D measured.
       double move_model = unified::moveSeconds(r.prompt_tokens - hits(r, decode), inst[p], m);
       double move = move_model * feedback_.factor(static_cast<int>(p), d.instance);
-      double cost =
-          queueSeconds(inst[p], m) + prefillSeconds(r.prompt_tokens - hits(r, inst[p]), m) + move;
+      double cost = unified::localSeconds(r, inst[p], m, tiers_) + move;
       if (std::isnan(d.predicted.offload) || cost < d.predicted.offload) {
         d.predicted.offload = cost;
       }
@@ -115,6 +113,7 @@ class ElasticPolicy final : public Policy {
 
   ElasticParams params_;
   UnifiedParams model_;
+  TierCreditConfig tiers_;
   std::unique_ptr<Policy> base_;
   MoveFeedback feedback_;
   size_t cursor_ = 0;

@@ -41,12 +41,13 @@ class HybridPolicy final : public Policy {
   explicit HybridPolicy(const PolicyConfig& c)
       : classify_(c.classify),
         params_(c.params<HybridParams>("hybrid")),
+        tiers_(c.tiers),
         sessions_(c.session_ttl, c.max_sessions) {}
   std::string_view name() const override { return "hybrid"; }
   Decision decide(const RouteRequest& r, std::span<const InstanceSnapshot> inst,
                   Nanos now) override {
     std::vector<double> scores, secondary;
-    lmetric::scores(r, inst, &scores, &secondary);
+    lmetric::scores(r, inst, tiers_, &scores, &secondary);
     std::string_view reason;
     int chosen = gate(r, inst, scores, &reason);
     if (chosen < 0 && !inst.empty()) {
@@ -67,8 +68,9 @@ class HybridPolicy final : public Policy {
   }
 
  private:
-  // The high-cache affinity gate: the instance holding the most of the prompt, if that is more
-  // than gate_fraction of it and the instance is not overloaded. Ties: lower score, lower index.
+  // The high-cache affinity gate: the instance holding the most of the prompt (effective hits:
+  // lower tiers credited), if that is more than gate_fraction of it and the instance is not
+  // overloaded. Ties: lower score, lower index.
   int gate(const RouteRequest& r, std::span<const InstanceSnapshot> inst,
            const std::vector<double>& scores, std::string_view* reason) const {
     if (r.prompt_tokens <= 0) return -1;
@@ -76,7 +78,7 @@ class HybridPolicy final : public Policy {
     double threshold = params_.gate_fraction * static_cast<double>(r.prompt_tokens);
     // Prefill tokens ahead of this request on an instance, and the least of them anywhere.
     auto work = [&](const InstanceSnapshot& s) {
-      return static_cast<double>(s.pending_prefill_tokens + support::uncached(r, s));
+      return static_cast<double>(s.pending_prefill_tokens) + support::uncached(r, s, tiers_);
     };
     double least_work = -1;
     if (params_.gate_cost_factor > 0) {
@@ -85,11 +87,15 @@ class HybridPolicy final : public Policy {
       }
     }
     int best = -1;
+    double best_hits = 0;
     bool any_overloaded = false;
     bool any_costly = false;
     for (size_t i = 0; i < inst.size(); ++i) {
       const InstanceSnapshot& s = inst[i];
-      if (!s.healthy || static_cast<double>(s.matched_tokens) <= threshold) continue;
+      if (!s.healthy) continue;
+      // GPU hits plus the credit of the lower-tier run after them.
+      const double hits = tiers::effectiveHits(r, s, tiers_);
+      if (hits <= threshold) continue;
       if (support::overloaded(s.running, average, params_.overload_factor,
                               params_.overload_min_running)) {
         any_overloaded = true;
@@ -99,9 +105,9 @@ class HybridPolicy final : public Policy {
         any_costly = true;
         continue;
       }
-      if (best < 0 || s.matched_tokens > inst[best].matched_tokens ||
-          (s.matched_tokens == inst[best].matched_tokens && scores[i] < scores[best])) {
+      if (best < 0 || hits > best_hits || (hits == best_hits && scores[i] < scores[best])) {
         best = static_cast<int>(i);
+        best_hits = hits;
       }
     }
     if (best >= 0) {
@@ -116,6 +122,7 @@ class HybridPolicy final : public Policy {
 
   ClassifyConfig classify_;
   HybridParams params_;
+  TierCreditConfig tiers_;
   SessionTable sessions_;
   size_t cursor_ = 0;
 };

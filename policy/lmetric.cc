@@ -8,14 +8,15 @@
 namespace kvf::policy {
 
 void lmetric::scores(const RouteRequest& r, std::span<const InstanceSnapshot> inst,
-                     std::vector<double>* scores, std::vector<double>* secondary) {
+                     const TierCreditConfig& tiers, std::vector<double>* scores,
+                     std::vector<double>* secondary) {
   scores->resize(inst.size());
   secondary->resize(inst.size());
   for (size_t i = 0; i < inst.size(); ++i) {
-    double prefill =
-        static_cast<double>(inst[i].pending_prefill_tokens + support::uncached(r, inst[i]));
-    (*scores)[i] = prefill * static_cast<double>(inst[i].running);
-    (*secondary)[i] = static_cast<double>(support::uncached(r, inst[i]));
+    const double uncached = support::uncached(r, inst[i], tiers);
+    (*scores)[i] = (static_cast<double>(inst[i].pending_prefill_tokens) + uncached) *
+                   static_cast<double>(inst[i].running);
+    (*secondary)[i] = uncached;
   }
 }
 
@@ -23,11 +24,11 @@ namespace {
 
 class LMetricPolicy final : public Policy {
  public:
-  explicit LMetricPolicy(const PolicyConfig& c) : classify_(c.classify) {}
+  explicit LMetricPolicy(const PolicyConfig& c) : classify_(c.classify), tiers_(c.tiers) {}
   std::string_view name() const override { return "lmetric"; }
   Decision decide(const RouteRequest& r, std::span<const InstanceSnapshot> inst, Nanos) override {
     std::vector<double> scores, secondary;
-    lmetric::scores(r, inst, &scores, &secondary);
+    lmetric::scores(r, inst, tiers_, &scores, &secondary);
     int chosen = support::argmin(inst, scores, secondary, cursor_);
     if (chosen >= 0) cursor_ = static_cast<size_t>(chosen) + 1;
     return support::finish(r, inst, chosen, "lmetric_score", std::move(scores), classify_);
@@ -35,6 +36,7 @@ class LMetricPolicy final : public Policy {
 
  private:
   ClassifyConfig classify_;
+  TierCreditConfig tiers_;
   size_t cursor_ = 0;
 };
 

@@ -10,7 +10,9 @@
 namespace kvf::policy::lmetric {
 
 // scores[i]: the lmetric score of instance i; secondary[i]: its uncached tokens (tie-break).
+// Lower-tier hits count as `tiers` credits them.
 void scores(const RouteRequest& r, std::span<const InstanceSnapshot> inst,
-            std::vector<double>* scores, std::vector<double>* secondary);
+            const TierCreditConfig& tiers, std::vector<double>* scores,
+            std::vector<double>* secondary);
 
 }  // namespace kvf::policy::lmetric

@@ -49,8 +49,11 @@ namespace support {
 
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-int64_t uncached(const RouteRequest& r, const InstanceSnapshot& s) {
-  return std::max<int64_t>(0, r.prompt_tokens - s.matched_tokens);
+double uncached(const RouteRequest& r, const InstanceSnapshot& s, const TierCreditConfig& tiers) {
+  if (s.cpu_tokens == 0 && s.disk_tokens == 0) {
+    return static_cast<double>(std::max<int64_t>(0, r.prompt_tokens - s.matched_tokens));
+  }
+  return std::max(0.0, static_cast<double>(r.prompt_tokens) - tiers::effectiveHits(r, s, tiers));
 }
 
 int argmin(std::span<const InstanceSnapshot> inst, const std::vector<double>& score,

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "policy/tier_credit.h"
 
 namespace kvf::policy {
 
@@ -36,6 +37,11 @@ struct InstanceSnapshot {
   int64_t ongoing_tokens = 0;          // prompt + expected output tokens of in-flight requests
   double kv_usage = 0.0;               // 0..1, from the engine's metrics
   int64_t matched_tokens = 0;          // this request's leading cached tokens on the instance
+  // The leading run continuing past matched_tokens in the instance's lower tiers (a prefix is
+  // useful only contiguously): tokens of it in host memory ("CPU") and, where host memory
+  // lacks a block, on local disk ("DISK"). Policies credit them (policy/tier_credit.h).
+  int64_t cpu_tokens = 0;
+  int64_t disk_tokens = 0;
   // KV push (policies that move KV): the instance has a worker URL, so it can push its blocks
   // to a peer, receive them, or prefill for a peer.
   bool push_capable = false;
@@ -103,6 +109,8 @@ struct PolicyConfig {
   // Session memory (linear pins, hybrid hysteresis): bounded and expiring.
   Nanos session_ttl = 600 * kNanosPerSecond;
   size_t max_sessions = 1u << 20;
+  // How lower-tier hits are credited (tier_scoring, tier_weights, tier_model).
+  TierCreditConfig tiers;
   // Parameter blocks by policy name: what the YAML held, plus defaults for every other policy
   // of the registry that has parameters (parsePolicyConfig fills them).
   std::map<std::string, std::shared_ptr<const PolicyParams>, std::less<>> blocks;
@@ -171,3 +179,24 @@ class Policy {
 };
 
 }  // namespace kvf::policy
+
+// The lower-tier credit's common case, inline (policy/tier_credit.h).
+namespace kvf::policy::tiers {
+
+inline double effectiveHits(const RouteRequest& r, const InstanceSnapshot& s,
+                            const TierCreditConfig& c) {
+  if (s.cpu_tokens != 0 || s.disk_tokens != 0) return effectiveHitsWithRun(r, s, c);
+  const int64_t gpu = s.matched_tokens < 0                 ? 0
+                      : s.matched_tokens > r.prompt_tokens ? r.prompt_tokens
+                                                           : s.matched_tokens;
+  return static_cast<double>(gpu);
+}
+
+inline int64_t reach(const RouteRequest& r, const InstanceSnapshot& s, const TierCreditConfig& c) {
+  if (s.cpu_tokens != 0 || s.disk_tokens != 0) return reachWithRun(r, s, c);
+  return s.matched_tokens < 0                 ? 0
+         : s.matched_tokens > r.prompt_tokens ? r.prompt_tokens
+                                              : s.matched_tokens;
+}
+
+}  // namespace kvf::policy::tiers

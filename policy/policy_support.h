@@ -14,8 +14,9 @@ namespace kvf::policy::support {
 
 extern const double kNaN;
 
-// Prompt tokens the instance does not hold: prompt - matched, at least 0.
-int64_t uncached(const RouteRequest& r, const InstanceSnapshot& s);
+// Prompt tokens the instance does not hold: prompt - effective hits (GPU hits plus the credit
+// of its lower-tier run, tiers::effectiveHits), at least 0.
+double uncached(const RouteRequest& r, const InstanceSnapshot& s, const TierCreditConfig& tiers);
 
 // Argmin over healthy instances of (score, secondary); remaining ties go to the first index at
 // or after `cursor` modulo the instance count (rotating), so equal instances share work

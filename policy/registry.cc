@@ -90,6 +90,7 @@ void parsePolicyConfig(config::ConfigMap& map, PolicyConfig* out, const PolicyRe
   uint64_t max_sessions = out->max_sessions;
   map.get("max_sessions", &max_sessions, 0, uint64_t{1} << 32);
   out->max_sessions = max_sessions;
+  parseTierCredit(map, &out->tiers);
   // Every policy's block is read by its policy, whichever kind is chosen: a file that tunes
   // several policies (an experiment's arms) loads unchanged, and a typo in any block is found.
   for (const PolicyDefinition& d : registry.definitions()) {

@@ -59,6 +59,12 @@ int64_t unified::hits(const RouteRequest& r, const InstanceSnapshot& s) {
   return std::clamp<int64_t>(s.matched_tokens, 0, r.prompt_tokens);
 }
 
+double unified::localSeconds(const RouteRequest& r, const InstanceSnapshot& s,
+                             const UnifiedParams& m, const TierCreditConfig& tiers) {
+  const double rest = static_cast<double>(r.prompt_tokens) - tiers::effectiveHits(r, s, tiers);
+  return queueSeconds(s, m) + std::max(0.0, rest) / m.prefill_tokens_per_s;
+}
+
 namespace {
 
 using support::kNaN;
@@ -99,6 +105,7 @@ class UnifiedPolicy final : public Policy {
   explicit UnifiedPolicy(const PolicyConfig& c)
       : classify_(c.classify),
         model_(c.params<UnifiedParams>("unified")),
+        tiers_(c.tiers),
         sessions_(c.session_ttl, c.max_sessions),
         feedback_(unified::feedbackConfig(model_)) {}
   std::string_view name() const override { return "unified"; }
@@ -112,10 +119,11 @@ class UnifiedPolicy final : public Policy {
     std::vector<Option> options(inst.size());
     std::vector<double> scores(inst.size(), kNaN), secondary(inst.size(), 0.0);
     Decision::Costs costs;
-    std::array<int, 2> top = topHolders(r, inst);
+    bool tiered = false;
+    std::array<int, 2> top = topHolders(r, inst, &tiered);
     for (size_t i = 0; i < inst.size(); ++i) {
       if (!inst[i].healthy) continue;
-      options[i] = bestOption(r, inst, i, top, &costs);
+      options[i] = bestOption(r, inst, i, top, tiered, &costs);
       scores[i] = options[i].cost;
       secondary[i] = static_cast<double>(r.prompt_tokens - options[i].cached);
     }
@@ -152,18 +160,23 @@ class UnifiedPolicy final : public Policy {
   }
 
  private:
-  // The two holders able to push that hold the most of the prompt (ties: lower index); -1
-  // where there are fewer.
-  static std::array<int, 2> topHolders(const RouteRequest& r,
-                                       std::span<const InstanceSnapshot> inst) {
+  // The two holders able to push that reach furthest into the prompt (GPU hits and their
+  // lower-tier run; ties: lower index); -1 where there are fewer. `tiered`: some holder's run
+  // continues in a lower tier.
+  std::array<int, 2> topHolders(const RouteRequest& r, std::span<const InstanceSnapshot> inst,
+                                bool* tiered) const {
     std::array<int, 2> top = {-1, -1};
+    std::array<int64_t, 2> top_held = {0, 0};
     for (size_t h = 0; h < inst.size(); ++h) {
       if (!inst[h].push_capable || !inst[h].reachable) continue;
-      int64_t held = hits(r, inst[h]);
-      if (top[0] < 0 || held > hits(r, inst[top[0]])) {
+      *tiered = *tiered || inst[h].cpu_tokens > 0 || inst[h].disk_tokens > 0;
+      int64_t held = tiers::reach(r, inst[h], tiers_);
+      if (top[0] < 0 || held > top_held[0]) {
         top = {static_cast<int>(h), top[0]};
-      } else if (top[1] < 0 || held > hits(r, inst[top[1]])) {
+        top_held = {held, top_held[0]};
+      } else if (top[1] < 0 || held > top_held[1]) {
         top[1] = static_cast<int>(h);
+        top_held[1] = held;
       }
     }
     return top;
@@ -177,20 +190,24 @@ class UnifiedPolicy final : public Policy {
   // holders are candidates (O(n) per decision); otherwise every holder is looked at. A NIXL
   // holder's cost falls with held at the prefill rate (it computes the rest), so the same holds.
   // A NIXL holder's queue and leg are the move's own terms: a busy holder loses to local.
+  // A holder whose run continues in host memory or on disk can push it too: its read out of
+  // that tier (tiers::pushReadSeconds) adds to the move; while any holder has such a run the
+  // move's cost is no longer linear in held, so every holder is looked at.
   Option bestOption(const RouteRequest& r, std::span<const InstanceSnapshot> inst, size_t i,
-                    const std::array<int, 2>& top, Decision::Costs* costs) const {
+                    const std::array<int, 2>& top, bool tiered, Decision::Costs* costs) const {
     const UnifiedParams& m = model_;
     const InstanceSnapshot& t = inst[i];
     double queue = queueSeconds(t, m);
     int64_t own = hits(r, t);
-    const double local = queue + prefillSeconds(r.prompt_tokens - own, m);
+    const double local = unified::localSeconds(r, t, m, tiers_);
     Option best{local, -1, own};
-    double& mode_cost = own > 0 ? costs->local : costs->cold;
+    double& mode_cost =
+        own > 0 || t.cpu_tokens > 0 || t.disk_tokens > 0 ? costs->local : costs->cold;
     if (std::isnan(mode_cost) || best.cost < mode_cost) mode_cost = best.cost;
     if (!t.push_capable) return best;
     auto consider = [&](size_t h) {
       const InstanceSnapshot& holder = inst[h];
-      int64_t held = hits(r, holder);
+      int64_t held = tiers::reach(r, holder, tiers_);
       // Never migrate a cold prefix: the holder must add a real run of cached tokens.
       if (h == i || !holder.push_capable || !holder.reachable || held - own < m.min_push_tokens) {
         return;
@@ -200,9 +217,10 @@ class UnifiedPolicy final : public Policy {
       // target reads every block it lacks and computes (almost) nothing.
       const int64_t rest = r.prompt_tokens - held;
       const int64_t cached = holder.nixl ? r.prompt_tokens : held;
-      double move_model = holder.nixl
-                              ? unified::nixlPullSeconds(rest, r.prompt_tokens - own, holder, m)
-                              : unified::moveSeconds(held - own, holder, m);
+      double move_model =
+          (holder.nixl ? unified::nixlPullSeconds(rest, r.prompt_tokens - own, holder, m)
+                       : unified::moveSeconds(held - own, holder, m)) +
+          tiers::pushReadSeconds(r, holder, held - own, tiers_);
       double move = move_model * feedback_.factor(static_cast<int>(h), static_cast<int>(i));
       double cost = queue + move + (holder.nixl ? 0.0 : prefillSeconds(rest, m));
       if (std::isnan(costs->push) || cost < costs->push) costs->push = cost;
@@ -213,7 +231,7 @@ class UnifiedPolicy final : public Policy {
     };
     bool moving_is_cheaper =
         m.kv_bytes_per_token * 8.0 / (m.link_bandwidth_gbps * 1e9) < 1.0 / m.prefill_tokens_per_s;
-    if (moving_is_cheaper) {
+    if (moving_is_cheaper && !tiered) {
       int h = top[0] != static_cast<int>(i) ? top[0] : top[1];
       if (h >= 0) consider(static_cast<size_t>(h));
     } else {
@@ -224,6 +242,7 @@ class UnifiedPolicy final : public Policy {
 
   ClassifyConfig classify_;
   UnifiedParams model_;
+  TierCreditConfig tiers_;
   SessionTable sessions_;
   MoveFeedback feedback_;
   size_t cursor_ = 0;

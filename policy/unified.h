@@ -55,6 +55,11 @@ double nixlPullSeconds(int64_t compute_tokens, int64_t read_tokens, const Instan
 MoveFeedbackConfig feedbackConfig(const UnifiedParams& model);
 // The request's cached tokens on `s`, within [0, prompt].
 int64_t hits(const RouteRequest& r, const InstanceSnapshot& s);
+// Seconds to first token computing locally on `s`: its queue, then the prompt less its
+// effective hits (GPU hits, plus its lower-tier run where onboarding beats recomputing: with
+// `modelled` credit those tokens cost their onboard seconds instead of their prefill seconds).
+double localSeconds(const RouteRequest& r, const InstanceSnapshot& s, const UnifiedParams& model,
+                    const TierCreditConfig& tiers);
 
 }  // namespace unified
 }  // namespace kvf::policy

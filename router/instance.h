@@ -16,7 +16,6 @@
 #include "common/http_client.h"
 #include "common/log.h"
 #include "common/metrics.h"
-#include "policy/tier_holdings.h"
 #include "router/core/config.h"
 #include "router/kv_subscriber.h"
 
@@ -46,7 +45,6 @@ struct Instance {
   uint64_t kv_lost_batches = 0;     // history never seen (late joins, unrecovered gaps)
   std::string kv_last_reset;        // reason of the last index reset
   uint64_t kv_capacity_blocks = 0;  // configured, or learned from /metrics
-  policy::TierHoldings tiers;       // blocks held outside the GPU prefix cache
   Nanos kv_watch_since = 0;         // when its subscribers started
   std::string_view kv_state = "disabled";
   std::vector<metrics::Gauge*> kv_state_gauges;  // kvfabric_router_kv_events_state per state

@@ -1,6 +1,7 @@
 // The router's side of engines' KV events: one subscriber per data-parallel rank, each rank a
 // stream of the instance in the cache index; application of decoded batches (the indexed KV
-// cache group only, other tiers kept apart, unknown events and fields counted); resets on
+// cache group only, other tiers kept per medium in the routing core, unknown events and fields
+// counted); resets on
 // restart, late join, lost history and undecodable batches; the learned KV capacity; and the
 // check that tells an operator when an instance serves traffic while its stream is silent or
 // its cache hits go unpredicted. Runs on the router's io thread; subscribers post to it.
@@ -140,7 +141,7 @@ void Router::setKvState(Instance& instance, size_t state) {
 
 void Router::resetKvInstance(Instance& instance, std::string_view reason) {
   core_->index().clearInstance(instance.slot);
-  instance.tiers.clear();
+  core_->clearTiers(instance.slot);
   for (auto& stream : instance.kv_streams) stream.indexed_group.reset();
   instance.kv_last_reset = std::string(reason);
   instance.kv_resets->inc();
@@ -155,7 +156,7 @@ void Router::applyKvUpdate(int slot, uint64_t generation, int stream, KvUpdate& 
     // The stream's history is unknown from here: what it held is dropped at once.
     core_->index().clearStream(slot, stream);
     state.indexed_group.reset();
-    instance->tiers.clear();
+    core_->clearTiers(slot);
     updateTierGauges(*instance);
     instance->kv_last_reset = update.reason;
     instance->kv_resets->inc();
@@ -185,15 +186,14 @@ void Router::applyKvUpdate(int slot, uint64_t generation, int stream, KvUpdate& 
   bool tiers_changed = false;
   for (KvEvent& event : update.batch.events) {
     if (event.kind != KvEventKind::kAllBlocksCleared && !isGpu(event.medium)) {
-      // Another tier: kept and shown, never a GPU prefix hit.
+      // Another tier: never a GPU prefix hit; the policy credits the run it continues.
       tiers_changed = true;
       if (event.kind == KvEventKind::kBlockStored) {
-        if (!instance->tiers.store(event.medium, event.stored.engine_hashes,
-                                   config_.index.max_blocks_per_instance)) {
+        if (!core_->storeTierBlocks(slot, stream, event.medium, event.stored)) {
           metrics_->kv_skipped_tier_full->inc();
         }
       } else {
-        instance->tiers.remove(event.medium, event.removed);
+        core_->removeTierBlocks(slot, event.medium, event.removed);
       }
       continue;
     }
@@ -221,7 +221,7 @@ void Router::applyKvUpdate(int slot, uint64_t generation, int stream, KvUpdate& 
 }
 
 void Router::updateTierGauges(Instance& instance) {
-  for (const auto& [medium, blocks] : instance.tiers.summary()) {
+  for (const auto& [medium, blocks] : core_->tiers(instance.slot).summary()) {
     registry_
         .gauge("kvfabric_router_instance_tier_blocks",
                "Blocks the instance holds per its KV events in a tier other than GPU (medium)",
@@ -295,8 +295,12 @@ void Router::kvEventsJson(const Instance& instance, boost::json::object* out) co
   o["last_seq"] = std::move(seqs);
   boost::json::object tiers;
   tiers["GPU"] = core_->index().instanceBlocks(instance.slot);
-  for (const auto& [medium, blocks] : instance.tiers.summary()) tiers[medium] = blocks;
+  for (const auto& [medium, blocks] : core_->tiers(instance.slot).summary()) {
+    tiers[medium] = blocks;
+  }
   o["tier_blocks"] = std::move(tiers);
+  // Lower-tier blocks whose chain could not be placed (never credited).
+  o["tier_unresolved_blocks"] = core_->tiers(instance.slot).unresolved();
 }
 
 }  // namespace kvf::router

@@ -138,6 +138,28 @@ void Sim::onFinish(uint32_t index, Nanos t) {
   complete(*f, t);
 }
 
+namespace {
+
+policy::StoredBlocks storedBlocks(const worker::BlockStored& stored) {
+  policy::StoredBlocks blocks;
+  std::span<const uint64_t> hashes = protocol::rawHashes(stored.block_hashes);
+  blocks.engine_hashes.assign(hashes.begin(), hashes.end());
+  blocks.has_parent = stored.parent_block_hash.has_value();
+  blocks.engine_parent = stored.parent_block_hash.value_or(worker::BlockHash()).value();
+  blocks.token_ids.assign(stored.token_ids.begin(), stored.token_ids.end());
+  blocks.block_size = static_cast<size_t>(stored.block_size);
+  return blocks;
+}
+
+// The event's tier when it is not the GPU cache ("CPU", "DISK", ...), else empty.
+template <class Event>
+std::string_view lowerTier(const Event& event) {
+  if (!event.medium || *event.medium == protocol::kMediumGpu) return {};
+  return *event.medium;
+}
+
+}  // namespace
+
 void Sim::applyKv(int instance, std::vector<SimKvEvent>& batch) {
   // Every replica subscribes to every engine: each index gets the same events.
   for (auto& core : cores_) applyKv(core->index(), instance, batch);
@@ -146,24 +168,24 @@ void Sim::applyKv(int instance, std::vector<SimKvEvent>& batch) {
 void Sim::applyKv(policy::CacheIndex& index, int instance, const std::vector<SimKvEvent>& batch) {
   for (const SimKvEvent& event : batch) {
     if (auto* stored = std::get_if<worker::BlockStored>(&event);
-        stored && stored->token_ids.empty()) {  // token-free: the engine hashes as the index
+        stored && !lowerTier(*stored).empty()) {  // the engine's tiers: the routing core's own
+      core_->storeTierBlocks(instance, 0, lowerTier(*stored), storedBlocks(*stored));
+    } else if (auto* tier_removed = std::get_if<worker::BlockRemoved>(&event);
+               tier_removed && !lowerTier(*tier_removed).empty()) {
+      core_->removeTierBlocks(instance, lowerTier(*tier_removed),
+                              protocol::rawHashes(tier_removed->block_hashes));
+    } else if (stored && stored->token_ids.empty()) {  // token-free: the engine hashes as the index
       index.storeOwnHashes(instance, protocol::rawHashes(stored->block_hashes),
                            stored->parent_block_hash.has_value(),
                            stored->parent_block_hash.value_or(worker::BlockHash()).value(),
                            static_cast<size_t>(stored->block_size));
     } else if (stored) {
-      policy::StoredBlocks blocks;
-      std::span<const uint64_t> hashes = protocol::rawHashes(stored->block_hashes);
-      blocks.engine_hashes.assign(hashes.begin(), hashes.end());
-      blocks.has_parent = stored->parent_block_hash.has_value();
-      blocks.engine_parent = stored->parent_block_hash.value_or(worker::BlockHash()).value();
-      blocks.token_ids.assign(stored->token_ids.begin(), stored->token_ids.end());
-      blocks.block_size = static_cast<size_t>(stored->block_size);
-      index.storeBlocks(instance, blocks);
+      index.storeBlocks(instance, storedBlocks(*stored));
     } else if (auto* removed = std::get_if<worker::BlockRemoved>(&event)) {
       index.removeBlocks(instance, protocol::rawHashes(removed->block_hashes));
     } else {
       index.clearInstance(instance);
+      core_->clearTiers(instance);
     }
   }
 }

@@ -69,6 +69,11 @@ std::string decisionToJson(const DecisionRecord& r) {
                                {"pushed_tokens", r.pushed_tokens},
                                {"pushed_bytes", r.pushed_bytes}};
   }
+  if (r.tier_cpu_tokens != 0 || r.tier_disk_tokens != 0) {
+    o["tier_tokens"] = bj::object{{"CPU", r.tier_cpu_tokens},
+                                  {"DISK", r.tier_disk_tokens},
+                                  {"credited", r.tier_credited_tokens}};
+  }
   if (std::isnan(r.move_s)) {
     o["move"] = nullptr;
   } else {

@@ -62,6 +62,12 @@ struct DecisionRecord {
   double move_model_s = std::numeric_limits<double>::quiet_NaN();
   double move_s = std::numeric_limits<double>::quiet_NaN();
   double move_measured_s = std::numeric_limits<double>::quiet_NaN();
+  // The lower-tier run past the GPU hits of the instance whose KV the request uses (the push
+  // source, else the instance), in tokens, and what the policy config credits it as (GPU-hit
+  // tokens); written as "tier_tokens" when there is one.
+  int64_t tier_cpu_tokens = 0;
+  int64_t tier_disk_tokens = 0;
+  double tier_credited_tokens = 0;
 };
 
 std::string decisionToJson(const DecisionRecord& record);

@@ -39,6 +39,7 @@ RoutingCore::RoutingCore(const RouterConfig& config, std::unique_ptr<policy::Pol
     : config_(config), index_(config.index), ledger_(std::make_shared<Ledger>()) {
   ledger_->instances.resize(policy::kMaxInstances);
   ledger_->policy = std::move(policy);
+  tiers_.resize(policy::kMaxInstances);
 }
 
 void RoutingCore::addInstance(int slot, std::string id, bool push_capable, bool has_events,
@@ -53,6 +54,7 @@ void RoutingCore::addInstance(int slot, std::string id, bool push_capable, bool 
   s.has_events = has_events;
   s.check_healthy = admitted;
   index_.clearInstance(slot);  // a reused slot starts empty
+  tiers_[static_cast<size_t>(slot)].clear();
   slot_end_ = std::max(slot_end_, slot + 1);
 }
 
@@ -67,6 +69,7 @@ void RoutingCore::removeInstance(int slot) {
   s.running = s.pending_prefill_tokens = s.ongoing_tokens = 0;
   s.peers = {};
   index_.clearInstance(slot);
+  tiers_[static_cast<size_t>(slot)].clear();
   while (slot_end_ > 0 && !ledger_->instances[static_cast<size_t>(slot_end_ - 1)].present) {
     --slot_end_;
   }
@@ -274,7 +277,10 @@ bool RoutingCore::decide(RequestRoute& r, Nanos now) {
     // Text blocks hold about block_size tokens each, but the prompt's length is an estimate.
     int64_t blocks = matched_[i];
     snap.matched_tokens = r.exact ? blocks * bs : std::min(r.prompt_tokens, blocks * bs);
+    snap.cpu_tokens = 0;
+    snap.disk_tokens = 0;
   }
+  matchTiers(r);
   policy::RouteRequest request;
   request.session = r.session;
   request.prompt_tokens = r.prompt_tokens;
@@ -293,6 +299,11 @@ bool RoutingCore::decide(RequestRoute& r, Nanos now) {
   const int64_t cacheable = cacheableTokens(r.prompt_tokens);
   r.own_matched_tokens_ =
       std::min(snapshots_[static_cast<size_t>(r.instance_)].matched_tokens, cacheable);
+  const int kv_slot = d.mode == policy::Mode::kPushMigrate && d.source_instance >= 0
+                          ? d.source_instance
+                          : r.instance_;
+  r.tier_cpu_tokens_ = snapshots_[static_cast<size_t>(kv_slot)].cpu_tokens;
+  r.tier_disk_tokens_ = snapshots_[static_cast<size_t>(kv_slot)].disk_tokens;
   r.peer_ = d.mode == policy::Mode::kPushMigrate      ? d.source_instance
             : d.mode == policy::Mode::kPrefillOffload ? d.prefill_instance
                                                       : -1;
@@ -418,6 +429,61 @@ void RoutingCore::fillRecord(const RequestRoute& r, DecisionRecord* out) const {
   out->move_model_s = d.move_model_s;
   out->move_s = d.move_s;
   out->move_measured_s = r.measured_move_s_;
+  out->tier_cpu_tokens = r.tier_cpu_tokens_;
+  out->tier_disk_tokens = r.tier_disk_tokens_;
+  out->tier_credited_tokens =
+      policy::tiers::creditedTokens(r.tier_cpu_tokens_, r.tier_disk_tokens_, config_.policy.tiers);
 }
+
+void RoutingCore::matchTiers(RequestRoute& r) {
+  const auto bs = static_cast<int64_t>(config_.index.block_size);
+  bool any = false;
+  for (int i = 0; i < slot_end_ && !any; ++i) any = tiers_[static_cast<size_t>(i)].creditable();
+  if (!any || config_.policy.tiers.scoring == policy::TierScoring::kOff) return;
+  completeHashes(r);
+  for (int i = 0; i < slot_end_; ++i) {
+    const policy::TierHoldings& t = tiers_[static_cast<size_t>(i)];
+    if (!t.creditable()) continue;
+    policy::InstanceSnapshot& snap = snapshots_[static_cast<size_t>(i)];
+    const policy::LowerTierRun run = t.run(r.hashes, matched_[static_cast<size_t>(i)]);
+    snap.cpu_tokens = static_cast<int64_t>(run.cpu_blocks) * bs;
+    snap.disk_tokens = static_cast<int64_t>(run.disk_blocks) * bs;
+  }
+}
+
+bool RoutingCore::storeTierBlocks(int slot, int stream, std::string_view medium,
+                                  const policy::StoredBlocks& event) {
+  policy::TierHoldings& tiers = tiers_[static_cast<size_t>(slot)];
+  const size_t bs = config_.index.block_size;
+  const bool tokens =
+      event.block_size == bs && event.token_ids.size() == event.engine_hashes.size() * bs;
+  auto resolve = [&](uint64_t engine_hash) -> std::optional<policy::BlockHash> {
+    if (auto ours = index_.ourHash(slot, stream, engine_hash)) return ours;
+    return tiers.ourHash(engine_hash);
+  };
+  std::vector<policy::BlockHash> ours(event.engine_hashes.size(), policy::BlockHash{0});
+  std::optional<policy::BlockHash> parent = policy::kRootBlockHash;
+  if (event.has_parent) parent = resolve(event.engine_parent);
+  for (size_t i = 0; i < ours.size(); ++i) {
+    std::optional<policy::BlockHash> own = resolve(event.engine_hashes[i]);
+    if (!own && tokens && parent) {
+      // The event's own chain: our hash of its tokens after the previous block.
+      policy::BlockHash p = *parent;
+      if (i < event.extras.size()) p = policy::keyedParent(p, event.extras[i]);
+      own = policy::hashBlock(
+          p, std::span<const policy::TokenId>(event.token_ids).subspan(i * bs, bs));
+    }
+    if (own) ours[i] = *own;
+    parent = own;
+  }
+  return tiers.store(medium, event.engine_hashes, ours, config_.index.max_blocks_per_instance);
+}
+
+size_t RoutingCore::removeTierBlocks(int slot, std::string_view medium,
+                                     std::span<const uint64_t> engine_hashes) {
+  return tiers_[static_cast<size_t>(slot)].remove(medium, engine_hashes);
+}
+
+void RoutingCore::clearTiers(int slot) { tiers_[static_cast<size_t>(slot)].clear(); }
 
 }  // namespace kvf::router

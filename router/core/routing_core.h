@@ -22,6 +22,7 @@
 #include "common/clock.h"
 #include "policy/cache_index.h"
 #include "policy/policy.h"
+#include "policy/tier_holdings.h"
 #include "router/core/admission.h"
 #include "router/core/config.h"
 #include "router/core/decision_log.h"
@@ -95,6 +96,10 @@ class RequestRoute {
   std::string instance_id_;  // ids as they were at decide()
   std::string peer_id_;
   int64_t own_matched_tokens_ = 0;
+  // The lower-tier run (tokens) of the instance whose KV the attempt uses (the push source for
+  // a push, else the instance), as the policy saw it.
+  int64_t tier_cpu_tokens_ = 0;
+  int64_t tier_disk_tokens_ = 0;
   int64_t uncached_tokens_ = 0;
   int64_t engine_prompt_tokens_ = 0;  // a text prompt's length as the engine counted it; 0: none
   policy::HolderSet excluded_;
@@ -159,6 +164,21 @@ class RoutingCore {
 
   policy::CacheIndex& index() { return index_; }
   const policy::CacheIndex& index() const { return index_; }
+
+  // Lower tiers: KV events whose medium is not GPU ("CPU", "DISK", ...). A stored block's
+  // chained hash is resolved from the GPU index of `stream` (tier events of vLLM's
+  // OffloadingConnector carry hashes only), from the instance's other tiers, or from the
+  // event's tokens; unresolved blocks are kept and shown, never credited. False when the tier
+  // is full (config.index.max_blocks_per_instance) or one tier too many. decide() gives each
+  // policy the run of the prompt that continues past an instance's GPU hits in "CPU" and
+  // "DISK" (InstanceSnapshot::cpu_tokens, disk_tokens).
+  bool storeTierBlocks(int slot, int stream, std::string_view medium,
+                       const policy::StoredBlocks& event);
+  // Returns how many hashes the tier did not hold.
+  size_t removeTierBlocks(int slot, std::string_view medium,
+                          std::span<const uint64_t> engine_hashes);
+  void clearTiers(int slot);
+  const policy::TierHoldings& tiers(int slot) const { return tiers_[static_cast<size_t>(slot)]; }
   policy::Policy& policy() { return *ledger_->policy; }
   const policy::Policy& policy() const { return *ledger_->policy; }
 
@@ -232,6 +252,12 @@ class RoutingCore {
   policy::CacheIndex index_;
   std::shared_ptr<Ledger> ledger_;
   int slot_end_ = 0;
+  // Fills the snapshots' lower-tier runs (cpu_tokens, disk_tokens) past their GPU matches;
+  // completes the prompt's hashes only when some instance has a credited tier.
+  void matchTiers(RequestRoute& route);
+
+  // Per slot: what each instance holds outside its GPU cache.
+  std::vector<policy::TierHoldings> tiers_;
   // Per-decision scratch, reused.
   std::vector<uint32_t> matched_;
   std::vector<policy::InstanceSnapshot> snapshots_;

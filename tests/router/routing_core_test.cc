@@ -372,5 +372,72 @@ TEST(RoutingCoreTest, APolicyRegisteredOutsideTheBuiltInsRunsEndToEnd) {
   EXPECT_EQ(record.policy, "lowest_index");
 }
 
+// Blocks `first` .. `first + n - 1` of `prompt` as one BlockStored (engine hashes 100 + block
+// index; with their tokens, or hashes only as vLLM's OffloadingConnector sends tier events).
+policy::StoredBlocks blocksOf(const std::vector<policy::TokenId>& prompt, size_t first, size_t n,
+                              bool with_tokens) {
+  policy::StoredBlocks b;
+  for (size_t i = first; i < first + n; ++i) b.engine_hashes.push_back(100 + i);
+  b.has_parent = first > 0;
+  b.engine_parent = 100 + first - 1;
+  b.block_size = 16;
+  if (with_tokens)
+    b.token_ids.assign(prompt.begin() + first * 16, prompt.begin() + (first + n) * 16);
+  return b;
+}
+
+TEST(RoutingCoreTest, LowerTierRunsArePlacedOnTheChainAndCredited) {
+  auto prompt = tokens(641);  // 40 full blocks
+  for (std::string_view scoring : {"modelled", "off"}) {
+    auto core = coreFor(configFor(strCat("{kind: hybrid, tier_scoring: ", scoring, "}")));
+    // e0: 40 blocks on the GPU, offloaded to CPU (hashes only), then all but 8 evicted.
+    ASSERT_TRUE(core->index().storeBlocks(0, blocksOf(prompt, 0, 40, true)));
+    ASSERT_TRUE(core->storeTierBlocks(0, 0, "CPU", blocksOf(prompt, 0, 40, false)));
+    std::vector<uint64_t> evicted;
+    for (uint64_t i = 8; i < 40; ++i) evicted.push_back(100 + i);
+    core->index().removeBlocks(0, evicted);
+    // e1: 16 blocks on the GPU. e2: 10 blocks on disk only, placed by their own tokens.
+    ASSERT_TRUE(core->index().storeBlocks(1, blocksOf(prompt, 0, 16, true)));
+    ASSERT_TRUE(core->storeTierBlocks(2, 0, "DISK", blocksOf(prompt, 0, 10, true)));
+    EXPECT_EQ(core->tiers(0).blocks("CPU"), 40u);
+    EXPECT_EQ(core->tiers(0).unresolved(), 0u);
+    EXPECT_EQ(core->tiers(2).unresolved(), 0u);
+    // A hash-only tier event for blocks nobody maps: kept, not credited.
+    ASSERT_TRUE(core->storeTierBlocks(1, 0, "CPU", blocksOf(prompt, 30, 2, false)));
+    EXPECT_EQ(core->tiers(1).unresolved(), 2u);
+
+    RequestRoute r;
+    prepare(r, prompt);
+    ASSERT_TRUE(core->decide(r, 0));
+    DecisionRecord record;
+    core->fillRecord(r, &record);
+    if (scoring == "modelled") {
+      // e0: 128 GPU tokens + 512 in CPU, credited ~470: past half the prompt.
+      EXPECT_EQ(r.instance(), 0);
+      EXPECT_EQ(record.reason, "cache_gate");
+      EXPECT_EQ(record.tier_cpu_tokens, 512);
+      EXPECT_EQ(record.tier_disk_tokens, 0);
+      EXPECT_GT(record.tier_credited_tokens, 400);
+      EXPECT_LT(record.tier_credited_tokens, 512);
+      EXPECT_NE(decisionToJson(record).find("\"tier_tokens\":{\"CPU\":512,\"DISK\":0"),
+                std::string::npos)
+          << decisionToJson(record);
+      EXPECT_EQ(r.ownMatchedTokens(), 128);  // the engine's prefix cache reports GPU hits
+    } else {
+      EXPECT_EQ(r.instance(), 1);  // GPU hits only: e1's 256 tokens leave the least to compute
+      EXPECT_EQ(record.tier_cpu_tokens, 0);
+    }
+    r.endAttempt();
+    // The CPU copies go: the run ends at the GPU hits again.
+    core->removeTierBlocks(0, "CPU", std::vector<uint64_t>{100 + 8});
+    RequestRoute again;
+    prepare(again, prompt);
+    ASSERT_TRUE(core->decide(again, 0));
+    EXPECT_EQ(again.instance(), 1);
+    core->clearTiers(2);
+    EXPECT_EQ(core->tiers(2).blocks("DISK"), 0u);
+  }
+}
+
 }  // namespace
 }  // namespace kvf::router

@@ -10,6 +10,8 @@ encoded here, over real ZMQ; each instance has a minimal HTTP face (/health, /me
 - hybrid KV cache groups (g6, g7): only the full-attention group is indexed, and another
   group's removal of a shared hash does not erase it;
 - tiers (g3 OffloadingConnector, g9 STORAGE): kept per medium and shown, not GPU hits;
+- a prefix offloaded to CPU (OffloadingConnector's hash-only BlockStored, medium "CPU") and
+  then evicted from the GPU is credited by the policy: the decision log shows the CPU run;
 - LoRA (g4): an adapter's blocks match requests for that adapter only;
 - unknown fields and event types: skipped and counted, the batch kept;
 - data parallelism: two ranks on port and port + 1, one stream each: a removal or a restart
@@ -200,7 +202,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--router", required=True)
     args = ap.parse_args()
-    names = ["groups6", "groups7", "tiers", "lora", "unknown", "dp", "quiet"]
+    names = ["groups6", "groups7", "tiers", "lora", "unknown", "dp", "tiercpu", "quiet"]
     faces = {n: Face() for n in names}
     pubs = {n: Publisher(2 if n == "dp" else 1) for n in names}
     instances = []
@@ -274,6 +276,28 @@ def main():
         check(router.predicted("dp", "base", toks + [1]) == 16,
               "DP: rank 1's restart leaves rank 0's block 0 (got %d)"
               % router.predicted("dp", "base", toks + [1]))
+        # A prefix cached on the GPU, offloaded to CPU as vLLM's OffloadingConnector reports it
+        # (array layout in vLLM's field order: block_hashes, parent_block_hash, token_ids,
+        # block_size, lora_id, medium; hashes only), then evicted from the GPU: only the CPU
+        # copy is left, and the policy credits it.
+        toks = list(range(5000, 5128))
+        hashes = [71, 72, 73, 74, 75, 76, 77, 78]
+        gpu_after("tiercpu", [batch([stored(hashes, toks)]),
+                              batch([["BlockStored", hashes, None, [], 16, None, "CPU"]]),
+                              batch([["BlockRemoved", hashes, "GPU"]])])
+        kv = router.instance("tiercpu")["kv_events"]
+        check(kv["tier_blocks"].get("GPU") == 0 and kv["tier_blocks"].get("CPU") == 8
+              and kv["tier_unresolved_blocks"] == 0,
+              "CPU offload placed on the prompt's chain: GPU 0, CPU 8 (got %s, unresolved %s)"
+              % (kv["tier_blocks"], kv["tier_unresolved_blocks"]))
+        router.call("POST", "/v1/completions", {"model": "base", "prompt": toks + [1],
+                                                "max_tokens": 1}, auth=False)
+        last = router.call("GET", "/admin/decisions")["decisions"][-1]
+        tier = last.get("tier_tokens") or {}
+        check(last["instance"] == "tiercpu" and last["reason"] == "cache_gate"
+              and tier.get("CPU") == 128 and 0 < tier.get("credited", 0) < 128,
+              "the CPU run is credited in the decision (got %s, %s, %s)"
+              % (last["instance"], last["reason"], tier))
         # Re-admission after an ejection: the index starts empty at once.
         faces["lora"].healthy = False
         router.wait("lora ejected", lambda: not router.instance("lora")["admitted"])
