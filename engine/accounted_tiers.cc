@@ -1,5 +1,6 @@
 #include "engine/accounted_tiers.h"
 
+#include "worker/block_payload.h"
 #include "worker/tiers/disk_format.h"
 
 namespace kvf::engine {
@@ -98,7 +99,7 @@ TierRun AccountedTiers::lookup(std::span<const worker::BlockHash> hashes) {
 }
 
 std::unique_ptr<TierOnboard> AccountedTiers::onboard(
-    std::span<const worker::BlockHash> hashes, std::span<const std::span<std::byte>> /*dst*/) {
+    std::span<const worker::BlockHash> hashes, std::span<const std::span<std::byte>> destinations) {
   size_t ready = 0;
   for (worker::BlockHash h : hashes) {
     const uint64_t key = h.value();
@@ -110,6 +111,11 @@ std::unique_ptr<TierOnboard> AccountedTiers::onboard(
       ++counts_.onboarded_disk;
     } else {
       break;
+    }
+    // A pool with payload bytes (an engine core run with accounting, e.g. in tests) gets the
+    // block's content, which the emulator derives from its hash.
+    if (ready < destinations.size() && !destinations[ready].empty()) {
+      worker::fillBlockPayload(h, destinations[ready]);
     }
     ++ready;
   }
