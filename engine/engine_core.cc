@@ -63,6 +63,11 @@ std::optional<Nanos> EngineCore::nextOnboardReady() const {
   return next;
 }
 
+bool EngineCore::onboardsCopied() const {
+  return std::all_of(onboards_.begin(), onboards_.end(),
+                     [](const PendingOnboard& p) { return p.copy->done(); });
+}
+
 void EngineCore::startOnboards(const StepResult& result, Nanos now) {
   const int64_t bs = pool_->blockSize();
   for (const TierOnboardStart& o : result.tier_onboards) {

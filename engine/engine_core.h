@@ -95,6 +95,10 @@ class EngineCore {
   bool hasWork() const { return scheduler_->hasWork(); }
   // When the earliest onboard from the lower tiers may complete (then step()); nullopt: none.
   std::optional<Nanos> nextOnboardReady() const;
+  // True when every pending onboard's copy is done (thread-safe to poll from the core's thread):
+  // a driver in virtual time over a live store (a benchmark) waits for it before stepping at
+  // nextOnboardReady(), so the modelled time is not stretched by polling.
+  bool onboardsCopied() const;
   LowerTiers* lowerTiers() const { return tiers_.get(); }
   // Onboarded blocks whose bytes were not their hash's content (never served: recomputed).
   uint64_t onboardPayloadMismatches() const { return onboard_payload_mismatches_; }

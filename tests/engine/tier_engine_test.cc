@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <variant>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "engine/accounted_tiers.h"
 #include "engine/engine_core.h"
 #include "engine/live_tiers.h"
+#include "engine/virtual_run.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/testing/temp_dir.h"
 #include "worker/block_payload.h"
@@ -30,37 +32,12 @@ constexpr int kBlock = 16;
 constexpr int64_t kPoolBlocks = 32;
 constexpr size_t kPayload = 256;
 
-// What one request saw.
-struct Served {
-  int64_t cached_tokens = -1;
-  int64_t tier_tokens = 0;
-  Nanos ttft = -1;
-};
+using Served = VirtualOutcome;
 
-// Runs the core in virtual time until `id` finishes, stepping at onboards' ready times when
-// nothing else runs (as the live loop and the simulator do).
 Served serve(EngineCore& core, RequestSpec s, Nanos& now) {
   const std::string id = s.id;
-  const Nanos arrival = now;
-  EXPECT_TRUE(core.add(std::move(s), now).ok());
-  Served out;
-  for (int i = 0; i < 200000; ++i) {
-    if (!core.hasWork()) {
-      std::optional<Nanos> ready = core.nextOnboardReady();
-      if (!ready) break;
-      now = std::max(now, *ready);
-    }
-    StepResult r = core.step(now);
-    now += r.duration;
-    for (const RequestOutput& o : r.outputs) {
-      if (o.id != id) continue;
-      if (out.ttft < 0 && o.first_token_time >= 0) out.ttft = o.first_token_time - arrival;
-      out.cached_tokens = o.cached_tokens;
-      out.tier_tokens = o.tier_tokens;
-      if (o.finish) return out;
-    }
-  }
-  ADD_FAILURE() << "request " << id << " did not finish";
+  Served out = runToCompletion(core, std::move(s), &now);
+  EXPECT_TRUE(out.finished) << "request " << id << " did not finish";
   return out;
 }
 
@@ -373,6 +350,7 @@ TEST(TierEngineTest, SimulatorAccountingAndLiveStoreServeARepeatedPrefixFromTheS
     EXPECT_EQ(a.cached_tokens, b.cached_tokens) << fillers;
     EXPECT_EQ(live->stats().tier_host_tokens, sim->stats().tier_host_tokens) << fillers;
     EXPECT_EQ(live->stats().tier_disk_tokens, sim->stats().tier_disk_tokens) << fillers;
+    EXPECT_EQ(a.ttft, b.ttft) << fillers;  // the same modelled onboard time
     const bool on_disk = fillers == 16;
     EXPECT_EQ(sim->stats().tier_disk_tokens > 0, on_disk) << fillers;
   }
