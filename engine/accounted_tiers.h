@@ -28,9 +28,9 @@ class AccountedTiers final : public LowerTiers {
                                        std::span<const std::span<std::byte>> destinations) override;
 
   struct Counts {
-    uint64_t host_stored = 0;      // blocks that entered host memory
-    uint64_t host_moved_down = 0;  // left host memory with a copy on disk
-    uint64_t disk_written = 0;     // blocks written to disk
+    uint64_t host_stored = 0;       // blocks that entered host memory
+    uint64_t host_moved_down = 0;   // left host memory with a copy on disk
+    uint64_t disk_written = 0;      // blocks written to disk
     uint64_t dropped_capacity = 0;  // left the lowest tier for good
     uint64_t onboarded_host = 0;
     uint64_t onboarded_disk = 0;

@@ -10,8 +10,9 @@
 
 namespace kvf::engine {
 
-absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::create(
-    const EngineConfig& config, worker::KvEventSink* sink, std::unique_ptr<LowerTiers> tiers) {
+absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::create(const EngineConfig& config,
+                                                               worker::KvEventSink* sink,
+                                                               std::unique_ptr<LowerTiers> tiers) {
   std::unique_ptr<EngineCore> core(new EngineCore());
   core->tiers_ = std::move(tiers);
   core->timing_ = std::make_unique<TimingModel>(config.profile);

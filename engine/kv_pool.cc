@@ -182,8 +182,7 @@ void KvPool::release(std::span<const BlockIndex> blocks) {
   });
 }
 
-void KvPool::offloadEvicted(std::span<const BlockHash> hashes,
-                            std::span<const BlockIndex> blocks) {
+void KvPool::offloadEvicted(std::span<const BlockHash> hashes, std::span<const BlockIndex> blocks) {
   // Nothing has written the blocks since they were freed: their payload is the evicted KV.
   std::vector<std::span<const std::byte>> payloads;
   payloads.reserve(blocks.size());

@@ -52,8 +52,9 @@ class LowerTiers {
   virtual TierRun lookup(std::span<const worker::BlockHash> hashes) = 0;
   // Starts copying `hashes` into `destinations` (one per hash, block bytes each, or empty spans
   // when the pool holds no payload). The destinations must stay untouched until done().
-  virtual std::unique_ptr<TierOnboard> onboard(std::span<const worker::BlockHash> hashes,
-                                               std::span<const std::span<std::byte>> destinations) = 0;
+  virtual std::unique_ptr<TierOnboard> onboard(
+      std::span<const worker::BlockHash> hashes,
+      std::span<const std::span<std::byte>> destinations) = 0;
 };
 
 }  // namespace kvf::engine

@@ -66,15 +66,14 @@ bool Scheduler::startRemoteKv(Request& r, std::span<const BlockIndex> cached,
 }
 
 std::optional<bool> Scheduler::startOnboard(Request& r, std::span<const BlockIndex> cached,
-                                            std::span<const BlockHash> lookup,
-                                            StepResult& result) {
+                                            std::span<const BlockHash> lookup, StepResult& result) {
   LowerTiers* tiers = pool_->lowerTiers();
   if (tiers == nullptr || r.tiers_failed || cached.size() >= lookup.size()) return std::nullopt;
   TierRun run = tiers->lookup(lookup.subspan(cached.size()));
   if (run.size() == 0) return std::nullopt;
-  std::vector<BlockHash> hashes(lookup.begin() + static_cast<std::ptrdiff_t>(cached.size()),
-                                lookup.begin() + static_cast<std::ptrdiff_t>(cached.size() +
-                                                                             run.size()));
+  std::vector<BlockHash> hashes(
+      lookup.begin() + static_cast<std::ptrdiff_t>(cached.size()),
+      lookup.begin() + static_cast<std::ptrdiff_t>(cached.size() + run.size()));
   if (!holdLanding(r, cached, std::move(hashes))) return false;
   r.onboarding = true;
   ++stats_.tier_onboards;

@@ -67,7 +67,7 @@ struct PcieFigures {
   double overhead_us = 10;      // fixed cost per onboard (submission, completion event)
 };
 struct DiskFigures {
-  double read_gbps = 48;   // gigabits per second
+  double read_gbps = 48;  // gigabits per second
   double write_gbps = 32;
 };
 

@@ -342,7 +342,8 @@ int main(int argc, char** argv) {
       "               host memory (G2), disk (G3, files in --dir) or recomputed, through the\n"
       "               engine core with the live tiers on --profile, per --suffix_tokens.\n"
       "Prints markdown tables; exit status 1 when a run fails (or a block came back wrong).\n\n"
-      "Usage: kvf-tier-bench --mode=host|disk|loss|device|onboard [--dir DIR] [--trace FILE] [flags]");
+      "Usage: kvf-tier-bench --mode=host|disk|loss|device|onboard [--dir DIR] [--trace FILE] "
+      "[flags]");
   if (!args.empty()) kvf::bench::usage("unexpected argument '" + args[0] + "'");
   kvf::log::init("tier-bench", "warn");
   std::string mode = absl::GetFlag(FLAGS_mode);

@@ -25,7 +25,8 @@ using engine::TokenId;
 
 std::vector<TokenId> tokens(int64_t n, int64_t salt) {
   std::vector<TokenId> t(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) t[static_cast<size_t>(i)] = 1000 + (i * 7919 + salt * 104729) % 90000;
+  for (int64_t i = 0; i < n; ++i)
+    t[static_cast<size_t>(i)] = 1000 + (i * 7919 + salt * 104729) % 90000;
   return t;
 }
 
@@ -71,11 +72,10 @@ absl::StatusOr<CaseResult> runCase(const OnboardOptions& o, Case c, int64_t suff
     std::filesystem::remove_all(dir);
     // G2: host memory holds the prefix; G3: 1 MiB of host memory (256 slots) turns over and
     // the prefix is on disk only.
-    std::string yaml =
-        c == Case::kG2
-            ? "host: {capacity_mib: 64, pin: off}\n"
-            : strCat("host: {capacity_mib: 1, pin: off}\ndisk: {dir: ", dir,
-                     ", capacity_mib: 256, file_mib: 16}\n");
+    std::string yaml = c == Case::kG2
+                           ? "host: {capacity_mib: 64, pin: off}\n"
+                           : strCat("host: {capacity_mib: 1, pin: off}\ndisk: {dir: ", dir,
+                                    ", capacity_mib: 256, file_mib: 16}\n");
     KVF_ASSIGN_OR_RETURN(worker::TieredStoreOptions store,
                          worker::parseTierConfigText(yaml, "tiers"));
     config.tiers = store;
@@ -111,8 +111,8 @@ absl::StatusOr<CaseResult> runCase(const OnboardOptions& o, Case c, int64_t suff
   prompt.insert(prompt.end(), tail.begin(), tail.end());
   CaseResult r;
   r.outcome = engine::runToCompletion(*core, request("measured", prompt), &now);
-  r.bytes_ok = core->onboardPayloadMismatches() == 0 &&
-               core->pool().auditPayloads().corrupt_blocks == 0;
+  r.bytes_ok =
+      core->onboardPayloadMismatches() == 0 && core->pool().auditPayloads().corrupt_blocks == 0;
   if (!r.outcome.finished) return absl::InternalError(strCat(caseName(c), ": did not finish"));
   return r;
 }
@@ -120,10 +120,12 @@ absl::StatusOr<CaseResult> runCase(const OnboardOptions& o, Case c, int64_t suff
 }  // namespace
 
 int runOnboard(const OnboardOptions& o) {
-  std::printf("Modelled TTFT, %lld-token prefix, profile %s (pcie %.0f Gbps, disk read %.0f Gbps)\n\n",
-              static_cast<long long>(o.prefix_tokens), o.engine.profile.name.c_str(),
-              o.engine.profile.pcie.bandwidth_gbps, o.engine.profile.disk.read_gbps);
-  std::printf("| new tokens | case | cached tokens | of them onboarded | TTFT (ms) | vs G1 hit |\n");
+  std::printf(
+      "Modelled TTFT, %lld-token prefix, profile %s (pcie %.0f Gbps, disk read %.0f Gbps)\n\n",
+      static_cast<long long>(o.prefix_tokens), o.engine.profile.name.c_str(),
+      o.engine.profile.pcie.bandwidth_gbps, o.engine.profile.disk.read_gbps);
+  std::printf(
+      "| new tokens | case | cached tokens | of them onboarded | TTFT (ms) | vs G1 hit |\n");
   std::printf("|---|---|---|---|---|---|\n");
   int rc = 0;
   for (int64_t suffix : o.suffix_tokens) {

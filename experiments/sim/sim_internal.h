@@ -261,7 +261,7 @@ struct SimEngine {
   bool up = true;
   uint32_t incarnation = 0;
   bool busy = false;
-  Nanos onboard_wake = -1;  // the pending kOnboardReady's time (-1: none)
+  Nanos onboard_wake = -1;                         // the pending kOnboardReady's time (-1: none)
   engine::StepResult current;                      // the step in progress
   std::deque<std::vector<SimKvEvent>> kv_batches;  // published, not yet applied
   // /metrics as last published by the engine (after each step and add).

@@ -56,7 +56,8 @@ EngineConfig tierConfig(const std::string& tiers_yaml) {
   return c;
 }
 
-std::string diskYaml(const std::filesystem::path& dir, int disk_mib, const std::string& extra = "") {
+std::string diskYaml(const std::filesystem::path& dir, int disk_mib,
+                     const std::string& extra = "") {
   return "host: {capacity_mib: 1, pin: off}\n"
          "disk: {dir: " +
          dir.string() + ", capacity_mib: " + std::to_string(disk_mib) + ", file_mib: 1" + extra +
@@ -209,8 +210,7 @@ TEST(TierEngineTest, ACorruptedDiskFileIsDetectedAndTheRequestRecomputes) {
 
 TEST(TierEngineTest, ASlowDiskIsBackpressureAndLosesNoBlock) {
   auto dir = kvf::testing::freshTempDir("tier-slow");
-  EngineConfig c =
-      tierConfig(diskYaml(dir, 64, ", fault_io_delay_us: 3000, max_queued_writes: 4"));
+  EngineConfig c = tierConfig(diskYaml(dir, 64, ", fault_io_delay_us: 3000, max_queued_writes: 4"));
   LiveTiers* tiers = nullptr;
   auto core = liveCore(c, nullptr, &tiers);
   ASSERT_NE(core, nullptr);
