@@ -5,6 +5,7 @@
 
 #include "common/config.h"
 #include "common/strings.h"
+#include "policy/holder_set.h"
 
 namespace kvf::experiments {
 
@@ -108,7 +109,7 @@ void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::
   }
   if (auto r = root.map("replay")) parseReplay(*r, &out->replay, &out->salt);
   if (auto c = root.map("cluster")) {
-    c->get("engines", &out->cluster.engines, 1, 64);
+    c->get("engines", &out->cluster.engines, 1, policy::kMaxInstances);
     c->require("engine_config");
     getPath(*c, "engine_config", dir, variables, &out->cluster.engine_config);
     c->get("engine_time_scale", &out->cluster.engine_time_scale, 0.001, 1000.0);

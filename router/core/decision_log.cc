@@ -51,6 +51,7 @@ std::string decisionToJson(const DecisionRecord& r) {
     return out;
   };
   o["scores"] = numbers(r.scores);
+  if (r.scores_omitted > 0) o["scores_omitted"] = r.scores_omitted;
   auto stringOrNull = [](const std::string& s) { return s.empty() ? bj::value() : bj::value(s); };
   o["source"] = stringOrNull(r.source);
   o["predicted_costs"] = numbers(r.predicted_costs);

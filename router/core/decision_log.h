@@ -38,7 +38,11 @@ struct DecisionRecord {
   // Arrival to the first response bytes (streams: first chunk; otherwise the whole body), for
   // comparison with predicted_costs.chosen; nullopt when no body arrived.
   std::optional<double> ttft_s;
-  std::vector<std::pair<std::string, double>> scores;  // instance id -> score (NaN: unhealthy)
+  // Instance id -> score (NaN: unhealthy). Past kMaxScores instances: the chosen one and the
+  // best others, scores_omitted counting the rest.
+  static constexpr size_t kMaxScores = 16;
+  std::vector<std::pair<std::string, double>> scores;
+  int64_t scores_omitted = 0;
   // KV movement: the peer (push source or prefill instance; "" for none), the policy's
   // predicted seconds per mode (NaN: not considered), P's outcome for an offload ("" for none)
   // and the decode instance's kv_transfer_result ("" status: none reported).

@@ -360,9 +360,38 @@ void RoutingCore::fillRecord(const RequestRoute& r, DecisionRecord* out) const {
   out->prompt_tokens = r.engine_prompt_tokens_ > 0 ? r.engine_prompt_tokens_ : r.prompt_tokens;
   out->predicted_cached_tokens = d.predicted_cached_tokens;
   out->scores.clear();
-  for (size_t i = 0; i < d.scores.size() && i < static_cast<size_t>(slot_end_); ++i) {
-    const InstanceState& s = ledger_->instances[i];
-    if (s.present) out->scores.emplace_back(s.id, d.scores[i]);
+  out->scores_omitted = 0;
+  const size_t end = std::min(d.scores.size(), static_cast<size_t>(slot_end_));
+  size_t present = 0;
+  for (size_t i = 0; i < end; ++i) present += ledger_->instances[i].present ? 1 : 0;
+  if (present <= DecisionRecord::kMaxScores) {
+    for (size_t i = 0; i < end; ++i) {
+      const InstanceState& s = ledger_->instances[i];
+      if (s.present) out->scores.emplace_back(s.id, d.scores[i]);
+    }
+  } else {
+    // A large cluster: the chosen instance and the best others (lowest scores), in slot order,
+    // so a record stays a few hundred bytes at 1,024 instances instead of a copy of every id.
+    std::vector<std::pair<double, uint32_t>> ranked;
+    ranked.reserve(present);
+    for (size_t i = 0; i < end; ++i) {
+      if (!ledger_->instances[i].present || std::isnan(d.scores[i])) continue;
+      if (static_cast<int>(i) == r.instance_) continue;
+      ranked.emplace_back(d.scores[i], static_cast<uint32_t>(i));
+    }
+    const size_t keep = std::min(ranked.size(), DecisionRecord::kMaxScores - 1);
+    std::partial_sort(ranked.begin(), ranked.begin() + static_cast<ptrdiff_t>(keep), ranked.end());
+    ranked.resize(keep);
+    if (r.instance_ >= 0 && static_cast<size_t>(r.instance_) < end) {
+      ranked.emplace_back(d.scores[static_cast<size_t>(r.instance_)],
+                          static_cast<uint32_t>(r.instance_));
+    }
+    std::sort(ranked.begin(), ranked.end(),
+              [](const auto& a, const auto& b) { return a.second < b.second; });
+    for (const auto& [score, slot] : ranked) {
+      out->scores.emplace_back(ledger_->instances[slot].id, score);
+    }
+    out->scores_omitted = static_cast<int64_t>(present - out->scores.size());
   }
   out->excluded.clear();
   r.excluded_.forEach(

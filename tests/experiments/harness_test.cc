@@ -56,7 +56,7 @@ repetitions: 2
 
   std::ofstream(dir / "bad.yaml") << R"(name: ab
 trace: {path: t.jsonl, windw: 3}
-cluster: {engines: 100, engine_config: e.yaml}
+cluster: {engines: 1025, engine_config: e.yaml}
 router: {instances: []}
 arms:
   - {name: rr, policy: {kind: round_robin}}
@@ -66,7 +66,7 @@ arms:
   ASSERT_FALSE(bad.ok());
   std::string m(bad.status().message());
   EXPECT_NE(m.find("trace.windw: unknown key"), std::string::npos) << m;
-  EXPECT_NE(m.find("cluster.engines: value 100 is out of range"), std::string::npos) << m;
+  EXPECT_NE(m.find("cluster.engines: value 1025 is out of range"), std::string::npos) << m;
   EXPECT_NE(m.find("'instances' is set by the harness"), std::string::npos) << m;
   EXPECT_NE(m.find("arms[1].name: duplicate arm 'rr'"), std::string::npos) << m;
 }

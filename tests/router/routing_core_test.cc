@@ -114,6 +114,48 @@ TEST(RoutingCoreTest, PredictionIsCappedAtTheFullBlocksOfPromptMinusOne) {
   EXPECT_EQ(text.predictedCachedTokens(), 240);  // 15 blocks of 16, not 249
 }
 
+TEST(RoutingCoreTest, LargeClusterRecordsTheChosenAndTheBestScores) {
+  // 40 instances, least_request: e5 carries no load, the others 1..39 requests each except e39
+  // (the chosen one is whichever scores lowest; the record must hold it and the 15 best others).
+  auto core = coreFor(configFor("{kind: least_request}", 40));
+  std::vector<std::unique_ptr<RequestRoute>> load;
+  for (int i = 0; i < 60; ++i) {
+    auto r = std::make_unique<RequestRoute>();
+    prepare(*r, tokens(32, 5000 + 100 * i));
+    ASSERT_TRUE(core->decide(*r, 0));
+    load.push_back(std::move(r));
+  }
+  RequestRoute r;
+  prepare(r, tokens(32));
+  ASSERT_TRUE(core->decide(r, 1));
+  DecisionRecord record;
+  core->fillRecord(r, &record);
+  ASSERT_EQ(record.scores.size(), DecisionRecord::kMaxScores);
+  EXPECT_EQ(record.scores_omitted, 40 - static_cast<int64_t>(DecisionRecord::kMaxScores));
+  bool has_chosen = false;
+  double worst_kept = -1;
+  for (const auto& [id, score] : record.scores) {
+    has_chosen |= id == record.instance;
+    worst_kept = std::max(worst_kept, score);
+  }
+  EXPECT_TRUE(has_chosen);
+  // Nothing omitted scores lower than the worst score kept.
+  int lower_elsewhere = 0;
+  for (int i = 0; i < 40; ++i) {
+    if (r.decision().scores[static_cast<size_t>(i)] < worst_kept) ++lower_elsewhere;
+  }
+  EXPECT_LE(lower_elsewhere, static_cast<int>(DecisionRecord::kMaxScores) - 1);
+  // A small cluster still records every instance.
+  auto small = coreFor(configFor("{kind: least_request}", 3));
+  RequestRoute s;
+  prepare(s, tokens(32));
+  ASSERT_TRUE(small->decide(s, 0));
+  DecisionRecord small_record;
+  small->fillRecord(s, &small_record);
+  EXPECT_EQ(small_record.scores.size(), 3u);
+  EXPECT_EQ(small_record.scores_omitted, 0);
+}
+
 TEST(RoutingCoreTest, FailedAttemptsAreExcludedAndOpenTheCircuit) {
   auto core = coreFor(configFor("{kind: round_robin}"));
   RequestRoute r;
