@@ -84,6 +84,18 @@ std::unique_ptr<EngineCore> accountedCore(const EngineConfig& c) {
   return core.ok() ? std::move(*core) : nullptr;
 }
 
+// A live core over host memory (256 slots) and a disk tier in a fresh folder.
+struct LiveDiskCore {
+  LiveDiskCore(const std::string& name, int disk_mib, const std::string& extra = "")
+      : dir(kvf::testing::freshTempDir(name)) {
+    core = liveCore(tierConfig(diskYaml(dir, disk_mib, extra)), nullptr, &tiers);
+  }
+  std::filesystem::path dir;
+  LiveTiers* tiers = nullptr;
+  std::unique_ptr<EngineCore> core;
+  Nanos now = 0;
+};
+
 // Serves prompt A, then `fillers` other prompts of 20 blocks (A leaves the 32-block pool after
 // two), then A again: what the second A saw.
 Served evictAndRepeat(EngineCore& core, int fillers, Nanos& now) {
@@ -155,12 +167,11 @@ TEST(TierEngineTest, LiveTiersServeFromHostMemoryWithTheBytesThatWereEvicted) {
 }
 
 TEST(TierEngineTest, LiveTiersServeFromDiskOnceHostMemoryTurnedOver) {
-  auto dir = kvf::testing::freshTempDir("tier-disk");
-  EngineConfig c = tierConfig(diskYaml(dir, 64));
-  LiveTiers* tiers = nullptr;
-  auto core = liveCore(c, nullptr, &tiers);
-  ASSERT_NE(core, nullptr);
-  Nanos now = 0;
+  LiveDiskCore live("tier-disk", 64);
+  ASSERT_NE(live.core, nullptr);
+  EngineCore* core = live.core.get();
+  LiveTiers* tiers = live.tiers;
+  Nanos& now = live.now;
   // 16 fillers of 20 blocks turn the 256-slot host memory over: A is on disk only.
   Served again = evictAndRepeat(*core, 16, now);
   EXPECT_EQ(again.cached_tokens, 10 * kBlock);
@@ -180,12 +191,12 @@ TEST(TierEngineTest, LiveTiersServeFromDiskOnceHostMemoryTurnedOver) {
 }
 
 TEST(TierEngineTest, ACorruptedDiskFileIsDetectedAndTheRequestRecomputes) {
-  auto dir = kvf::testing::freshTempDir("tier-corrupt");
-  EngineConfig c = tierConfig(diskYaml(dir, 64));
-  LiveTiers* tiers = nullptr;
-  auto core = liveCore(c, nullptr, &tiers);
-  ASSERT_NE(core, nullptr);
-  Nanos now = 0;
+  LiveDiskCore live("tier-corrupt", 64);
+  ASSERT_NE(live.core, nullptr);
+  EngineCore* core = live.core.get();
+  LiveTiers* tiers = live.tiers;
+  Nanos& now = live.now;
+  const std::filesystem::path& dir = live.dir;
   serve(*core, request("a1", 10, 1), now);
   for (int i = 0; i < 16; ++i) serve(*core, request("f" + std::to_string(i), 20, 100 + i), now);
   ASSERT_TRUE(tiers->store().flush(std::chrono::seconds(10)));
@@ -209,12 +220,11 @@ TEST(TierEngineTest, ACorruptedDiskFileIsDetectedAndTheRequestRecomputes) {
 }
 
 TEST(TierEngineTest, ASlowDiskIsBackpressureAndLosesNoBlock) {
-  auto dir = kvf::testing::freshTempDir("tier-slow");
-  EngineConfig c = tierConfig(diskYaml(dir, 64, ", fault_io_delay_us: 3000, max_queued_writes: 4"));
-  LiveTiers* tiers = nullptr;
-  auto core = liveCore(c, nullptr, &tiers);
-  ASSERT_NE(core, nullptr);
-  Nanos now = 0;
+  LiveDiskCore live("tier-slow", 64, ", fault_io_delay_us: 3000, max_queued_writes: 4");
+  ASSERT_NE(live.core, nullptr);
+  EngineCore* core = live.core.get();
+  LiveTiers* tiers = live.tiers;
+  Nanos& now = live.now;
   Served again = evictAndRepeat(*core, 16, now);
   EXPECT_EQ(again.cached_tokens, 10 * kBlock);
   worker::TierStats st = tiers->store().stats();
@@ -229,12 +239,11 @@ TEST(TierEngineTest, ASlowDiskIsBackpressureAndLosesNoBlock) {
 }
 
 TEST(TierEngineTest, AFullDiskDropsItsOldestBlocksCountedAndKeepsServing) {
-  auto dir = kvf::testing::freshTempDir("tier-full");
-  EngineConfig c = tierConfig(diskYaml(dir, 1));  // 1 MiB: 128 slots
-  LiveTiers* tiers = nullptr;
-  auto core = liveCore(c, nullptr, &tiers);
-  ASSERT_NE(core, nullptr);
-  Nanos now = 0;
+  LiveDiskCore live("tier-full", 1);  // 1 MiB: 128 disk slots
+  ASSERT_NE(live.core, nullptr);
+  EngineCore* core = live.core.get();
+  LiveTiers* tiers = live.tiers;
+  Nanos& now = live.now;
   Served again = evictAndRepeat(*core, 24, now);
   EXPECT_EQ(again.cached_tokens, 0);  // A was the oldest: dropped by the disk's budget
   worker::TierStats st = tiers->store().stats();
