@@ -37,6 +37,7 @@ void parseKvEvents(config::ConfigMap& m, KvEventsConfig* k) {
   m.get("replay_endpoint", &k->replay_endpoint);
   m.get("topic", &k->topic);
   m.get("buffer_batches", &k->buffer_batches, 1, 10'000'000);
+  m.get("buffer_bytes", &k->buffer_bytes, 4096, int64_t{1} << 40);
   m.rejectUnknownKeys();
 }
 

@@ -30,6 +30,7 @@ struct KvEventsConfig {
   std::string replay_endpoint = "tcp://*:5558";  // empty disables replay
   std::string topic;                             // vLLM's default: "" (KVEventsConfig.topic)
   int64_t buffer_batches = 10000;
+  int64_t buffer_bytes = int64_t{64} << 20;  // replay buffer bound in encoded bytes
 };
 
 // The worker control server (KV push, docs/protocols.md "KV push").

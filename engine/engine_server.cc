@@ -24,6 +24,7 @@ absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::create(asio::io_cont
     po.replay_endpoint = c.kv_events.replay_endpoint;
     po.topic = c.kv_events.topic;
     po.buffer_batches = static_cast<size_t>(c.kv_events.buffer_batches);
+    po.buffer_bytes = static_cast<size_t>(c.kv_events.buffer_bytes);
     KVF_ASSIGN_OR_RETURN(impl->publisher, worker::KvEventPublisher::create(po));
   }
   KVF_RETURN_IF_ERROR(impl->core_side.createCore());
@@ -162,6 +163,15 @@ void EngineServer::Impl::registerMetrics() {
           [pub] { return pub ? static_cast<double>(pub->publishedBatches()) : 0.0; });
   counter("kvfabric_engine_kv_events_dropped_total", "KV event batches dropped",
           [pub] { return pub ? static_cast<double>(pub->droppedBatches()) : 0.0; });
+  counter("kvfabric_engine_kv_events_replay_trimmed_total",
+          "KV event batches trimmed from the replay buffer to keep it within buffer_bytes",
+          [pub] { return pub ? static_cast<double>(pub->replayTrimmedBatches()) : 0.0; });
+  counter("kvfabric_engine_kv_events_replay_trimmed_bytes_total",
+          "Encoded bytes of the KV event batches trimmed for buffer_bytes",
+          [pub] { return pub ? static_cast<double>(pub->replayTrimmedBytes()) : 0.0; });
+  gauge("kvfabric_engine_kv_events_replay_buffer_bytes",
+        "Encoded bytes of the KV event batches kept for replay",
+        [pub] { return pub ? static_cast<double>(pub->replayBufferBytes()) : 0.0; });
 }
 
 void EngineServer::Impl::registerPushMetrics() {

@@ -47,6 +47,7 @@ KvEventPublisher::KvEventPublisher(PublisherOptions options) : options_(std::mov
 absl::StatusOr<std::unique_ptr<KvEventPublisher>> KvEventPublisher::create(
     PublisherOptions options) {
   if (options.buffer_batches == 0) return absl::InvalidArgumentError("buffer_batches must be > 0");
+  if (options.buffer_bytes == 0) return absl::InvalidArgumentError("buffer_bytes must be > 0");
   std::unique_ptr<KvEventPublisher> p(new KvEventPublisher(std::move(options)));
   KVF_RETURN_IF_ERROR(p->bind());
   p->thread_ = std::thread([raw = p.get()] { raw->run(); });
@@ -170,8 +171,20 @@ void KvEventPublisher::sendBatch(Pending pending) {
   } else {
     published_.fetch_add(1, std::memory_order_relaxed);
   }
+  uint64_t buffered = buffered_bytes_.load(std::memory_order_relaxed) + payload.size();
   replay_buffer_.emplace_back(seq, std::move(payload));
-  while (replay_buffer_.size() > options_.buffer_batches) replay_buffer_.pop_front();
+  // The newest batch always stays (a single batch over buffer_bytes is still replayable).
+  while (replay_buffer_.size() > 1 &&
+         (replay_buffer_.size() > options_.buffer_batches || buffered > options_.buffer_bytes)) {
+    const size_t bytes = replay_buffer_.front().second.size();
+    if (replay_buffer_.size() <= options_.buffer_batches) {
+      trimmed_batches_.fetch_add(1, std::memory_order_relaxed);
+      trimmed_bytes_.fetch_add(bytes, std::memory_order_relaxed);
+    }
+    buffered -= bytes;
+    replay_buffer_.pop_front();
+  }
+  buffered_bytes_.store(buffered, std::memory_order_relaxed);
 }
 
 // Reads every queued replay request. A request is [identity, "", start_seq(8B)]; anything

@@ -25,7 +25,10 @@ struct PublisherOptions {
   std::string replay_endpoint;            // ROUTER bind address; empty disables replay
   std::string topic;                      // vLLM's default: "" (KVEventsConfig.topic)
   size_t buffer_batches = 10000;          // batches kept for replay
-  size_t max_queued_batches = 100000;     // enqueued beyond this are dropped (and counted)
+  // Encoded bytes kept for replay: the oldest batches are trimmed past either bound (a batch
+  // may reach tens of KB, so 10,000 batches alone could hold hundreds of MB).
+  size_t buffer_bytes = size_t{64} << 20;
+  size_t max_queued_batches = 100000;  // enqueued beyond this are dropped (and counted)
 };
 
 class KvEventPublisher {
@@ -48,6 +51,11 @@ class KvEventPublisher {
   uint64_t publishedBatches() const { return published_.load(std::memory_order_relaxed); }
   uint64_t droppedBatches() const { return dropped_.load(std::memory_order_relaxed); }
   uint64_t replayRequests() const { return replays_.load(std::memory_order_relaxed); }
+  // Batches and bytes trimmed from the replay buffer to keep it within buffer_bytes (trims by
+  // buffer_batches are the normal rotation and not counted here), and the bytes it holds now.
+  uint64_t replayTrimmedBatches() const { return trimmed_batches_.load(std::memory_order_relaxed); }
+  uint64_t replayTrimmedBytes() const { return trimmed_bytes_.load(std::memory_order_relaxed); }
+  uint64_t replayBufferBytes() const { return buffered_bytes_.load(std::memory_order_relaxed); }
 
  private:
   struct Pending {
@@ -81,6 +89,9 @@ class KvEventPublisher {
   std::atomic<uint64_t> published_{0};
   std::atomic<uint64_t> dropped_{0};
   std::atomic<uint64_t> replays_{0};
+  std::atomic<uint64_t> trimmed_batches_{0};
+  std::atomic<uint64_t> trimmed_bytes_{0};
+  std::atomic<uint64_t> buffered_bytes_{0};  // written by the publishing thread only
 };
 
 }  // namespace kvf::worker

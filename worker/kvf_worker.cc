@@ -144,12 +144,30 @@ class CallbackAdapter final : public EngineAdapter {
   bool closed_ = false;
 };
 
-absl::Status validate(const kvf_worker_config* c, const kvf_worker_callbacks* cb) {
+// The caller's config as this library's struct: a caller built against an older header
+// passes a smaller struct_size, and the fields past it keep their defaults (zero); a newer
+// caller's extra fields are accepted only while they are unset (zero bytes).
+absl::StatusOr<kvf_worker_config> fullConfig(const kvf_worker_config* c) {
   if (c == nullptr) return absl::InvalidArgumentError("config: NULL");
-  if (c->struct_size < sizeof(kvf_worker_config)) {
-    return absl::InvalidArgumentError(strCat("config.struct_size: ", c->struct_size,
-                                             ", this library needs ", sizeof(kvf_worker_config)));
+  const size_t size = c->struct_size;
+  if (size < KVF_WORKER_CONFIG_SIZE_V1) {
+    return absl::InvalidArgumentError(strCat(
+        "config.struct_size: ", size, ", this library needs at least ", KVF_WORKER_CONFIG_SIZE_V1));
   }
+  const auto* bytes = reinterpret_cast<const unsigned char*>(c);
+  if (size > sizeof(kvf_worker_config) &&
+      std::any_of(bytes + sizeof(kvf_worker_config), bytes + size,
+                  [](unsigned char b) { return b != 0; })) {
+    return absl::InvalidArgumentError(strCat("config.struct_size: ", size,
+                                             ", fields past this library's ",
+                                             sizeof(kvf_worker_config), " bytes are set"));
+  }
+  kvf_worker_config full{};
+  std::memcpy(&full, c, std::min(size, sizeof(kvf_worker_config)));
+  return full;
+}
+
+absl::Status validate(const kvf_worker_config* c, const kvf_worker_callbacks* cb) {
   if (cb == nullptr || cb->pin_leading_run == nullptr || cb->unpin == nullptr ||
       cb->fetch_done == nullptr || cb->release_landing == nullptr) {
     return absl::InvalidArgumentError("callbacks: every callback must be set");
@@ -165,6 +183,28 @@ absl::Status validate(const kvf_worker_config* c, const kvf_worker_callbacks* cb
     return absl::InvalidArgumentError(strCat("config.region_bytes: ", c->region_bytes,
                                              " cannot hold ", c->num_blocks, " blocks of ",
                                              c->block_bytes, " bytes"));
+  }
+  if (c->advertise_url != nullptr && *c->advertise_url != '\0') {
+    if (absl::Status s = validateWorkerUrl(c->advertise_url); !s.ok()) {
+      return absl::InvalidArgumentError(strCat("config.advertise_url: ", std::string(s.message())));
+    }
+  }
+  if (c->num_peers > 0 && c->peers == nullptr) {
+    return absl::InvalidArgumentError(strCat("config.peers: NULL with num_peers ", c->num_peers));
+  }
+  constexpr size_t kMaxPeers = 4096;
+  if (c->num_peers > kMaxPeers) {
+    return absl::InvalidArgumentError(
+        strCat("config.num_peers: ", c->num_peers, ", at most ", kMaxPeers));
+  }
+  for (size_t i = 0; i < c->num_peers; ++i) {
+    if (c->peers[i] == nullptr) {
+      return absl::InvalidArgumentError(strCat("config.peers[", i, "]: NULL"));
+    }
+    if (absl::Status s = validateWorkerUrl(c->peers[i]); !s.ok()) {
+      return absl::InvalidArgumentError(
+          strCat("config.peers[", i, "]: ", std::string(s.message())));
+    }
   }
   return absl::OkStatus();
 }
@@ -208,12 +248,15 @@ using kvf::worker::report;
 
 extern "C" {
 
-kvf_status kvf_worker_create(const kvf_worker_config* c, const kvf_worker_callbacks* cb,
+kvf_status kvf_worker_create(const kvf_worker_config* config, const kvf_worker_callbacks* cb,
                              kvf_worker** out, char* err, size_t err_len) {
   namespace kw = kvf::worker;
   try {
     if (out == nullptr) return report(absl::InvalidArgumentError("out: NULL"), err, err_len);
     *out = nullptr;
+    auto full = kw::fullConfig(config);
+    if (!full.ok()) return report(full.status(), err, err_len);
+    const kvf_worker_config* c = &*full;
     if (absl::Status s = kw::validate(c, cb); !s.ok()) return report(s, err, err_len);
     auto w = std::make_unique<kvf_worker>();
     CWorker& cw = w->impl;
@@ -235,6 +278,8 @@ kvf_status kvf_worker_create(const kvf_worker_config* c, const kvf_worker_callba
     ao.port = c->port;
     ao.token = kw::orDefault(c->token, "");
     ao.insecure = c->insecure != 0;
+    ao.advertise_url = kw::orDefault(c->advertise_url, "");
+    for (size_t i = 0; i < c->num_peers; ++i) ao.peers.emplace_back(c->peers[i]);
     if (c->max_push_blocks > 0) ao.max_push_blocks = c->max_push_blocks;
     kvf::transport::TransportOptions to;
     to.name = ao.instance_id;

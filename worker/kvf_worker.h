@@ -66,7 +66,7 @@ typedef struct kvf_worker_callbacks {
 } kvf_worker_callbacks;
 
 typedef struct kvf_worker_config {
-  uint32_t struct_size;    /* sizeof(kvf_worker_config), for ABI evolution */
+  uint32_t struct_size;    /* sizeof(kvf_worker_config) of the caller's header (ABI evolution) */
   const char* instance_id; /* NULL: "worker" */
   const char* host;        /* control server address; NULL: "127.0.0.1" */
   uint16_t port;           /* 0 picks a free port */
@@ -86,7 +86,23 @@ typedef struct kvf_worker_config {
   const char* kv_events_topic;           /* NULL: "" (vLLM's default) */
   /* Non-zero: run the /kv/ routes without a token (no authentication at all; test only). */
   int32_t insecure;
+  /* Fields below were appended after the first release. A caller built against an older
+   * header passes a smaller struct_size (at least KVF_WORKER_CONFIG_SIZE_V1); the fields past
+   * it take their defaults. */
+  /* The URL peers reach this control server at (http://host:port; pushes name it so that the
+   * holder can claim the landing here), e.g. behind NAT or when bound to 0.0.0.0. NULL/"":
+   * http://host:port of the bound server; kvf_worker_url() returns it. */
+  const char* advertise_url;
+  /* Worker URLs (http://host:port) of the cluster's engines, from the router's registry:
+   * num_peers entries. When given, this agent pushes only to receivers listed here (a push
+   * naming another is refused before any write). NULL/0: any receiver that grants the landing
+   * on its own worker API. The strings are copied. */
+  const char* const* peers;
+  size_t num_peers;
 } kvf_worker_config;
+
+/* struct_size of a kvf_worker_config from the first release (up to and including insecure). */
+#define KVF_WORKER_CONFIG_SIZE_V1 offsetof(kvf_worker_config, advertise_url)
 
 /* Creates and starts the agent. On success *out owns it (kvf_worker_destroy). */
 kvf_status kvf_worker_create(const kvf_worker_config* config, const kvf_worker_callbacks* callbacks,

@@ -123,6 +123,16 @@ class ChaosTest : public ::testing::Test {
   }
   void TearDown() override {
     stopLoad();
+    // The clients' pooled connections are sockets of io_'s context: they are closed on its
+    // thread while it lives. Left to the fixture's destructor, after io_.reset(), each socket's
+    // close wrote into the context's freed socket service (heap corruption at exit).
+    if (io_) {
+      io_->run([this]() -> asio::awaitable<void> {
+        router_client_.reset();
+        engine_clients_.clear();
+        co_return;
+      });
+    }
     cluster_.reset();
     io_.reset();
   }

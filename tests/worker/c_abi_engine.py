@@ -5,13 +5,18 @@ It owns its KV buffer (num_blocks blocks of BLOCK_BYTES bytes) and a hash -> blo
 pin counts, and talks to libkvf_worker.so only through worker/kvf_worker.h. Block content is a
 function of the block hash (blake2b in counter mode), so a receiver checks every byte it got.
 
-  c_abi_engine.py LIB holder TRANSPORTS NET_DEVICES
+  c_abi_engine.py LIB holder TRANSPORTS NET_DEVICES PEER_URL
       caches BLOCKS blocks (hashes 7000.., scattered), holds a lease on the first 4, publishes
-      BlockStored for them, prints "READY <url> <kv_pub> <kv_replay>", serves pushes until
-      "quit" on stdin, then checks that every pin was undone and exits 0.
-  c_abi_engine.py LIB receiver TRANSPORTS NET_DEVICES URL
-      fetches the BLOCKS blocks from URL into landing blocks 100.. (naming the lease), checks
-      the result and every byte, then fetches hashes the holder lacks (fallback) and exits 0.
+      BlockStored for them, prints "READY <url> <kv_pub> <kv_replay>", serves pushes (to
+      PEER_URL only: config.peers) until "quit" on stdin, then checks that every pin was undone
+      and exits 0.
+  c_abi_engine.py LIB receiver TRANSPORTS NET_DEVICES URL PORT
+      serves on PORT and advertises http://localhost:PORT (config.advertise_url, the holder's
+      only peer), fetches the BLOCKS blocks from URL into landing blocks 100.. (naming the
+      lease), checks the result and every byte, then fetches hashes the holder lacks (fallback)
+      and exits 0.
+Both first check the config's ABI sizes: the first release's struct_size is served with the
+appended fields at their defaults, a longer one only while its unknown fields are unset.
 Prints "FAIL: ..." and exits 1 on any error.
 """
 import ctypes
@@ -70,11 +75,18 @@ class Config(ctypes.Structure):
                 ("region_bytes", ctypes.c_uint64), ("max_push_blocks", ctypes.c_uint64),
                 ("kv_events_endpoint", ctypes.c_char_p),
                 ("kv_events_replay_endpoint", ctypes.c_char_p),
-                ("kv_events_topic", ctypes.c_char_p), ("insecure", ctypes.c_int32)]
+                ("kv_events_topic", ctypes.c_char_p), ("insecure", ctypes.c_int32),
+                # Appended after the first release (KVF_WORKER_CONFIG_SIZE_V1 ends before them).
+                ("advertise_url", ctypes.c_char_p),
+                ("peers", ctypes.POINTER(ctypes.c_char_p)), ("num_peers", ctypes.c_size_t)]
+
+
+CONFIG_SIZE_V1 = Config.advertise_url.offset
 
 
 class Engine:
-    def __init__(self, lib_path, name, transports, net_devices, events):
+    def __init__(self, lib_path, name, transports, net_devices, events, port=0,
+                 advertise_url=None, peers=()):
         self.lib = ctypes.CDLL(lib_path)
         self.buffer = ctypes.create_string_buffer(NUM_BLOCKS * BLOCK_BYTES)
         self.table = {}  # hash -> block
@@ -86,9 +98,10 @@ class Engine:
                             RELEASE(self.release))
         cfg = Config()
         cfg.struct_size = ctypes.sizeof(Config)
+        self.port = port
         cfg.instance_id = name.encode()
         cfg.host = b"127.0.0.1"
-        cfg.port = 0
+        cfg.port = port
         cfg.token = TOKEN
         cfg.transports = transports.encode()
         cfg.net_devices = net_devices.encode() if net_devices != "-" else None
@@ -125,6 +138,8 @@ class Engine:
                                                   ctypes.c_size_t, ctypes.c_char_p,
                                                   ctypes.c_size_t]
         lib.kvf_worker_destroy.argtypes = [ctypes.c_void_p]
+        lib.kvf_worker_port.argtypes = [ctypes.c_void_p]
+        lib.kvf_worker_port.restype = ctypes.c_uint16
         lib.kvf_status_name.restype = ctypes.c_char_p
         # A config that is too small for this library is refused with a message naming it.
         bad = Config()
@@ -133,9 +148,60 @@ class Engine:
                                      ctypes.byref(self.worker), self.err, len(self.err))
         if code == 0 or b"struct_size" not in self.err.value:
             fail(f"a short config was not refused: {code} {self.err.value!r}")
+        self.check_config_sizes(cfg)
+        if advertise_url:
+            cfg.advertise_url = advertise_url.encode()
+        self.peer_strings = (ctypes.c_char_p * max(1, len(peers)))(*[p.encode() for p in peers])
+        cfg.peers = ctypes.cast(self.peer_strings, ctypes.POINTER(ctypes.c_char_p))
+        cfg.num_peers = len(peers)
         self.check(lib.kvf_worker_create(ctypes.byref(cfg), ctypes.byref(self.cb),
                                          ctypes.byref(self.worker), self.err, len(self.err)),
                    "kvf_worker_create")
+
+    def check_config_sizes(self, cfg):
+        """A caller built against the first header (struct_size KVF_WORKER_CONFIG_SIZE_V1) is
+        served, and the library reads nothing past its struct: the appended fields hold values
+        the full size refuses, and the V1-sized create takes their defaults."""
+        lib = self.lib
+        cfg.port = 0
+        cfg.advertise_url = b"not-a-url"
+        full = self.try_create(cfg)
+        if full is not None or b"config.advertise_url" not in self.err.value:
+            fail(f"a bad advertise_url was not refused: {self.err.value!r}")
+        cfg.struct_size = CONFIG_SIZE_V1
+        old = self.try_create(cfg)
+        if old is None:
+            fail(f"a V1-sized config ({CONFIG_SIZE_V1} bytes) was refused: {self.err.value!r}")
+        buf = ctypes.create_string_buffer(256)
+        self.check(lib.kvf_worker_url(old, buf, 256), "kvf_worker_url")
+        port = lib.kvf_worker_port(old)
+        lib.kvf_worker_destroy(old)
+        if buf.value.decode() != f"http://127.0.0.1:{port}":
+            fail(f"a V1-sized config read advertise_url: url {buf.value!r}")
+        # A newer caller's extra bytes: refused when set, accepted when zero.
+        class Longer(ctypes.Structure):
+            _fields_ = [("config", Config), ("extra", ctypes.c_uint64)]
+        longer = Longer(cfg, 0)
+        longer.config.advertise_url = None
+        longer.config.struct_size = ctypes.sizeof(Longer)
+        newer = self.try_create(ctypes.cast(ctypes.byref(longer), ctypes.POINTER(Config)))
+        if newer is None:
+            fail(f"a longer config with unset extra fields was refused: {self.err.value!r}")
+        lib.kvf_worker_destroy(newer)
+        longer.extra = 1
+        if self.try_create(ctypes.cast(ctypes.byref(longer), ctypes.POINTER(Config))) is not None:
+            fail("a longer config with a set unknown field was accepted")
+        cfg.struct_size = ctypes.sizeof(Config)
+        cfg.advertise_url = None
+        cfg.port = self.port
+
+    def try_create(self, cfg):
+        """kvf_worker_create with cfg (a Config or a pointer to one): the worker, or None."""
+        worker = ctypes.c_void_p()
+        ref = cfg if isinstance(cfg, ctypes._Pointer) else ctypes.byref(cfg)
+        code = self.lib.kvf_worker_create(ref, ctypes.byref(self.cb), ctypes.byref(worker),
+                                          self.err, len(self.err))
+        return worker if code == 0 else None
 
     def check(self, code, what):
         if code != 0:
@@ -265,7 +331,15 @@ def receiver(engine, url):
 
 def main():
     lib, role, transports, net_devices = sys.argv[1:5]
-    engine = Engine(lib, role, transports, net_devices, events=(role == "holder"))
+    if role == "holder":
+        engine = Engine(lib, role, transports, net_devices, events=True, peers=[sys.argv[5]])
+    else:
+        port = int(sys.argv[6])
+        advertised = f"http://localhost:{port}"
+        engine = Engine(lib, role, transports, net_devices, events=False, port=port,
+                        advertise_url=advertised)
+        if engine.url() != advertised:
+            fail(f"kvf_worker_url {engine.url()!r}, advertise_url {advertised!r}")
     try:
         if role == "holder":
             holder(engine)

@@ -7,6 +7,7 @@ Usage: c_abi_pair_test.py LIBKVF_WORKER_SO TRANSPORTS NET_DEVICES ("-" for none)
 """
 import os
 import select
+import socket
 import subprocess
 import sys
 import time
@@ -64,7 +65,14 @@ def main():
         print("FAIL: no library at", lib)
         return 1
     base = ["/usr/bin/python3", ENGINE, lib]
-    holder = subprocess.Popen(base + ["holder", transports, net_devices], stdin=subprocess.PIPE,
+    # The receiver's port, known in advance: the holder pushes only to its advertised URL
+    # (config.peers), which the receiver spells as http://localhost:PORT (config.advertise_url).
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        receiver_port = s.getsockname()[1]
+    peer_url = f"http://localhost:{receiver_port}"
+    holder = subprocess.Popen(base + ["holder", transports, net_devices, peer_url],
+                              stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     receiver = None
     try:
@@ -77,7 +85,8 @@ def main():
         if problem:
             print("FAIL: holder KV events:", problem)
             return 1
-        receiver = subprocess.run(base + ["receiver", transports, net_devices, url],
+        receiver = subprocess.run(base + ["receiver", transports, net_devices, url,
+                                          str(receiver_port)],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=90)
         out = receiver.stdout.decode()
         print(out)
