@@ -6,6 +6,7 @@
 
 #include "common/status.h"
 #include "common/strings.h"
+#include "worker/tiers/tier_config.h"
 
 namespace kvf::engine {
 namespace {
@@ -108,6 +109,7 @@ void parseRoot(config::ConfigMap& root, EngineConfig* c) {
   if (auto m = root.map("kv_events")) parseKvEvents(*m, &c->kv_events);
   if (auto m = root.map("worker")) parseWorker(*m, &c->worker);
   if (auto m = root.map("membership")) parseMembership(*m, &c->membership);
+  if (auto m = root.map("tiers")) worker::parseTierConfig(*m, &c->tiers.emplace());
 }
 
 }  // namespace
@@ -147,6 +149,17 @@ absl::Status finalizeEngineConfig(EngineConfig* c) {
   if (c->scheduler.eos_token_id >= m.vocab_size) {
     return absl::InvalidArgumentError(strCat("scheduler.eos_token_id ", c->scheduler.eos_token_id,
                                              " is outside the vocabulary (", m.vocab_size, ")"));
+  }
+  if (c->tiers) {
+    // The tiers hold the pool's payload bytes (the simulator's pool has none: its accounting
+    // counts the same slots).
+    c->tiers->host.block_bytes = c->cache.payload_bytes_per_block;
+    c->tiers->host.has_lower_tier = c->tiers->disk.has_value();
+    if (c->tiers->disk) c->tiers->disk->block_bytes = c->cache.payload_bytes_per_block;
+    if (!c->cache.enable_prefix_caching) {
+      return absl::InvalidArgumentError(
+          "tiers: needs cache.enable_prefix_caching (only cached blocks are offloaded)");
+    }
   }
   if (c->cache.num_gpu_blocks < 1) {
     return absl::InvalidArgumentError("cache: the KV cache must hold at least one block");

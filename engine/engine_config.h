@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "engine/scheduler.h"
 #include "engine/timing_model.h"
 #include "membership/membership_config.h"
+#include "worker/tiers/tiered_store.h"
 
 namespace kvf::engine {
 
@@ -102,6 +104,9 @@ struct EngineConfig {
   KvEventsConfig kv_events;
   WorkerConfig worker;
   MembershipConfig membership;
+  // KV tiers below the pool (docs/tiers.md, `tiers:`); absent: none (the default). The block
+  // size is the pool's payload_bytes_per_block; budgets count the tiers' slots (4 KiB each).
+  std::optional<worker::TieredStoreOptions> tiers;
   int64_t max_body_bytes = 64 * 1024 * 1024;
   int64_t max_connections = 4096;             // client connections (common/http_server.h)
   int64_t max_connections_per_client = 1024;  // per source address; 0: no per-client cap

@@ -1,13 +1,20 @@
 #include "engine/engine_core.h"
 
+#include <algorithm>
+#include <thread>
+#include <utility>
+
 #include "common/status.h"
 #include "common/strings.h"
+#include "worker/block_payload.h"
 
 namespace kvf::engine {
 
 absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::create(const EngineConfig& config,
-                                                               worker::KvEventSink* sink) {
+                                                               worker::KvEventSink* sink,
+                                                               std::unique_ptr<LowerTiers> tiers) {
   std::unique_ptr<EngineCore> core(new EngineCore());
+  core->tiers_ = std::move(tiers);
   core->timing_ = std::make_unique<TimingModel>(config.profile);
   KvPoolOptions pool_options;
   pool_options.block_size = config.cache.block_size;
@@ -15,6 +22,7 @@ absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::create(const EngineConfi
   pool_options.payload_bytes_per_block = config.cache.payload_bytes_per_block;
   pool_options.enable_prefix_caching = config.cache.enable_prefix_caching;
   KVF_ASSIGN_OR_RETURN(core->pool_, KvPool::create(pool_options, sink));
+  core->pool_->setLowerTiers(core->tiers_.get());
   SchedulerConfig sched = config.scheduler;
   if (sched.vocab_size <= 0) sched.vocab_size = config.profile.model.vocab_size;
   if (sched.eos_token_id < 0) sched.eos_token_id = sched.vocab_size - 1;
@@ -24,6 +32,96 @@ absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::create(const EngineConfi
   core->max_model_len_ =
       config.max_model_len > 0 ? config.max_model_len : config.profile.model.max_model_len;
   return core;
+}
+
+EngineCore::~EngineCore() {
+  // A copy still writing into the pool must end before the pool goes away.
+  for (PendingOnboard& p : onboards_) {
+    while (!p.copy->done()) std::this_thread::yield();
+  }
+}
+
+bool EngineCore::abort(const std::string& id) {
+  auto it = std::find_if(onboards_.begin(), onboards_.end(),
+                         [&](const PendingOnboard& p) { return p.id == id && !p.aborted; });
+  bool aborted = scheduler_->abort(id);
+  // The scheduler quarantined the landing blocks: the copy may still write into them.
+  if (aborted && it != onboards_.end()) it->aborted = true;
+  return aborted;
+}
+
+void EngineCore::step(Nanos now, StepResult* result) {
+  if (!onboards_.empty()) finishOnboards(now);
+  scheduler_->step(now, result);
+  if (!result->tier_onboards.empty()) startOnboards(*result, now);
+}
+
+std::optional<Nanos> EngineCore::nextOnboardReady() const {
+  std::optional<Nanos> next;
+  for (const PendingOnboard& p : onboards_) {
+    if (!next || p.ready_at < *next) next = p.ready_at;
+  }
+  return next;
+}
+
+bool EngineCore::onboardsCopied() const {
+  return std::all_of(onboards_.begin(), onboards_.end(),
+                     [](const PendingOnboard& p) { return p.copy->done(); });
+}
+
+void EngineCore::startOnboards(const StepResult& result, Nanos now) {
+  const int64_t bs = pool_->blockSize();
+  for (const TierOnboardStart& o : result.tier_onboards) {
+    PendingOnboard p;
+    p.id = o.id;
+    p.hashes = o.hashes;
+    p.blocks = o.blocks;
+    std::vector<std::span<std::byte>> dst;
+    dst.reserve(o.blocks.size());
+    for (BlockIndex b : o.blocks) dst.push_back(pool_->payload(b));
+    p.copy = tiers_->onboard(o.hashes, dst);
+    p.ready_at = now + timing_->onboardDuration(static_cast<int64_t>(o.host_blocks) * bs,
+                                                static_cast<int64_t>(o.disk_blocks) * bs);
+    onboards_.push_back(std::move(p));
+  }
+}
+
+size_t EngineCore::verifiedPrefix(const PendingOnboard& p) {
+  size_t n = std::min(p.copy->readyPrefix(), p.blocks.size());
+  for (size_t i = 0; i < n; ++i) {
+    std::span<const std::byte> bytes = std::as_const(*pool_).payload(p.blocks[i]);
+    if (!bytes.empty() && !worker::verifyBlockPayload(p.hashes[i], bytes)) {
+      ++onboard_payload_mismatches_;
+      return i;
+    }
+  }
+  return n;
+}
+
+void EngineCore::finishOnboards(Nanos now) {
+  // Live copies slower than the model are polled again a little later.
+  constexpr Nanos kRepoll = 100 * kNanosPerMicro;
+  for (size_t i = 0; i < onboards_.size();) {
+    PendingOnboard& p = onboards_[i];
+    if (p.ready_at > now) {
+      ++i;
+      continue;
+    }
+    if (!p.copy->done()) {
+      p.ready_at = now + kRepoll;
+      ++i;
+      continue;
+    }
+    if (p.aborted) {
+      scheduler_->releaseRemoteKvLanding(p.id);
+    } else {
+      size_t good = verifiedPrefix(p);
+      absl::Status s = good > 0 ? scheduler_->completeRemoteKv(p.id, good, now)
+                                : scheduler_->failRemoteKv(p.id, now, false);
+      (void)s;  // the request waits for exactly this onboard: it cannot be gone
+    }
+    onboards_.erase(onboards_.begin() + static_cast<std::ptrdiff_t>(i));
+  }
 }
 
 absl::Status EngineCore::validate(const RequestSpec& spec) const {

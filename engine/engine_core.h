@@ -39,16 +39,28 @@
 // until detachLease(id) hands it, pins and all, to its new keeper (the live engine's worker
 // agent, right after the step that finished the request).
 //
+// KV tiers (optional, EngineCore::create's `tiers`): the pool offloads every cached block it
+// evicts; admission looks up the prefix past the G1 hit below and the request waits aside
+// (kWaitingForRemoteKv, not in hasWork()) while the core onboards it. The onboard is ready at its
+// start + TimingModel::onboardDuration (swap-in finishes before the step that needs it) and once
+// the tiers' copies are done; step() then completes it with the leading blocks that arrived
+// intact (a block that failed its check and everything after it is recomputed). A driver with no
+// other work steps again at nextOnboardReady().
+//
 // KV push, holder side: pinLeadingRun() / unpin() keep blocks from eviction during a push
 // without involving the scheduler.
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <span>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "engine/engine_config.h"
 #include "engine/kv_pool.h"
+#include "engine/lower_tiers.h"
 #include "engine/scheduler.h"
 #include "engine/timing_model.h"
 #include "worker/kv_events.h"
@@ -58,8 +70,11 @@ namespace kvf::engine {
 class EngineCore {
  public:
   // `sink` (may be null) receives BlockStored / BlockRemoved; it must outlive the core.
-  static absl::StatusOr<std::unique_ptr<EngineCore>> create(const EngineConfig& config,
-                                                            worker::KvEventSink* sink);
+  // `tiers` (may be null: no tiers below the pool) is owned by the core.
+  static absl::StatusOr<std::unique_ptr<EngineCore>> create(
+      const EngineConfig& config, worker::KvEventSink* sink,
+      std::unique_ptr<LowerTiers> tiers = nullptr);
+  ~EngineCore();
 
   // InvalidArgument naming the field for a request the engine can never serve. Reads only
   // immutable configuration, so it may run on another thread than the one stepping the core;
@@ -69,11 +84,24 @@ class EngineCore {
   absl::Status validate(const RequestSpec& spec) const;
   // validate() then queue.
   absl::Status add(RequestSpec spec, Nanos now);
-  bool abort(const std::string& id) { return scheduler_->abort(id); }
-  StepResult step(Nanos now) { return scheduler_->step(now); }
+  bool abort(const std::string& id);
+  StepResult step(Nanos now) {
+    StepResult result;
+    step(now, &result);
+    return result;
+  }
   // The same into `result`, reusing its vectors' capacity (a simulator steps millions of times).
-  void step(Nanos now, StepResult* result) { scheduler_->step(now, result); }
+  void step(Nanos now, StepResult* result);
   bool hasWork() const { return scheduler_->hasWork(); }
+  // When the earliest onboard from the lower tiers may complete (then step()); nullopt: none.
+  std::optional<Nanos> nextOnboardReady() const;
+  // True when every pending onboard's copy is done (thread-safe to poll from the core's thread):
+  // a driver in virtual time over a live store (a benchmark) waits for it before stepping at
+  // nextOnboardReady(), so the modelled time is not stretched by polling.
+  bool onboardsCopied() const;
+  LowerTiers* lowerTiers() const { return tiers_.get(); }
+  // Onboarded blocks whose bytes were not their hash's content (never served: recomputed).
+  uint64_t onboardPayloadMismatches() const { return onboard_payload_mismatches_; }
 
   // KV push, receiver side (see above).
   absl::Status completeRemoteKv(const std::string& id, size_t blocks_filled, Nanos now,
@@ -111,6 +139,22 @@ class EngineCore {
  private:
   EngineCore() = default;
   absl::Status validatePromptBlocks(const RequestSpec& spec) const;
+  struct PendingOnboard {
+    std::string id;
+    std::vector<BlockHash> hashes;
+    std::vector<BlockIndex> blocks;
+    std::unique_ptr<TierOnboard> copy;
+    Nanos ready_at = 0;
+    bool aborted = false;  // its landing blocks are quarantined until the copy is done
+  };
+  void startOnboards(const StepResult& result, Nanos now);
+  void finishOnboards(Nanos now);
+  // Blocks the copy delivered intact: its ready prefix, cut at the first that fails the
+  // payload check (the emulator's bytes are a function of the hash).
+  size_t verifiedPrefix(const PendingOnboard& p);
+  std::unique_ptr<LowerTiers> tiers_;  // declared first: the pool refers to it until destroyed
+  std::vector<PendingOnboard> onboards_;
+  uint64_t onboard_payload_mismatches_ = 0;
   std::unique_ptr<TimingModel> timing_;
   std::unique_ptr<KvPool> pool_;
   std::unique_ptr<Scheduler> scheduler_;

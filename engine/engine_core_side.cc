@@ -22,11 +22,25 @@ using detail::steadyNanos;
 using detail::toTimePoint;
 using detail::unixSeconds;
 
+namespace {
+// How often an idle engine publishes its tiers' events.
+constexpr auto kTierEventInterval = std::chrono::milliseconds(50);
+}  // namespace
+
 EngineCoreSide::EngineCoreSide(EngineShared& shared)
     : shared_(shared), work_(asio::make_work_guard(ioc_)), step_timer_(ioc_), wake_timer_(ioc_) {}
 
 absl::Status EngineCoreSide::createCore() {
-  KVF_ASSIGN_OR_RETURN(core_, EngineCore::create(shared_.config, &step_events_));
+  std::unique_ptr<LiveTiers> tiers;
+  if (shared_.config.tiers) {
+    LiveTiersOptions options;
+    options.store = *shared_.config.tiers;
+    options.block_size = shared_.config.cache.block_size;
+    KVF_ASSIGN_OR_RETURN(tiers, LiveTiers::create(std::move(options)));
+    tiers_ = tiers.get();
+    worker::exportMetrics(tiers_->store(), shared_.registry);
+  }
+  KVF_ASSIGN_OR_RETURN(core_, EngineCore::create(shared_.config, &step_events_, std::move(tiers)));
   return absl::OkStatus();
 }
 
@@ -111,6 +125,12 @@ double EngineCoreSide::latenessQuantile(double q) const {
 
 void EngineCoreSide::publishEvents() {
   std::vector<worker::KvEvent> events = step_events_.take();
+  if (tiers_ != nullptr) {
+    // The pool's events (GPU) first: an evicted block leaves GPU as it enters CPU.
+    std::vector<worker::KvEvent> below = tiers_->takeEvents();
+    events.insert(events.end(), std::make_move_iterator(below.begin()),
+                  std::make_move_iterator(below.end()));
+  }
   if (publisher_ != nullptr && !events.empty())
     publisher_->publish(std::move(events), unixSeconds());
 }
@@ -119,14 +139,23 @@ asio::awaitable<void> EngineCoreSide::stepLoop() {
   EngineShared::Metrics& m = shared_.m;
   Nanos next_wall = steadyNanos();
   while (!stopping_) {
-    if (!core_->hasWork()) {
+    // Requests waiting for onboards from the lower tiers need a step once those are ready.
+    std::optional<Nanos> onboard = core_->nextOnboardReady();
+    const bool onboard_due = onboard && *onboard <= shared_.engineNow(steadyNanos());
+    if (!core_->hasWork() && !onboard_due) {
       idle_ = true;
-      wake_timer_.expires_at(Steady::time_point::max());
+      Steady::time_point wake = Steady::time_point::max();
+      if (onboard) wake = toTimePoint(shared_.wallFor(*onboard));
+      // The tiers' own events (disk writes finishing, the start report) go out while idle too.
+      if (tiers_ != nullptr) wake = std::min(wake, Steady::now() + kTierEventInterval);
+      wake_timer_.expires_at(wake);
       co_await wake_timer_.async_wait(kAwait);
       idle_ = false;
+      if (tiers_ != nullptr) publishEvents();
       next_wall = steadyNanos();  // an idle engine starts its next step at the arrival
       continue;
     }
+    if (onboard_due) next_wall = std::max(next_wall, steadyNanos());
     StepResult result = core_->step(shared_.engineNow(next_wall));
     // The leases of requests finished in this step are still pinned and nothing has run since:
     // the agent takes them over before any later step could evict their blocks.

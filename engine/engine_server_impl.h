@@ -28,6 +28,7 @@
 #include "common/metrics.h"
 #include "common/steady_time.h"
 #include "engine/engine_server.h"
+#include "engine/live_tiers.h"
 #include "engine/openai_api.h"
 #include "protocol/transfer_auth.h"
 #include "worker/agent.h"
@@ -172,6 +173,7 @@ class EngineCoreSide final : public worker::EngineAdapter {
 
   EngineShared& shared_;
   std::unique_ptr<EngineCore> core_;
+  LiveTiers* tiers_ = nullptr;  // the core's lower tiers when configured (owned by core_)
   EngineHttpSide* http_ = nullptr;
   worker::KvEventPublisher* publisher_ = nullptr;
   worker::WorkerAgent* agent_ = nullptr;

@@ -4,6 +4,7 @@
 #include <cassert>
 #include <cstdlib>
 #include <cstring>
+#include <utility>
 
 #include "common/prefetch.h"
 #include "common/status.h"
@@ -150,6 +151,7 @@ bool KvPool::allocateInto(int64_t n, std::vector<BlockIndex>* blocks) {
     unlink(b);
     if (hasHash(b)) {
       if (evicted.empty()) evicted.resize(static_cast<size_t>(n - i));
+      if (tiers_ != nullptr) evicted_blocks_.push_back(b);
       evicted[num_evicted++] = blocks_[b].hash;
       if (watched(b)) watch_intact_ = false;
     }
@@ -157,6 +159,7 @@ bool KvPool::allocateInto(int64_t n, std::vector<BlockIndex>* blocks) {
     out[i] = b;
   }
   evicted.resize(num_evicted);
+  if (tiers_ != nullptr && num_evicted > 0) offloadEvicted(evicted, evicted_blocks_);
   // Evicted hashes leave the table after the walk, with their slots prefetched a few ahead
   // (one random slot each: the misses overlap instead of queueing).
   forEachPrefetched(
@@ -177,6 +180,15 @@ void KvPool::release(std::span<const BlockIndex> blocks) {
       pushFront(b);
     }
   });
+}
+
+void KvPool::offloadEvicted(std::span<const BlockHash> hashes, std::span<const BlockIndex> blocks) {
+  // Nothing has written the blocks since they were freed: their payload is the evicted KV.
+  std::vector<std::span<const std::byte>> payloads;
+  payloads.reserve(blocks.size());
+  for (BlockIndex b : blocks) payloads.push_back(std::as_const(*this).payload(b));
+  tiers_->offload(hashes, payloads);
+  evicted_blocks_.clear();
 }
 
 void KvPool::writePayload(BlockIndex block, BlockHash hash) {

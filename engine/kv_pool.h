@@ -15,6 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/prefetch.h"
+#include "engine/lower_tiers.h"
 #include "worker/block_table.h"
 #include "worker/kv_events.h"
 
@@ -38,6 +39,11 @@ class KvPool {
   ~KvPool();
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
+
+  // KV tiers below the pool (may be null, must outlive the pool): every cached block the pool
+  // evicts is offloaded there, its payload still intact, before the block is reused.
+  void setLowerTiers(LowerTiers* tiers) { tiers_ = tiers; }
+  LowerTiers* lowerTiers() const { return tiers_; }
 
   int blockSize() const { return options_.block_size; }
   int64_t numBlocks() const { return static_cast<int64_t>(blocks_.size()); }
@@ -170,6 +176,9 @@ class KvPool {
   }
   void pushFront(BlockIndex b);
   void writePayload(BlockIndex block, BlockHash hash);
+  // Hands the evicted blocks (still holding their payload) to the lower tiers in one batch.
+  [[gnu::noinline]] void offloadEvicted(std::span<const BlockHash> hashes,
+                                        std::span<const BlockIndex> blocks);
   // f(b) for each of `blocks` in order, with the block records a few blocks ahead prefetched:
   // the blocks of a request or a lookup came off the free queue in eviction order, so they lie
   // at random in blocks_ and would otherwise cost one miss after another.
@@ -185,6 +194,8 @@ class KvPool {
 
   KvPoolOptions options_;
   worker::KvEventSink* sink_;
+  LowerTiers* tiers_ = nullptr;
+  std::vector<BlockIndex> evicted_blocks_;  // allocateInto scratch, with tiers only
   std::vector<Block> blocks_;
   worker::BlockTable table_;
   std::vector<QueueEntry> ring_;  // a power of two entries

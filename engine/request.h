@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "worker/block_table.h"
 #include "worker/kv_events.h"
+#include "worker/tiers/tier_types.h"
 
 namespace kvf::engine {
 
@@ -112,6 +113,11 @@ struct Request {
   std::vector<worker::BlockHash> landing_hashes;
   int64_t local_hit_tokens = 0;  // prefix-cache hit when the fetch started
   int64_t remote_kv_tokens = 0;  // tokens filled by the peer
+  // The landing blocks wait for the lower tiers (an onboard), not for a peer.
+  bool onboarding = false;
+  bool tiers_failed = false;  // an onboard delivered nothing: compute instead of asking again
+  std::vector<worker::TierId> onboard_tiers;  // per landing block, where the lookup found it
+  int64_t tier_tokens = 0;                    // tokens onboarded from the lower tiers
   // Layer-wise push: the pushed KV is complete at this engine time (-1: already there); the
   // first step computing this request cannot end before it plus one layer's share of the step.
   Nanos kv_ready_at = -1;

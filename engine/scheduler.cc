@@ -283,6 +283,17 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
         }
         r.remote_kv.reset();  // nothing worth fetching
       }
+      // The prefix past the G1 hit may be held below (host memory, disk): onboard it, and the
+      // request waits aside for its own blocks only.
+      if (std::optional<bool> started = startOnboard(r, cached, lookup, result)) {
+        if (!*started) {
+          keepPrefixHint(r, std::move(cached), watched);
+          break;  // FCFS: wait for blocks
+        }
+        keepPrefixHint(r, {}, 0);
+        waiting_.pop_front();
+        continue;
+      }
     }
     int64_t computed = resumed ? r.num_computed_tokens : static_cast<int64_t>(cached.size()) * bs;
     int64_t n = r.numTokens() - computed;
@@ -403,6 +414,7 @@ void Scheduler::fillOutput(const Request& r, RequestOutput& o) const {
   o.first_token_time = r.first_token_time;
   o.num_preemptions = r.num_preemptions;
   o.remote_kv_tokens = r.remote_kv_tokens;
+  o.tier_tokens = r.tier_tokens;
   if (r.status == RequestStatus::kFinished && r.remote_decode_lease) {
     o.lease_id = r.id;
     o.lease_block_hashes = r.lease_hashes;
@@ -435,6 +447,7 @@ void Scheduler::step(Nanos now, StepResult* into) {
   StepResult& result = *into;
   result.outputs.clear();
   result.remote_kv_fetches.clear();
+  result.tier_onboards.clear();
   result.duration = 0;
   result.num_scheduled_tokens = 0;
   result.num_prefill_requests = result.num_decode_requests = result.num_preempted = 0;

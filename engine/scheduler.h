@@ -75,6 +75,7 @@ struct RequestOutput {
   Nanos first_token_time = -1;
   int num_preemptions = 0;
   int64_t remote_kv_tokens = 0;  // of cached_tokens, those pushed by a peer
+  int64_t tier_tokens = 0;       // of cached_tokens, those onboarded from host memory or disk
   // Set on the finishing output of a remote-decode request: the pinned prompt blocks.
   std::optional<std::string> lease_id;
   std::vector<BlockHash> lease_block_hashes;
@@ -92,6 +93,17 @@ struct RemoteKvFetch {
   int64_t remaining_tokens = 0;  // prompt tokens left to compute if every block arrives
 };
 
+// A request admitted with a prefix beyond its G1 hit held in the lower tiers: `blocks` (pool
+// indices, one per hash, in order) wait for the tiers' copies; the driver (EngineCore) then calls
+// completeRemoteKv / failRemoteKv as for a peer's fetch.
+struct TierOnboardStart {
+  std::string id;
+  std::vector<BlockHash> hashes;
+  std::vector<BlockIndex> blocks;
+  size_t host_blocks = 0;  // of them, held in host memory (the rest on disk)
+  size_t disk_blocks = 0;
+};
+
 struct StepResult {
   Nanos start = 0;
   Nanos duration = 0;  // from the timing model; the step's outputs exist at start + duration
@@ -103,6 +115,8 @@ struct StepResult {
   // Fetches started by this step's admission (also when nothing was scheduled: check this
   // before treating an empty() step as idle).
   std::vector<RemoteKvFetch> remote_kv_fetches;
+  // Onboards from the lower tiers started by this step's admission (EngineCore runs them).
+  std::vector<TierOnboardStart> tier_onboards;
   bool empty() const { return num_scheduled_tokens == 0; }
 };
 
@@ -121,6 +135,10 @@ struct SchedulerStats {
   uint64_t remote_kv_blocks_quarantined = 0;  // landing blocks held now until no write can land
   int num_leases = 0;
   uint64_t leases_expired = 0;
+  uint64_t tier_onboards = 0;          // onboards from the lower tiers started
+  uint64_t tier_onboard_failures = 0;  // ... that delivered no block (recomputed)
+  uint64_t tier_host_tokens = 0;       // prompt tokens onboarded from host memory
+  uint64_t tier_disk_tokens = 0;       // ... from disk
 };
 
 class Scheduler {
@@ -184,9 +202,17 @@ class Scheduler {
   void admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget, StepResult& result);
   // The part of the remote spec worth fetching after `local` cached blocks (scheduler_remote.cc).
   std::vector<BlockHash> remoteRun(const Request& r, size_t local, size_t max_blocks) const;
-  // Holds `cached`, allocates landing blocks for `run`; false (no change) if blocks are short.
+  // Holds `cached`, allocates landing blocks for `run` and sets r aside waiting for them; false
+  // (no change) if blocks are short.
+  bool holdLanding(Request& r, std::span<const BlockIndex> cached, std::vector<BlockHash> run);
   bool startRemoteKv(Request& r, std::span<const BlockIndex> cached, std::vector<BlockHash> run,
                      StepResult& result);
+  // The lower tiers' run past `cached` (of `lookup`): landing blocks and an onboard in `result`.
+  // nullopt: nothing held below; false: held, but blocks are short (r waits).
+  std::optional<bool> startOnboard(Request& r, std::span<const BlockIndex> cached,
+                                   std::span<const BlockHash> lookup, StepResult& result);
+  // Counts an onboard's landed blocks per tier (stats, the request's tier_tokens).
+  void countOnboarded(Request& r, size_t blocks_filled);
   void takeLease(Request& r, Nanos now);
   void cacheFullBlocks(Request& r);
   // The token generated at `end` (appended to r.output; finishes r when due).

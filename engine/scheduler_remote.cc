@@ -29,8 +29,8 @@ std::vector<BlockHash> Scheduler::remoteRun(const Request& r, size_t local,
   return run;
 }
 
-bool Scheduler::startRemoteKv(Request& r, std::span<const BlockIndex> cached,
-                              std::vector<BlockHash> run, StepResult& result) {
+bool Scheduler::holdLanding(Request& r, std::span<const BlockIndex> cached,
+                            std::vector<BlockHash> run) {
   const int64_t bs = pool_->blockSize();
   auto need = static_cast<int64_t>(run.size());
   if (need + pool_->countUnreferenced(cached) > pool_->numFreeBlocks()) return false;
@@ -45,8 +45,15 @@ bool Scheduler::startRemoteKv(Request& r, std::span<const BlockIndex> cached,
   r.landing_hashes = std::move(run);
   r.status = RequestStatus::kWaitingForRemoteKv;
   remote_waiting_.emplace(r.id, &r);
-  ++stats_.remote_kv_fetches;
+  return true;
+}
 
+bool Scheduler::startRemoteKv(Request& r, std::span<const BlockIndex> cached,
+                              std::vector<BlockHash> run, StepResult& result) {
+  const int64_t bs = pool_->blockSize();
+  auto need = static_cast<int64_t>(run.size());
+  if (!holdLanding(r, cached, std::move(run))) return false;
+  ++stats_.remote_kv_fetches;
   RemoteKvFetch f;
   f.id = r.id;
   f.source = r.remote_kv->source;
@@ -55,6 +62,29 @@ bool Scheduler::startRemoteKv(Request& r, std::span<const BlockIndex> cached,
   f.local_hit_tokens = r.local_hit_tokens;
   f.remaining_tokens = r.numTokens() - r.local_hit_tokens - need * bs;
   result.remote_kv_fetches.push_back(std::move(f));
+  return true;
+}
+
+std::optional<bool> Scheduler::startOnboard(Request& r, std::span<const BlockIndex> cached,
+                                            std::span<const BlockHash> lookup, StepResult& result) {
+  LowerTiers* tiers = pool_->lowerTiers();
+  if (tiers == nullptr || r.tiers_failed || cached.size() >= lookup.size()) return std::nullopt;
+  TierRun run = tiers->lookup(lookup.subspan(cached.size()));
+  if (run.size() == 0) return std::nullopt;
+  std::vector<BlockHash> hashes(
+      lookup.begin() + static_cast<std::ptrdiff_t>(cached.size()),
+      lookup.begin() + static_cast<std::ptrdiff_t>(cached.size() + run.size()));
+  if (!holdLanding(r, cached, std::move(hashes))) return false;
+  r.onboarding = true;
+  ++stats_.tier_onboards;
+  TierOnboardStart o;
+  o.id = r.id;
+  o.hashes = r.landing_hashes;
+  o.blocks = r.landing_blocks;
+  o.host_blocks = run.host;
+  o.disk_blocks = run.disk;
+  r.onboard_tiers = std::move(run.tiers);
+  result.tier_onboards.push_back(std::move(o));
   return true;
 }
 
@@ -78,9 +108,13 @@ absl::Status Scheduler::completeRemoteKv(const std::string& id, size_t blocks_fi
   r.landing_blocks.clear();
   r.landing_hashes.clear();
   r.num_computed_tokens += static_cast<int64_t>(blocks_filled) * bs;
-  r.remote_kv_tokens = static_cast<int64_t>(blocks_filled) * bs;
   r.kv_ready_at = blocks_filled > 0 && kv_ready_at > now ? kv_ready_at : -1;
-  stats_.remote_kv_tokens += static_cast<uint64_t>(r.remote_kv_tokens);
+  if (r.onboarding) {
+    countOnboarded(r, blocks_filled);
+  } else {
+    r.remote_kv_tokens = static_cast<int64_t>(blocks_filled) * bs;
+    stats_.remote_kv_tokens += static_cast<uint64_t>(r.remote_kv_tokens);
+  }
   cacheFullBlocks(r);  // registers the pushed blocks and emits BlockStored
   r.remote_kv.reset();
   r.status = RequestStatus::kWaiting;
@@ -96,7 +130,14 @@ absl::Status Scheduler::failRemoteKv(const std::string& id, Nanos /*now*/, bool 
   }
   Request& r = *it->second;
   remote_waiting_.erase(it);
-  ++stats_.remote_kv_failures;
+  if (r.onboarding) {
+    ++stats_.tier_onboard_failures;
+    r.onboarding = false;
+    r.tiers_failed = true;
+    r.onboard_tiers.clear();
+  } else {
+    ++stats_.remote_kv_failures;
+  }
   if (writes_may_arrive) {
     stats_.remote_kv_blocks_quarantined += r.landing_blocks.size();
     auto& q = quarantine_[r.id];
@@ -116,6 +157,21 @@ absl::Status Scheduler::failRemoteKv(const std::string& id, Nanos /*now*/, bool 
   r.status = RequestStatus::kWaiting;
   waiting_.push_front(&r);
   return absl::OkStatus();
+}
+
+void Scheduler::countOnboarded(Request& r, size_t blocks_filled) {
+  const int64_t bs = pool_->blockSize();
+  size_t host = 0;
+  for (size_t i = 0; i < blocks_filled && i < r.onboard_tiers.size(); ++i) {
+    host += r.onboard_tiers[i] == worker::TierId::kHost ? 1 : 0;
+  }
+  size_t disk = blocks_filled - host;
+  r.onboard_tiers.clear();
+  r.tier_tokens = static_cast<int64_t>(blocks_filled) * bs;
+  stats_.tier_host_tokens += static_cast<uint64_t>(host) * static_cast<uint64_t>(bs);
+  stats_.tier_disk_tokens += static_cast<uint64_t>(disk) * static_cast<uint64_t>(bs);
+  r.onboarding = false;
+  if (blocks_filled == 0) ++stats_.tier_onboard_failures;
 }
 
 bool Scheduler::releaseRemoteKvLanding(const std::string& id) {

@@ -74,6 +74,16 @@ void parseProfile(config::ConfigMap& root, Profile* out) {
     l->get("overhead_us", &out->link.overhead_us, 0.0, 1e7);
     l->rejectUnknownKeys();
   }
+  if (auto p = root.map("pcie")) {
+    p->get("bandwidth_gbps", &out->pcie.bandwidth_gbps, 0.001, 1e6);
+    p->get("overhead_us", &out->pcie.overhead_us, 0.0, 1e7);
+    p->rejectUnknownKeys();
+  }
+  if (auto d = root.map("disk")) {
+    d->get("read_gbps", &out->disk.read_gbps, 0.001, 1e6);
+    d->get("write_gbps", &out->disk.write_gbps, 0.001, 1e6);
+    d->rejectUnknownKeys();
+  }
 }
 
 absl::StatusOr<Profile> loadProfile(const std::string& path) {
@@ -159,6 +169,21 @@ double TimingModel::transferSeconds(int64_t tokens) const {
 
 Nanos TimingModel::transferDuration(int64_t tokens) const {
   return secondsToNanosRounded(transferSeconds(tokens));
+}
+
+double TimingModel::onboardSeconds(int64_t host_tokens, int64_t disk_tokens) const {
+  host_tokens = std::max<int64_t>(0, host_tokens);
+  disk_tokens = std::max<int64_t>(0, disk_tokens);
+  if (host_tokens + disk_tokens == 0) return 0;
+  const double bits_per_token = kv_bytes_per_token_ * 8.0;
+  double pcie = bits_per_token * static_cast<double>(host_tokens + disk_tokens) /
+                (profile_.pcie.bandwidth_gbps * 1e9);
+  double disk = bits_per_token * static_cast<double>(disk_tokens) / (profile_.disk.read_gbps * 1e9);
+  return std::max(pcie, disk) + profile_.pcie.overhead_us * 1e-6;
+}
+
+Nanos TimingModel::onboardDuration(int64_t host_tokens, int64_t disk_tokens) const {
+  return secondsToNanosRounded(onboardSeconds(host_tokens, disk_tokens));
 }
 
 }  // namespace kvf::engine

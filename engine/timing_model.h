@@ -59,6 +59,18 @@ struct LinkFigures {
   double overhead_us = 50;      // fixed cost per transfer (setup, flush, completion)
 };
 
+// G1 <-> G2 copies (host memory over PCIe) and G3 reads and writes (local NVMe), as the timing
+// model charges KV tiers: an onboard costs the blocks' logical KV bytes over PCIe, with disk
+// blocks also read from disk (the two pipelined: the slower sets the pace).
+struct PcieFigures {
+  double bandwidth_gbps = 400;  // gigabits per second, one direction (PCIe 5.0 x16 effective)
+  double overhead_us = 10;      // fixed cost per onboard (submission, completion event)
+};
+struct DiskFigures {
+  double read_gbps = 48;  // gigabits per second
+  double write_gbps = 32;
+};
+
 struct Profile {
   std::string name;
   ModelShape model;
@@ -66,6 +78,8 @@ struct Profile {
   int64_t kv_cache_tokens = 0;  // KV capacity of the GPU for this model
   Anchors anchors;
   LinkFigures link;  // YAML `link: {bandwidth_gbps, overhead_us}`; defaults if absent
+  PcieFigures pcie;  // YAML `pcie: {bandwidth_gbps, overhead_us}`; defaults if absent
+  DiskFigures disk;  // YAML `disk: {read_gbps, write_gbps}`; defaults if absent
 };
 
 // Parses a profile mapping (used by loadProfile and by inline profiles in engine configs).
@@ -99,6 +113,12 @@ class TimingModel {
   // bandwidth + per-transfer overhead; 0 for tokens <= 0.
   double transferSeconds(int64_t tokens) const;
   Nanos transferDuration(int64_t tokens) const;
+
+  // Modelled time to onboard KV into the pool: `host_tokens` from host memory and `disk_tokens`
+  // from disk. Swap-in must finish before the step that needs it (seeds/002_*), so the request
+  // waits this long; 0 when both are 0.
+  double onboardSeconds(int64_t host_tokens, int64_t disk_tokens) const;
+  Nanos onboardDuration(int64_t host_tokens, int64_t disk_tokens) const;
 
  private:
   Profile profile_;

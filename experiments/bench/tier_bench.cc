@@ -3,6 +3,7 @@
 // --mode=disk: the disk tier's write and read bandwidth through io_uring (experiments/bench/
 // tier_bench.sh runs fio with the same file system, block size and queue depth beside it).
 // --mode=loss: the seed's loss experiment on a trace (tier_loss.cc).
+// --mode=onboard: modelled TTFT of a long prefix from G1, G2, G3 or recomputed (tier_onboard.cc).
 #include "experiments/bench/tier_bench.h"
 
 #include <algorithm>
@@ -18,6 +19,7 @@
 #include <random>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
 #include "common/cli.h"
 #include "common/log.h"
 #include "common/strings.h"
@@ -28,7 +30,13 @@
 ABSL_FLAG(std::string, mode, "host",
           "host: host-tier copy bandwidth vs memcpy; disk: disk-tier write/read bandwidth; "
           "loss: blocks lost and second-pass disk hits, lossless default vs the lossy switch; "
-          "device: host tier <-> GPU copy bandwidth, pinned vs pageable");
+          "device: host tier <-> GPU copy bandwidth, pinned vs pageable; onboard: modelled TTFT "
+          "of a long prefix from G1, G2, G3 or recomputed");
+ABSL_FLAG(std::string, profile, "engine/profiles/qwen3-coder-30b-a3b-h20.yaml",
+          "onboard mode: the hardware/model profile");
+ABSL_FLAG(int64_t, prefix_tokens, 25000, "onboard mode: prefix length in tokens");
+ABSL_FLAG(std::string, suffix_tokens, "16,1024,4096",
+          "onboard mode: new tokens after the prefix, comma-separated (one row group each)");
 ABSL_FLAG(uint64_t, block_kib, 0,
           "block payload in KiB (default: 2048 for host and device, 1024 for disk, 64 for loss)");
 ABSL_FLAG(uint64_t, host_mib, 1024,
@@ -330,8 +338,12 @@ int main(int argc, char** argv) {
       "  --mode=device  host tier <-> GPU copy bandwidth (one cudaMemcpyAsync per block), the\n"
       "               tier's CUDA-pinned slots against pageable memory (needs a CUDA build and\n"
       "               a device; --block_kib, --host_mib, --repeats as in host mode).\n"
+      "  --mode=onboard  modelled TTFT of a --prefix_tokens prefix served from the pool (G1),\n"
+      "               host memory (G2), disk (G3, files in --dir) or recomputed, through the\n"
+      "               engine core with the live tiers on --profile, per --suffix_tokens.\n"
       "Prints markdown tables; exit status 1 when a run fails (or a block came back wrong).\n\n"
-      "Usage: kvf-tier-bench --mode=host|disk|loss|device [--dir DIR] [--trace FILE] [flags]");
+      "Usage: kvf-tier-bench --mode=host|disk|loss|device|onboard [--dir DIR] [--trace FILE] "
+      "[flags]");
   if (!args.empty()) kvf::bench::usage("unexpected argument '" + args[0] + "'");
   kvf::log::init("tier-bench", "warn");
   std::string mode = absl::GetFlag(FLAGS_mode);
@@ -389,5 +401,22 @@ int main(int argc, char** argv) {
     }
     return kvf::bench::runLossExperiment(o);
   }
-  kvf::bench::usage("--mode must be host, disk, loss or device");
+  if (mode == "onboard") {
+    kvf::bench::OnboardOptions o;
+    auto profile = kvf::engine::loadProfile(absl::GetFlag(FLAGS_profile));
+    if (!profile.ok()) kvf::bench::usage("--profile: " + std::string(profile.status().message()));
+    o.engine.profile = *profile;
+    o.engine.cache.payload_bytes_per_block = 256;
+    if (!kvf::engine::finalizeEngineConfig(&o.engine).ok()) kvf::bench::usage("--profile: bad");
+    o.dir = dir;
+    o.prefix_tokens = absl::GetFlag(FLAGS_prefix_tokens);
+    if (o.prefix_tokens < o.engine.cache.block_size) kvf::bench::usage("--prefix_tokens too small");
+    for (const std::string& s : kvf::bench::splitCommas(absl::GetFlag(FLAGS_suffix_tokens))) {
+      int64_t v = 0;
+      if (!absl::SimpleAtoi(s, &v) || v < 1) kvf::bench::usage("--suffix_tokens: bad value " + s);
+      o.suffix_tokens.push_back(v);
+    }
+    return kvf::bench::runOnboard(o);
+  }
+  kvf::bench::usage("--mode must be host, disk, loss, device or onboard");
 }

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/clock.h"
+#include "engine/engine_config.h"
 
 namespace kvf::bench {
 
@@ -62,5 +63,15 @@ struct LossOptions {
 };
 // Runs the loss experiment and prints its table; the process exit code.
 int runLossExperiment(const LossOptions& options);
+
+// --mode=onboard (tier_onboard.cc): modelled TTFT of a long prefix served from G1, G2, G3 or
+// recomputed, through the engine core with the live tiers.
+struct OnboardOptions {
+  engine::EngineConfig engine;  // profile, block size; the pool and tiers are set per case
+  std::string dir;              // disk tier files (emptied per case)
+  int64_t prefix_tokens = 25000;
+  std::vector<int64_t> suffix_tokens;  // new tokens after the prefix, one table block each
+};
+int runOnboard(const OnboardOptions& options);
 
 }  // namespace kvf::bench

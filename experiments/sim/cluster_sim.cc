@@ -150,6 +150,9 @@ void Sim::dispatch(const Event& e) {
     case Ev::kStepEnd:
       onStepEnd(static_cast<int>(e.a), e.b, e.t);
       break;
+    case Ev::kOnboardReady:
+      onOnboardReady(static_cast<int>(e.a), e.b, e.t);
+      break;
     case Ev::kFirstToken:
       onFirstToken(e.a, e.t);
       break;

@@ -8,6 +8,7 @@
 #include "common/prefetch.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "engine/accounted_tiers.h"
 #include "experiments/sim/sim_internal.h"
 
 namespace kvf::experiments::sim {
@@ -25,13 +26,18 @@ uint64_t engineKeyedHash(uint64_t parent, uint64_t key) {
 absl::StatusOr<std::unique_ptr<engine::EngineCore>> Sim::makeCore(SimEngine& e) {
   engine::EngineConfig config = setup_.engine;
   config.scheduler.output_ids = false;  // outputs are found by their tag (the flight's index)
-  if (!setup_.sim.token_free) return engine::EngineCore::create(config, &e.sink);
+  // Tiers below the pool: the same rules as the live engine's, as block accounting (no bytes).
+  auto tiers = [&]() -> std::unique_ptr<engine::LowerTiers> {
+    if (!config.tiers) return nullptr;
+    return std::make_unique<engine::AccountedTiers>(*config.tiers);
+  };
+  if (!setup_.sim.token_free) return engine::EngineCore::create(config, &e.sink, tiers());
   // Token-free engines hash blocks with the index's own function, so their BlockStored /
   // BlockRemoved hashes are the index's and it keeps no engine->ours map per instance (two
   // table probes fewer per block; Sim::init declares it to the index). Only the hash values
   // change: equal content still gets equal hashes, so the engines cache exactly as before.
   config.scheduler.keyed_hasher = {&engineKeyedHash, policy::kRootBlockHash.value};
-  return engine::EngineCore::create(config, &e.sink);
+  return engine::EngineCore::create(config, &e.sink, tiers());
 }
 
 Nanos Sim::engineTime(Nanos wall) const {
@@ -147,6 +153,7 @@ void Sim::startStep(int instance, Nanos t) {
   engine::StepResult& result = e.current;  // its vectors' capacity is reused step after step
   e.core->step(engineTime(t), &result);
   if (!result.remote_kv_fetches.empty()) startFetches(instance, result.remote_kv_fetches, t);
+  if (e.core->lowerTiers() != nullptr) armOnboardWake(instance, t);
   if (result.empty()) {
     e.busy = false;
     return;
@@ -155,6 +162,24 @@ void Sim::startStep(int instance, Nanos t) {
   e.busy = true;
   Nanos end = t + wallDuration(result.duration) + ms(setup_.sim.overheads.step_overhead_ms);
   push(end, Ev::kStepEnd, static_cast<uint32_t>(instance), e.incarnation);
+}
+
+void Sim::armOnboardWake(int instance, Nanos t) {
+  SimEngine& e = engines_[instance];
+  std::optional<Nanos> ready = e.core->nextOnboardReady();
+  if (!ready) return;
+  Nanos wall = t + wallDuration(std::max<Nanos>(0, *ready - engineTime(t)));
+  if (e.onboard_wake >= t && e.onboard_wake <= wall) return;  // an earlier wake-up covers it
+  e.onboard_wake = wall;
+  push(wall, Ev::kOnboardReady, static_cast<uint32_t>(instance), e.incarnation);
+}
+
+void Sim::onOnboardReady(int instance, uint64_t incarnation, Nanos t) {
+  SimEngine& e = engines_[instance];
+  if (!e.up || e.incarnation != incarnation) return;
+  if (e.onboard_wake == t) e.onboard_wake = -1;
+  // A running step's end steps again or re-arms (onStepEnd).
+  if (!e.busy) startStep(instance, t);  // completes the due onboards, re-arms for later ones
 }
 
 void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
@@ -221,7 +246,11 @@ void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
          static_cast<uint32_t>(instance));
   }
   publish(e);
-  if (e.core->hasWork()) startStep(instance, t);
+  if (e.core->hasWork()) {
+    startStep(instance, t);
+  } else if (e.core->lowerTiers() != nullptr) {
+    armOnboardWake(instance, t);
+  }
 }
 
 // The router's upstream read timeout (router/core/config.h read_timeout): no byte from the
@@ -277,6 +306,7 @@ void Sim::onEngineDown(int instance, Nanos t) {
   e.up = false;
   ++e.incarnation;
   e.busy = false;
+  e.onboard_wake = -1;
   e.current = {};
   e.core.reset();
   e.sink.take();  // never published

@@ -49,6 +49,7 @@ enum class Ev : uint8_t {
   kQueueTimeout,    // a = request: it has waited overload.max_wait in the router's queue
   kReplicaSync,     // every router replica publishes its load (sim.replicas.sync)
   kReplicaDeliver,  // b = message id: a replica's load message reaches its peers
+  kOnboardReady,    // a = engine, b = incarnation: an onboard from its lower tiers may complete
 };
 
 struct Event {
@@ -264,6 +265,7 @@ struct SimEngine {
   bool up = true;
   uint32_t incarnation = 0;
   bool busy = false;
+  Nanos onboard_wake = -1;                         // the pending kOnboardReady's time (-1: none)
   engine::StepResult current;                      // the step in progress
   std::deque<std::vector<SimKvEvent>> kv_batches;  // published, not yet applied
   // /metrics as last published by the engine (after each step and add).
@@ -292,6 +294,10 @@ class Sim {
   // The same into EventQueue::kStartLane (init: events already in time order).
   void pushAtStart(Nanos t, Ev kind, uint32_t a);
   void dispatch(const Event& e);
+  // Engines with tiers: a wake-up when the earliest onboard is due (none while one is pending
+  // earlier).
+  void armOnboardWake(int instance, Nanos t);
+  void onOnboardReady(int instance, uint64_t incarnation, Nanos t);
 
   // Client (cluster_sim.cc).
   void onArrival(uint32_t index, Nanos t);

@@ -67,6 +67,29 @@ TEST(EngineConfigTest, MembershipInEtcd) {
   EXPECT_FALSE(parseEngineConfig(base + "membership: {}\n", "t.yaml", "engine/configs").ok());
 }
 
+TEST(EngineConfigTest, TiersAreOffByDefaultAndTakeThePoolsBlockBytes) {
+  const std::string base = "profile: ../profiles/qwen3-coder-30b-a3b-h20.yaml\n";
+  auto none = parseEngineConfig(base, "t.yaml", "engine/configs");
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->tiers.has_value());
+  EXPECT_GT(none->profile.pcie.bandwidth_gbps, 0);
+  EXPECT_GT(none->profile.disk.read_gbps, 0);
+  auto c = parseEngineConfig(base +
+                                 "cache: {payload_bytes_per_block: 512}\n"
+                                 "tiers:\n  host: {capacity_mib: 8}\n"
+                                 "  disk: {dir: /tmp/kvf-tiers, capacity_mib: 64}\n",
+                             "t.yaml", "engine/configs");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(c->tiers.has_value());
+  EXPECT_EQ(c->tiers->host.block_bytes, 512u);
+  EXPECT_TRUE(c->tiers->host.has_lower_tier);
+  EXPECT_EQ(c->tiers->disk->block_bytes, 512u);
+  auto bad = parseEngineConfig(base + "tiers: {host: {capacity_mib: 8, speed: 3}}\n", "t.yaml",
+                               "engine/configs");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("tiers.host.speed"), std::string::npos) << bad.status();
+}
+
 TEST(EngineConfigTest, MissingProfileIsReported) {
   auto c = parseEngineConfig("profile: nope.yaml\n", "t.yaml", "engine/configs");
   ASSERT_FALSE(c.ok());

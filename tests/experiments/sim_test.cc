@@ -350,6 +350,40 @@ arms: [{name: hybrid, policy: {kind: hybrid}}]
   EXPECT_EQ(t2.outcome.reason, "cache_gate");
 }
 
+// Tiers below the simulated pool (sim.engine.tiers): a prefix the pool evicted comes back from
+// host memory through the same engine core as live, and costs its modelled onboard time.
+TEST(SimTiers, AnEvictedPrefixIsServedFromHostMemory) {
+  auto run = [](const std::string& name, const std::string& engine) {
+    fs::path dir = freshTempDir(name);
+    writeCluster(dir);
+    // r0: blocks 1-2 (1000 tokens); r1: 1580 tokens of other blocks, which evict nearly all of
+    // r0's from the 100-block pool; r2: r0's prompt again.
+    std::ofstream(dir / "trace.jsonl")
+        << R"({"timestamp": 0, "input_length": 1000, "output_length": 1, "hash_ids": [1, 2]})"
+        << "\n"
+        << R"({"timestamp": 5000, "input_length": 1580, "output_length": 1, "hash_ids": [3, 4, 5, 6]})"
+        << "\n"
+        << R"({"timestamp": 10000, "input_length": 1000, "output_length": 1, "hash_ids": [1, 2]})"
+        << "\n";
+    std::ofstream(dir / "exp.yaml") << "name: tiers\ntrace: {path: trace.jsonl}\n"
+                                    << "cluster: {engines: 1, engine_config: engine.yaml}\n"
+                                    << "sim: {engine: " << engine << "}\n"
+                                    << "arms: [{name: rr, policy: {kind: round_robin}}]\n";
+    EXPECT_TRUE(runSim(dir / "exp.yaml", dir / "out").ok());
+    return loadById(dir / "out/arms/rr/rep0/results.jsonl");
+  };
+  auto plain = run("kvf_sim_no_tiers", "{cache: {num_gpu_blocks: 100}}");
+  auto tiers =
+      run("kvf_sim_tiers", "{cache: {num_gpu_blocks: 100}, tiers: {host: {capacity_mib: 1}}}");
+  ASSERT_EQ(plain.size(), 3u);
+  ASSERT_EQ(tiers.size(), 3u);
+  EXPECT_LE(plain["r2"].outcome.cached_tokens, 16);
+  EXPECT_EQ(tiers["r2"].outcome.cached_tokens, 992);
+  EXPECT_LT(tiers["r2"].outcome.ttft_s, plain["r2"].outcome.ttft_s);
+  // r0 found nothing either way: the first request is cold.
+  EXPECT_EQ(tiers["r0"].outcome.cached_tokens, 0);
+}
+
 TEST(SimSweep, ExpandsArmsAndWritesOnePlotTablePerSweep) {
   fs::path dir = freshTempDir("kvf_sim_sweep");
   writeCluster(dir);

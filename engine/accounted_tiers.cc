@@ -1,0 +1,125 @@
+#include "engine/accounted_tiers.h"
+
+#include "worker/block_payload.h"
+#include "worker/tiers/disk_format.h"
+
+namespace kvf::engine {
+namespace {
+
+constexpr uint64_t kHostSlotAlign = 4096;  // HostTier's slot alignment
+
+// Nothing to copy: the accounting has no payload, so every block is ready when asked.
+class ReadyOnboard final : public TierOnboard {
+ public:
+  explicit ReadyOnboard(size_t ready) : ready_(ready) {}
+  bool done() const override { return true; }
+  size_t readyPrefix() const override { return ready_; }
+
+ private:
+  size_t ready_;
+};
+
+}  // namespace
+
+void AccountedTiers::Lru::touch(uint64_t key) {
+  auto it = where.find(key);
+  if (it != where.end()) order.splice(order.end(), order, it->second);
+}
+
+std::optional<uint64_t> AccountedTiers::Lru::insert(uint64_t key) {
+  if (capacity == 0) return key;
+  auto it = where.find(key);
+  if (it != where.end()) {
+    order.splice(order.end(), order, it->second);
+    return std::nullopt;
+  }
+  std::optional<uint64_t> evicted;
+  if (where.size() >= capacity) {
+    evicted = order.front();
+    where.erase(order.front());
+    order.pop_front();
+  }
+  where.emplace(key, order.insert(order.end(), key));
+  return evicted;
+}
+
+AccountedTiers::AccountedTiers(const worker::TieredStoreOptions& options) {
+  uint64_t block = std::max<uint64_t>(1, options.host.block_bytes);
+  uint64_t host_slot = (block + kHostSlotAlign - 1) / kHostSlotAlign * kHostSlotAlign;
+  host_.capacity = options.host.capacity_bytes / host_slot;
+  if (options.disk) {
+    has_disk_ = true;
+    disk_.capacity = options.disk->capacity_bytes / worker::diskSlotBytes(block);
+  }
+}
+
+void AccountedTiers::offload(std::span<const worker::BlockHash> hashes,
+                             std::span<const std::span<const std::byte>> /*payloads*/) {
+  for (worker::BlockHash h : hashes) {
+    const uint64_t key = h.value();
+    const bool new_in_host = !host_.contains(key);
+    if (has_disk_ && !disk_.contains(key)) {
+      // Write-through: the disk gets every block stored in host memory.
+      ++counts_.disk_written;
+      if (disk_.insert(key)) ++counts_.dropped_capacity;
+    } else if (has_disk_) {
+      disk_.touch(key);
+    }
+    if (!new_in_host) {
+      host_.touch(key);
+      continue;
+    }
+    ++counts_.host_stored;
+    if (std::optional<uint64_t> out = host_.insert(key)) {
+      // With a disk below, the block was written before it could leave (lossless).
+      if (has_disk_ && disk_.contains(*out)) {
+        ++counts_.host_moved_down;
+      } else {
+        ++counts_.dropped_capacity;
+      }
+    }
+  }
+}
+
+TierRun AccountedTiers::lookup(std::span<const worker::BlockHash> hashes) {
+  TierRun run;
+  for (worker::BlockHash h : hashes) {
+    const uint64_t key = h.value();
+    if (host_.contains(key)) {
+      run.tiers.push_back(worker::TierId::kHost);
+      ++run.host;
+    } else if (has_disk_ && disk_.contains(key)) {
+      run.tiers.push_back(worker::TierId::kDisk);
+      ++run.disk;
+    } else {
+      break;
+    }
+  }
+  return run;
+}
+
+std::unique_ptr<TierOnboard> AccountedTiers::onboard(
+    std::span<const worker::BlockHash> hashes, std::span<const std::span<std::byte>> destinations) {
+  size_t ready = 0;
+  for (worker::BlockHash h : hashes) {
+    const uint64_t key = h.value();
+    if (host_.contains(key)) {
+      host_.touch(key);
+      ++counts_.onboarded_host;
+    } else if (has_disk_ && disk_.contains(key)) {
+      disk_.touch(key);  // a disk hit makes the block recent, as the disk tier does
+      ++counts_.onboarded_disk;
+    } else {
+      break;
+    }
+    // A pool with payload bytes (an engine core run with accounting, e.g. in tests) gets the
+    // block's content, which the emulator derives from its hash.
+    if (ready < destinations.size() && !destinations[ready].empty()) {
+      worker::fillBlockPayload(h, destinations[ready]);
+    }
+    ++ready;
+  }
+  return std::make_unique<ReadyOnboard>(ready);
+}
+
+}  // namespace kvf::engine

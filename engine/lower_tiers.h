@@ -1,0 +1,60 @@
+// The KV tiers below the engine's pool (G2 host memory, G3 local disk), as the engine core sees
+// them: the pool offloads the cached blocks it evicts, admission looks up the prefix beyond its
+// G1 hit and onboards those blocks into pool blocks. Two implementations follow the same rules
+// (lossless: a block leaves only into the next tier or by a counted policy; byte budgets; LRU):
+// the live engine's, on worker::TieredStore with the pool's real payload bytes
+// (engine/live_tiers.h), and the simulator's capacity/LRU accounting (engine/accounted_tiers.h).
+// What the modelled clock charges for onboarding comes from the timing model, not from here.
+// Owned by the EngineCore and called on its thread only.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "worker/kv_events.h"
+#include "worker/tiers/tier_types.h"
+
+namespace kvf::engine {
+
+// One onboard in progress: the blocks land in order, each ready on its own.
+class TierOnboard {
+ public:
+  virtual ~TierOnboard() = default;
+  // True once no block is pending (each is ready or failed); the destinations are the caller's
+  // again.
+  virtual bool done() const = 0;
+  // The leading blocks that are ready (checked: a block that failed its checksum never counts).
+  virtual size_t readyPrefix() const = 0;
+};
+
+// Blocks per tier of the leading run lookup() found, in that order (host blocks are not
+// necessarily first: each block's own tier).
+struct TierRun {
+  std::vector<worker::TierId> tiers;
+  size_t host = 0;
+  size_t disk = 0;
+  size_t size() const { return tiers.size(); }
+};
+
+class LowerTiers {
+ public:
+  virtual ~LowerTiers() = default;
+  // The pool evicted these cached blocks; payloads[i] is hashes[i]'s bytes (empty when the pool
+  // holds none), valid during the call only. Every block is kept or counted as dropped by a
+  // stated policy: with the tiers full of blocks still waiting for the disk, this waits for room
+  // (backpressure) instead of losing one.
+  virtual void offload(std::span<const worker::BlockHash> hashes,
+                       std::span<const std::span<const std::byte>> payloads) = 0;
+  // The tier of each block of the leading run of `hashes` held below the pool.
+  virtual TierRun lookup(std::span<const worker::BlockHash> hashes) = 0;
+  // Starts copying `hashes` into `destinations` (one per hash, block bytes each, or empty spans
+  // when the pool holds no payload). The destinations must stay untouched until done().
+  virtual std::unique_ptr<TierOnboard> onboard(
+      std::span<const worker::BlockHash> hashes,
+      std::span<const std::span<std::byte>> destinations) = 0;
+};
+
+}  // namespace kvf::engine
