@@ -322,7 +322,7 @@ class Sim {
   void onFirstToken(uint32_t index, Nanos t);
   void onFinish(uint32_t index, Nanos t);
   void applyKv(int instance, std::vector<SimKvEvent>& batch);
-  void applyKv(policy::CacheIndex& index, int instance, const std::vector<SimKvEvent>& batch);
+  void applyKv(router::RoutingCore& core, int instance, const std::vector<SimKvEvent>& batch);
   router::RoutingCore& core(const Flight& f) { return *cores_[f.replica]; }
 
   // Router replicas' load exchange (sim_replicas.cc).

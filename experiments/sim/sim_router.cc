@@ -162,18 +162,19 @@ std::string_view lowerTier(const Event& event) {
 
 void Sim::applyKv(int instance, std::vector<SimKvEvent>& batch) {
   // Every replica subscribes to every engine: each index gets the same events.
-  for (auto& core : cores_) applyKv(core->index(), instance, batch);
+  for (auto& core : cores_) applyKv(*core, instance, batch);
 }
 
-void Sim::applyKv(policy::CacheIndex& index, int instance, const std::vector<SimKvEvent>& batch) {
+void Sim::applyKv(router::RoutingCore& core, int instance, const std::vector<SimKvEvent>& batch) {
+  policy::CacheIndex& index = core.index();
   for (const SimKvEvent& event : batch) {
     if (auto* stored = std::get_if<worker::BlockStored>(&event);
         stored && !lowerTier(*stored).empty()) {  // the engine's tiers: the routing core's own
-      core_->storeTierBlocks(instance, 0, lowerTier(*stored), storedBlocks(*stored));
+      core.storeTierBlocks(instance, 0, lowerTier(*stored), storedBlocks(*stored));
     } else if (auto* tier_removed = std::get_if<worker::BlockRemoved>(&event);
                tier_removed && !lowerTier(*tier_removed).empty()) {
-      core_->removeTierBlocks(instance, lowerTier(*tier_removed),
-                              protocol::rawHashes(tier_removed->block_hashes));
+      core.removeTierBlocks(instance, lowerTier(*tier_removed),
+                            protocol::rawHashes(tier_removed->block_hashes));
     } else if (stored && stored->token_ids.empty()) {  // token-free: the engine hashes as the index
       index.storeOwnHashes(instance, protocol::rawHashes(stored->block_hashes),
                            stored->parent_block_hash.has_value(),
@@ -185,7 +186,7 @@ void Sim::applyKv(policy::CacheIndex& index, int instance, const std::vector<Sim
       index.removeBlocks(instance, protocol::rawHashes(removed->block_hashes));
     } else {
       index.clearInstance(instance);
-      core_->clearTiers(instance);
+      core.clearTiers(instance);
     }
   }
 }
