@@ -1,5 +1,9 @@
 #include "engine/accounted_tiers.h"
 
+#include <string>
+#include <utility>
+#include <variant>
+
 #include "worker/block_payload.h"
 #include "worker/tiers/disk_format.h"
 
@@ -53,6 +57,39 @@ AccountedTiers::AccountedTiers(const worker::TieredStoreOptions& options) {
   }
 }
 
+void AccountedTiers::stored(worker::TierId tier, uint64_t key) {
+  // Consecutive changes of one kind and tier share an event, as a live batch would.
+  if (!events_.empty()) {
+    if (auto* last = std::get_if<worker::BlockStored>(&events_.back());
+        last != nullptr && last->medium == worker::tierMedium(tier)) {
+      last->block_hashes.emplace_back(key);
+      return;
+    }
+  }
+  worker::BlockStored ev;
+  ev.block_hashes.emplace_back(key);
+  ev.parent_block_hash.reset();
+  ev.lora_id.reset();
+  ev.medium = std::string(worker::tierMedium(tier));
+  events_.emplace_back(std::move(ev));
+}
+
+void AccountedTiers::removed(worker::TierId tier, uint64_t key) {
+  if (!events_.empty()) {
+    if (auto* last = std::get_if<worker::BlockRemoved>(&events_.back());
+        last != nullptr && last->medium == worker::tierMedium(tier)) {
+      last->block_hashes.emplace_back(key);
+      return;
+    }
+  }
+  worker::BlockRemoved ev;
+  ev.block_hashes.emplace_back(key);
+  ev.medium = std::string(worker::tierMedium(tier));
+  events_.emplace_back(std::move(ev));
+}
+
+std::vector<worker::KvEvent> AccountedTiers::takeEvents() { return std::exchange(events_, {}); }
+
 void AccountedTiers::offload(std::span<const worker::BlockHash> hashes,
                              std::span<const std::span<const std::byte>> /*payloads*/) {
   for (worker::BlockHash h : hashes) {
@@ -61,7 +98,12 @@ void AccountedTiers::offload(std::span<const worker::BlockHash> hashes,
     if (has_disk_ && !disk_.contains(key)) {
       // Write-through: the disk gets every block stored in host memory.
       ++counts_.disk_written;
-      if (disk_.insert(key)) ++counts_.dropped_capacity;
+      std::optional<uint64_t> out = disk_.insert(key);
+      if (out != key) stored(worker::TierId::kDisk, key);
+      if (out) {
+        ++counts_.dropped_capacity;
+        if (out != key) removed(worker::TierId::kDisk, *out);
+      }
     } else if (has_disk_) {
       disk_.touch(key);
     }
@@ -70,13 +112,16 @@ void AccountedTiers::offload(std::span<const worker::BlockHash> hashes,
       continue;
     }
     ++counts_.host_stored;
-    if (std::optional<uint64_t> out = host_.insert(key)) {
+    std::optional<uint64_t> out = host_.insert(key);
+    if (out != key) stored(worker::TierId::kHost, key);
+    if (out) {
       // With a disk below, the block was written before it could leave (lossless).
       if (has_disk_ && disk_.contains(*out)) {
         ++counts_.host_moved_down;
       } else {
         ++counts_.dropped_capacity;
       }
+      if (out != key) removed(worker::TierId::kHost, *out);
     }
   }
 }

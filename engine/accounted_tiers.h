@@ -26,6 +26,7 @@ class AccountedTiers final : public LowerTiers {
   TierRun lookup(std::span<const worker::BlockHash> hashes) override;
   std::unique_ptr<TierOnboard> onboard(std::span<const worker::BlockHash> hashes,
                                        std::span<const std::span<std::byte>> destinations) override;
+  std::vector<worker::KvEvent> takeEvents() override;
 
   struct Counts {
     uint64_t host_stored = 0;       // blocks that entered host memory
@@ -53,8 +54,13 @@ class AccountedTiers final : public LowerTiers {
     // Inserts (or refreshes) key; the evicted key, if one had to leave.
     std::optional<uint64_t> insert(uint64_t key);
   };
+  // One event per tier change, as the live tiers publish them (the router's per-tier index).
+  void stored(worker::TierId tier, uint64_t key);
+  void removed(worker::TierId tier, uint64_t key);
+
   Lru host_;
   Lru disk_;
+  std::vector<worker::KvEvent> events_;
   bool has_disk_ = false;
   Counts counts_;
 };

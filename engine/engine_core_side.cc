@@ -126,10 +126,15 @@ double EngineCoreSide::latenessQuantile(double q) const {
 void EngineCoreSide::publishEvents() {
   std::vector<worker::KvEvent> events = step_events_.take();
   if (tiers_ != nullptr) {
-    // The pool's events (GPU) first: an evicted block leaves GPU as it enters CPU.
+    // The tiers' events first: a block the step evicted enters CPU before it leaves GPU, so a
+    // router that knows a block by its GPU entry (vLLM's tier events carry no tokens) can place
+    // the host copy on the prompt's chain before the GPU removal drops that entry.
     std::vector<worker::KvEvent> below = tiers_->takeEvents();
-    events.insert(events.end(), std::make_move_iterator(below.begin()),
-                  std::make_move_iterator(below.end()));
+    if (!below.empty()) {
+      below.insert(below.end(), std::make_move_iterator(events.begin()),
+                   std::make_move_iterator(events.end()));
+      events = std::move(below);
+    }
   }
   if (publisher_ != nullptr && !events.empty())
     publisher_->publish(std::move(events), unixSeconds());

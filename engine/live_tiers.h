@@ -37,7 +37,7 @@ class LiveTiers final : public LowerTiers, private worker::TierListener {
                                        std::span<const std::span<std::byte>> destinations) override;
 
   // The tiers' events since the last call, in order.
-  std::vector<worker::KvEvent> takeEvents();
+  std::vector<worker::KvEvent> takeEvents() override;
   worker::TieredStore& store() { return *store_; }
   // Evicted blocks the tiers could not take within offload_wait (0 unless the disk stalls).
   uint64_t offloadTimeouts() const { return offload_timeouts_.load(std::memory_order_relaxed); }

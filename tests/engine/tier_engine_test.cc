@@ -367,3 +367,42 @@ TEST(TierEngineTest, SimulatorAccountingAndLiveStoreServeARepeatedPrefixFromTheS
 
 }  // namespace
 }  // namespace kvf::engine
+
+namespace kvf::engine {
+namespace {
+
+// The simulator's tiers publish what the live ones do: a block entering host memory is a CPU
+// store, one written to disk a DISK store, one leaving host memory for disk a CPU removal.
+TEST(TierEngineTest, AccountedTiersPublishTheirStoresAndRemovalsByMedium) {
+  worker::TieredStoreOptions options;
+  options.host.block_bytes = 4096;
+  options.host.capacity_bytes = 2 * 4096;  // two host slots
+  worker::DiskTierOptions disk;
+  disk.capacity_bytes = 64 * worker::diskSlotBytes(4096);
+  options.disk = disk;
+  AccountedTiers tiers(options);
+  std::vector<worker::BlockHash> hashes = {worker::BlockHash(1), worker::BlockHash(2),
+                                           worker::BlockHash(3)};
+  std::vector<std::span<const std::byte>> none(hashes.size());
+  tiers.offload(hashes, none);
+  std::vector<worker::KvEvent> events = tiers.takeEvents();
+  std::vector<std::string> seen;
+  for (const worker::KvEvent& e : events) {
+    if (const auto* s = std::get_if<worker::BlockStored>(&e)) {
+      for (auto h : s->block_hashes) seen.push_back("+" + *s->medium + std::to_string(h.value()));
+    } else if (const auto* r = std::get_if<worker::BlockRemoved>(&e)) {
+      for (auto h : r->block_hashes) seen.push_back("-" + *r->medium + std::to_string(h.value()));
+    }
+  }
+  EXPECT_EQ(seen, (std::vector<std::string>{"+DISK1", "+CPU1", "+DISK2", "+CPU2", "+DISK3", "+CPU3",
+                                            "-CPU1"}));
+  EXPECT_TRUE(tiers.takeEvents().empty());
+  // Offloading a block the tiers already hold changes nothing a router sees.
+  std::vector<worker::BlockHash> again = {worker::BlockHash(3)};
+  std::vector<std::span<const std::byte>> one(1);
+  tiers.offload(again, one);
+  EXPECT_TRUE(tiers.takeEvents().empty());
+}
+
+}  // namespace
+}  // namespace kvf::engine
