@@ -1,5 +1,7 @@
 #include "policy/tier_holdings.h"
 
+#include "common/strings.h"
+
 namespace kvf::policy {
 
 TierHoldings::Tier* TierHoldings::find(std::string_view medium) {
@@ -29,7 +31,11 @@ bool TierHoldings::store(std::string_view medium, std::span<const uint64_t> engi
     tiers_.reserve(kMaxTiers);  // cpu_ and disk_ point into it
     tier = &tiers_.emplace_back();
     tier->medium = std::string(medium);
-    tier->kind = medium == "CPU" ? Kind::kCpu : medium == "DISK" ? Kind::kDisk : Kind::kOther;
+    // vLLM's specs name their medium in upper case ("CPU"); other connectors vary the case
+    // ("Disk"), so the two credited tiers are matched without it.
+    tier->kind = equalsIgnoreCase(medium, "CPU")    ? Kind::kCpu
+                 : equalsIgnoreCase(medium, "DISK") ? Kind::kDisk
+                                                    : Kind::kOther;
     if (tier->kind == Kind::kCpu) cpu_ = tier;
     if (tier->kind == Kind::kDisk) disk_ = tier;
   }

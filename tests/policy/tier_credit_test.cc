@@ -110,6 +110,18 @@ TEST(TierHoldingsTest, RunContinuesThroughCpuThenDiskUntilAGap) {
   EXPECT_FALSE(storage.creditable());
   EXPECT_EQ(storage.run(chain, 0).cpu_blocks, 0u);
   EXPECT_EQ(storage.blocks("STORAGE"), 1u);
+  // The credited media are matched without case ("Disk", "cpu").
+  TierHoldings mixed;
+  std::vector<uint64_t> first = {101, 102};
+  std::vector<BlockHash> first_ours = {{11}, {12}};
+  ASSERT_TRUE(mixed.store("cpu", first, first_ours, 0));
+  std::vector<uint64_t> third = {103};
+  std::vector<BlockHash> third_ours = {{13}};
+  ASSERT_TRUE(mixed.store("Disk", third, third_ours, 0));
+  EXPECT_TRUE(mixed.creditable());
+  run = mixed.run(chain, 0);
+  EXPECT_EQ(run.cpu_blocks, 2u);
+  EXPECT_EQ(run.disk_blocks, 1u);
 }
 
 // Two idle instances: 0 holds a short GPU prefix, 1 a long run in host memory.
