@@ -482,9 +482,12 @@ void Router::finishRequest(RequestContext& ctx) {
     instance->actual_cached_tokens->inc(static_cast<double>(actual));
     metrics_->prediction_error_tokens->observe(static_cast<double>(std::llabs(predicted - actual)));
     if (actual < predicted) metrics_->silent_misses->inc();
-    if (actual > predicted) {
+    // Hits from the engine's lower tiers were known too: only hits beyond the GPU prediction
+    // and the tiers' run are unpredicted (the check for a missing event stream).
+    const int64_t known = predicted + ctx.route.tierTokens();
+    if (actual > known) {
       metrics_->unpredicted_hits->inc();
-      instance->unpredicted_hit_tokens->inc(static_cast<double>(actual - predicted));
+      instance->unpredicted_hit_tokens->inc(static_cast<double>(actual - known));
     }
   }
   Nanos now = clock_.now();

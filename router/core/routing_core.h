@@ -56,6 +56,9 @@ class RequestRoute {
   int instance() const { return instance_; }  // slot; -1 when no instance was available
   int peer() const { return peer_; }          // push source / prefill instance slot; -1: none
   int64_t predictedCachedTokens() const { return decision_.predicted_cached_tokens; }
+  // Tokens past the GPU hit that the KV's instance holds in host memory or on disk (the
+  // contiguous run the policy saw); an engine that onboards them reports them as cached.
+  int64_t tierTokens() const { return tier_cpu_tokens_ + tier_disk_tokens_; }
   int64_t ownMatchedTokens() const { return own_matched_tokens_; }
   const policy::HolderSet& excluded() const { return excluded_; }
   bool loadHeld() const { return load_.held(); }
