@@ -261,7 +261,11 @@ class TokenCompletionScanner {
     if (peek() == 'e' || peek() == 'E') {
       ++p_;
       if (!consume('+')) consume('-');
+      const char* digits = p_;
       if (!skipDigits()) return false;
+      // The DOM parser refuses an exponent past a 32-bit int ("exponent overflow"); longer
+      // ones are left to it (nullopt: the DOM path decides).
+      if (p_ - digits > 9) return false;
     }
     return true;
   }

@@ -283,6 +283,18 @@ TEST(RequestParseTest, SinglePassNeverAcceptsWhatTheDomPathReadsDifferently) {
   EXPECT_GT(accepted, 100);  // the edits must leave enough valid bodies to compare
 }
 
+TEST(RequestParseTest, SinglePassLeavesHugeExponentsToTheDomPath) {
+  // An unknown key's number whose exponent overflows the DOM parser: the scanner must not
+  // accept a body the DOM path refuses.
+  const std::string body =
+      R"({"model":"m","prompt":[2],"m^o_tokens":9246744e73709551614})";
+  EXPECT_FALSE(fastParseTokenCompletion(body).has_value());
+  EXPECT_FALSE(parseRequestDom(ApiKind::kCompletions, post(body)).ok());
+  // An ordinary exponent is still read in a single pass.
+  EXPECT_TRUE(
+      fastParseTokenCompletion(R"({"model":"m","prompt":[2],"x":1.5e300})").has_value());
+}
+
 // A long token-id body with ids of mixed lengths and the given separator.
 std::string longTokenBody(std::mt19937& rng, size_t count, std::string_view sep,
                           std::vector<policy::TokenId>* ids) {
