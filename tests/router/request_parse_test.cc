@@ -286,13 +286,11 @@ TEST(RequestParseTest, SinglePassNeverAcceptsWhatTheDomPathReadsDifferently) {
 TEST(RequestParseTest, SinglePassLeavesHugeExponentsToTheDomPath) {
   // An unknown key's number whose exponent overflows the DOM parser: the scanner must not
   // accept a body the DOM path refuses.
-  const std::string body =
-      R"({"model":"m","prompt":[2],"m^o_tokens":9246744e73709551614})";
+  const std::string body = R"({"model":"m","prompt":[2],"m^o_tokens":9246744e73709551614})";
   EXPECT_FALSE(fastParseTokenCompletion(body).has_value());
   EXPECT_FALSE(parseRequestDom(ApiKind::kCompletions, post(body)).ok());
   // An ordinary exponent is still read in a single pass.
-  EXPECT_TRUE(
-      fastParseTokenCompletion(R"({"model":"m","prompt":[2],"x":1.5e300})").has_value());
+  EXPECT_TRUE(fastParseTokenCompletion(R"({"model":"m","prompt":[2],"x":1.5e300})").has_value());
 }
 
 // A long token-id body with ids of mixed lengths and the given separator.
