@@ -57,32 +57,18 @@ AccountedTiers::AccountedTiers(const worker::TieredStoreOptions& options) {
   }
 }
 
-void AccountedTiers::stored(worker::TierId tier, uint64_t key) {
-  // Consecutive changes of one kind and tier share an event, as a live batch would.
+template <class Event>
+void AccountedTiers::append(worker::TierId tier, uint64_t key) {
+  // Consecutive changes of one kind and tier share an event, as a live batch would; no parent
+  // and no token ids, as vLLM's OffloadingConnector writes them.
   if (!events_.empty()) {
-    if (auto* last = std::get_if<worker::BlockStored>(&events_.back());
+    if (auto* last = std::get_if<Event>(&events_.back());
         last != nullptr && last->medium == worker::tierMedium(tier)) {
       last->block_hashes.emplace_back(key);
       return;
     }
   }
-  worker::BlockStored ev;
-  ev.block_hashes.emplace_back(key);
-  ev.parent_block_hash.reset();
-  ev.lora_id.reset();
-  ev.medium = std::string(worker::tierMedium(tier));
-  events_.emplace_back(std::move(ev));
-}
-
-void AccountedTiers::removed(worker::TierId tier, uint64_t key) {
-  if (!events_.empty()) {
-    if (auto* last = std::get_if<worker::BlockRemoved>(&events_.back());
-        last != nullptr && last->medium == worker::tierMedium(tier)) {
-      last->block_hashes.emplace_back(key);
-      return;
-    }
-  }
-  worker::BlockRemoved ev;
+  Event ev;
   ev.block_hashes.emplace_back(key);
   ev.medium = std::string(worker::tierMedium(tier));
   events_.emplace_back(std::move(ev));
@@ -99,10 +85,10 @@ void AccountedTiers::offload(std::span<const worker::BlockHash> hashes,
       // Write-through: the disk gets every block stored in host memory.
       ++counts_.disk_written;
       std::optional<uint64_t> out = disk_.insert(key);
-      if (out != key) stored(worker::TierId::kDisk, key);
+      if (out != key) append<worker::BlockStored>(worker::TierId::kDisk, key);
       if (out) {
         ++counts_.dropped_capacity;
-        if (out != key) removed(worker::TierId::kDisk, *out);
+        if (out != key) append<worker::BlockRemoved>(worker::TierId::kDisk, *out);
       }
     } else if (has_disk_) {
       disk_.touch(key);
@@ -113,7 +99,7 @@ void AccountedTiers::offload(std::span<const worker::BlockHash> hashes,
     }
     ++counts_.host_stored;
     std::optional<uint64_t> out = host_.insert(key);
-    if (out != key) stored(worker::TierId::kHost, key);
+    if (out != key) append<worker::BlockStored>(worker::TierId::kHost, key);
     if (out) {
       // With a disk below, the block was written before it could leave (lossless).
       if (has_disk_ && disk_.contains(*out)) {
@@ -121,7 +107,7 @@ void AccountedTiers::offload(std::span<const worker::BlockHash> hashes,
       } else {
         ++counts_.dropped_capacity;
       }
-      if (out != key) removed(worker::TierId::kHost, *out);
+      if (out != key) append<worker::BlockRemoved>(worker::TierId::kHost, *out);
     }
   }
 }

@@ -54,9 +54,10 @@ class AccountedTiers final : public LowerTiers {
     // Inserts (or refreshes) key; the evicted key, if one had to leave.
     std::optional<uint64_t> insert(uint64_t key);
   };
-  // One event per tier change, as the live tiers publish them (the router's per-tier index).
-  void stored(worker::TierId tier, uint64_t key);
-  void removed(worker::TierId tier, uint64_t key);
+  // Records a store or removal (Event) of `key` in `tier`, as the live tiers publish them (the
+  // router's per-tier index).
+  template <class Event>
+  void append(worker::TierId tier, uint64_t key);
 
   Lru host_;
   Lru disk_;
