@@ -125,17 +125,7 @@ double EngineCoreSide::latenessQuantile(double q) const {
 
 void EngineCoreSide::publishEvents() {
   std::vector<worker::KvEvent> events = step_events_.take();
-  if (tiers_ != nullptr) {
-    // The tiers' events first: a block the step evicted enters CPU before it leaves GPU, so a
-    // router that knows a block by its GPU entry (vLLM's tier events carry no tokens) can place
-    // the host copy on the prompt's chain before the GPU removal drops that entry.
-    std::vector<worker::KvEvent> below = tiers_->takeEvents();
-    if (!below.empty()) {
-      below.insert(below.end(), std::make_move_iterator(events.begin()),
-                   std::make_move_iterator(events.end()));
-      events = std::move(below);
-    }
-  }
+  if (tiers_ != nullptr) putTierEventsFirst(*tiers_, events);
   if (publisher_ != nullptr && !events.empty())
     publisher_->publish(std::move(events), unixSeconds());
 }

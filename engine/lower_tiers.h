@@ -10,8 +10,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
 #include <memory>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "worker/kv_events.h"
@@ -59,5 +61,17 @@ class LowerTiers {
   // "CPU" or "DISK", as vLLM's OffloadingConnector writes them), in the order they happened.
   virtual std::vector<worker::KvEvent> takeEvents() = 0;
 };
+
+// Puts the tiers' events since the last call in front of a step's events, the order the live
+// engine and the simulator publish in: a block the step evicted enters CPU before it leaves GPU,
+// so a router that knows the block by its GPU entry (vLLM's tier events carry no tokens) can
+// place the host copy on the prompt's chain before the GPU removal drops that entry.
+inline void putTierEventsFirst(LowerTiers& tiers, std::vector<worker::KvEvent>& events) {
+  std::vector<worker::KvEvent> below = tiers.takeEvents();
+  if (below.empty()) return;
+  below.insert(below.end(), std::make_move_iterator(events.begin()),
+               std::make_move_iterator(events.end()));
+  events = std::move(below);
+}
 
 }  // namespace kvf::engine

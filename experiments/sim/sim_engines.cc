@@ -240,16 +240,7 @@ void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
   }
   e.current.outputs.clear();
   std::vector<SimKvEvent> events = e.sink.take();
-  if (engine::LowerTiers* tiers = e.core->lowerTiers()) {
-    // The tiers' events (CPU, DISK) first, as the live engine publishes them: a block the step
-    // evicted enters host memory before the router drops its GPU entry.
-    std::vector<SimKvEvent> below = tiers->takeEvents();
-    if (!below.empty()) {
-      below.insert(below.end(), std::make_move_iterator(events.begin()),
-                   std::make_move_iterator(events.end()));
-      events = std::move(below);
-    }
-  }
+  if (engine::LowerTiers* tiers = e.core->lowerTiers()) engine::putTierEventsFirst(*tiers, events);
   if (!events.empty()) {
     e.kv_batches.push_back(std::move(events));
     push(t + ms(setup_.sim.overheads.kv_event_delay_ms), Ev::kKvDeliver,
