@@ -30,7 +30,10 @@ struct KvEventsConfig {
   std::string replay_endpoint = "tcp://*:5558";  // empty disables replay
   std::string topic;                             // vLLM's default: "" (KVEventsConfig.topic)
   int64_t buffer_batches = 10000;
-  int64_t buffer_bytes = int64_t{64} << 20;  // replay buffer bound in encoded bytes
+  // Replay buffer bound in encoded bytes. 8 MiB binds before the batch count at ordinary loads
+  // (minutes of events at 2 MB/min), so the buffer's memory stops changing once it is full,
+  // whatever the mix of batch sizes; a replay only has to cover a reconnect's gap.
+  int64_t buffer_bytes = int64_t{8} << 20;
 };
 
 // The worker control server (KV push, docs/protocols.md "KV push").

@@ -171,6 +171,9 @@ void KvEventPublisher::sendBatch(Pending pending) {
   } else {
     published_.fetch_add(1, std::memory_order_relaxed);
   }
+  // The encoder grows its string by doubling: kept as it is, a batch held up to twice the bytes
+  // that buffer_bytes counts (28.5 MB of heap for 17 MB counted at a soaking engine's peak).
+  payload.shrink_to_fit();
   uint64_t buffered = buffered_bytes_.load(std::memory_order_relaxed) + payload.size();
   replay_buffer_.emplace_back(seq, std::move(payload));
   // The newest batch always stays (a single batch over buffer_bytes is still replayable).
