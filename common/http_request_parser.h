@@ -97,6 +97,7 @@ class RequestParser {
   size_t length_ = 0;
   size_t received_ = 0;
   size_t chunked_wire_bytes_ = 0;
+  size_t head_bytes_ = 0;  // bytes of the head Beast has taken (the start line goes first)
   uint64_t chunked_body_bytes_ = 0;  // sum of the chunk sizes announced so far
   bool chunk_extension_too_long_ = false;
 };

@@ -200,6 +200,14 @@ TEST(RequestParserTest, LimitsAndMalformedHeads) {
       EXPECT_EQ(trickled.status, 431);  // the line never arrives whole at once
     }
   }
+  // The header limit holds for a head that arrives in one read as for one that trickles in.
+  for (size_t target : {10, 200}) {
+    std::string head = "GET /" + std::string(target, 'a') +
+                       " HTTP/1.1\r\nX: " + std::string(240, 'x') + "\r\n\r\n";
+    for (size_t piece : {size_t{1}, size_t{7}, SIZE_MAX}) {
+      EXPECT_EQ(parse(head, limits, piece).status, 431) << target << " " << piece;
+    }
+  }
   Parsed cut = parse("GET /a HTTP/1.1\r\nHo", limits);
   EXPECT_EQ(cut.state, State::kFailed);
   EXPECT_EQ(cut.status, 0);
