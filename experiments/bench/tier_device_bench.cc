@@ -16,6 +16,7 @@
 #if defined(KVF_WITH_CUDA)
 #include <cuda_runtime_api.h>
 
+#include "experiments/bench/tier_cuda_bench.h"
 #include "worker/block_payload.h"
 #include "worker/tiers/tiered_store.h"
 #endif
@@ -27,12 +28,6 @@ namespace {
 
 namespace kw = kvf::worker;
 using Clock = std::chrono::steady_clock;
-
-bool cudaOk(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return true;
-  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(error));
-  return false;
-}
 
 // Copies block i of `host` to or from block i of `device`, all on `stream`; GB/s of the whole.
 double timedCopies(const std::vector<std::byte*>& host, std::byte* device, uint64_t block,

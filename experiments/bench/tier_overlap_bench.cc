@@ -20,6 +20,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
 
+#include "experiments/bench/tier_cuda_bench.h"
 #include "worker/block_payload.h"
 #include "worker/tiers/device_copier.h"
 #include "worker/tiers/tiered_store.h"
@@ -34,12 +35,6 @@ namespace kw = kvf::worker;
 using Clock = std::chrono::steady_clock;
 
 constexpr kw::BlockKey kOffloadKeys = 1ull << 40;  // offloaded blocks' keys, apart from onboard's
-
-bool cudaOk(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return true;
-  std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(error));
-  return false;
-}
 
 double secondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();

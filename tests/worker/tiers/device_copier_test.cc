@@ -108,6 +108,17 @@ class DeviceCopierTest : public ::testing::Test {
       ASSERT_TRUE(store_->offload(k, payloadOf(k, kBlock)).ok());
     }
   }
+  // Stores keys 0..n-1 and onboards key i into device block i.
+  absl::StatusOr<std::shared_ptr<DeviceOnboard>> onboardKeys(size_t n) {
+    storeKeys(0, n);
+    std::vector<BlockKey> keys;
+    std::vector<void*> destinations;
+    for (size_t i = 0; i < n; ++i) {
+      keys.push_back(i);
+      destinations.push_back(block(i));
+    }
+    return copier_->onboard(keys, destinations);
+  }
   // Reads device block i back (synchronously).
   std::vector<std::byte> readBack(size_t i) {
     std::vector<std::byte> out(kBlock);
@@ -212,15 +223,8 @@ TEST_F(DeviceCopierTest, ReadyPrefixIsMonotoneAndReachesN) {
   options.blocks_per_event = 4;
   makeCopier(options);
   constexpr size_t kN = 48;
-  storeKeys(0, kN);
-  std::vector<BlockKey> keys;
-  std::vector<void*> destinations;
-  for (size_t i = 0; i < kN; ++i) {
-    keys.push_back(i);
-    destinations.push_back(block(i));
-  }
   StreamGate gate(copier_->onboardStream());
-  auto on = copier_->onboard(keys, destinations);
+  auto on = onboardKeys(kN);
   ASSERT_TRUE(on.ok()) << on.status();
   EXPECT_EQ((*on)->readyPrefix(), 0u);  // held at the gate
   gate.open();
@@ -243,15 +247,8 @@ TEST_F(DeviceCopierTest, WaitOnStreamOrdersComputeAfterTheFirstBlocks) {
   options.blocks_per_event = 2;
   makeCopier(options);
   constexpr size_t kN = 8, kFirst = 4;
-  storeKeys(0, kN);
-  std::vector<BlockKey> keys;
-  std::vector<void*> destinations;
-  for (size_t i = 0; i < kN; ++i) {
-    keys.push_back(i);
-    destinations.push_back(block(i));
-  }
   StreamGate gate(copier_->onboardStream());
-  auto on = copier_->onboard(keys, destinations);
+  auto on = onboardKeys(kN);
   ASSERT_TRUE(on.ok()) << on.status();
   ASSERT_TRUE((*on)->waitOnStream(compute_, kFirst).ok());
   EXPECT_EQ((*on)->waitOnStream(compute_, kN + 1).code(), absl::StatusCode::kOutOfRange);
