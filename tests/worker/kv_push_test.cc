@@ -253,6 +253,35 @@ TEST_F(KvPushTest, PrefixHalfInThePoolHalfInHostMemoryIsPushedWhole) {
   EXPECT_EQ(metric(d, "kvfabric_engine_kv_push_received_bytes_total"), 40 * 256);
 }
 
+// C's pool keeps the head of a prefix; of the tail it evicted, host memory (16 slots of 64 KiB
+// blocks) keeps the most recent and the disk the rest: the push serves all three tiers.
+TEST_F(KvPushTest, PrefixAcrossPoolHostMemoryAndDiskIsPushedWhole) {
+  const std::string cache = "cache: {block_size: 16, num_gpu_blocks: 64, "
+                            "payload_bytes_per_block: 65536}\n";
+  Engine& c = start("C", "", 200, 50,
+                    cache + "tiers: {host: {capacity_mib: 1, pin: off}, disk: {dir: " +
+                        (dir_ / "disk").string() + ", capacity_mib: 64, file_mib: 4}}\n");
+  Engine& d = start("D", "", 200, 50,
+                    "cache: {block_size: 16, num_gpu_blocks: 256, payload_bytes_per_block: "
+                    "65536}\n");
+  std::string prefix = tokens(640, 9);  // 40 full blocks
+  complete(c, prefix, "");
+  complete(c, tokens(880, 78), "");  // 56 blocks: evicts most of the prefix, tail first
+  bj::object r = complete(d, tokens(740, 9), source(c));
+  EXPECT_EQ(result(r)["pushed_tokens"].as_int64(), 640) << r;
+  EXPECT_EQ(cached(r), 640);
+  const double gpu = metric(c, "kvfabric_worker_push_blocks_total", "tier=\"gpu\"");
+  const double cpu = metric(c, "kvfabric_worker_push_blocks_total", "tier=\"cpu\"");
+  const double disk = metric(c, "kvfabric_worker_push_blocks_total", "tier=\"disk\"");
+  EXPECT_GT(gpu, 0);
+  EXPECT_GT(cpu, 0);
+  EXPECT_GT(disk, 0);
+  EXPECT_EQ(gpu + cpu + disk, 40);
+  EXPECT_EQ(metric(d, "kvfabric_engine_kv_push_verified_blocks_total"), 40);
+  EXPECT_EQ(metric(d, "kvfabric_engine_kv_push_corrupt_blocks_total"), 0);
+  EXPECT_EQ(metric(d, "kvfabric_engine_kv_push_received_bytes_total"), 40 * 65536);
+}
+
 TEST_F(KvPushTest, PushCostsTheModelledLinkTimeOverlappedLayerByLayer) {
   // At 10 Gbps, 4000 tokens x 96 KiB take 314.6 ms + 50 us (modelled) - far longer than the
   // 16-token step that follows, so the step ends at the transfer's end + one layer's share.
