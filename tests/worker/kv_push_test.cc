@@ -256,8 +256,9 @@ TEST_F(KvPushTest, PrefixHalfInThePoolHalfInHostMemoryIsPushedWhole) {
 // C's pool keeps the head of a prefix; of the tail it evicted, host memory (16 slots of 64 KiB
 // blocks) keeps the most recent and the disk the rest: the push serves all three tiers.
 TEST_F(KvPushTest, PrefixAcrossPoolHostMemoryAndDiskIsPushedWhole) {
-  const std::string cache = "cache: {block_size: 16, num_gpu_blocks: 64, "
-                            "payload_bytes_per_block: 65536}\n";
+  const std::string cache =
+      "cache: {block_size: 16, num_gpu_blocks: 64, "
+      "payload_bytes_per_block: 65536}\n";
   Engine& c = start("C", "", 200, 50,
                     cache + "tiers: {host: {capacity_mib: 1, pin: off}, disk: {dir: " +
                         (dir_ / "disk").string() + ", capacity_mib: 64, file_mib: 4}}\n");
