@@ -57,6 +57,7 @@ void parseWorker(config::ConfigMap& m, WorkerConfig* w) {
       m.fail("peers", strCat("'", peer, "' is not http://host:port"));
   }
   m.get("max_push_blocks", &w->max_push_blocks, 1, int64_t{1} << 20);
+  m.get("push_bounce_mib", &w->push_bounce_mib, 0, int64_t{1} << 16);
   m.get("transports", &w->transports);
   m.get("net_devices", &w->net_devices);
   m.get("push_deadline_cap_ms", &w->push_deadline_cap_ms, 1, 60'000);

@@ -55,7 +55,10 @@ struct WorkerConfig {
   // The cluster's worker URLs (the router's registry). Non-empty: pushes only to receivers
   // listed here (docs/security.md).
   std::vector<std::string> peers;
-  int64_t max_push_blocks = 65536;        // blocks per push (both directions)
+  int64_t max_push_blocks = 65536;  // blocks per push (both directions)
+  // With tiers: the bounce region pushes read disk blocks into (docs/tiers.md). 0: pushes
+  // serve no block from disk.
+  int64_t push_bounce_mib = 64;
   std::string transports = "shm";         // UCX transports (transport::TransportOptions)
   std::string net_devices;                // UCX_NET_DEVICES for tcp/rdma; empty: all
   int64_t push_deadline_cap_ms = 1000;    // cap of the default receiver deadline

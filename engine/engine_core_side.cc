@@ -39,6 +39,7 @@ absl::Status EngineCoreSide::createCore() {
     KVF_ASSIGN_OR_RETURN(tiers, LiveTiers::create(std::move(options)));
     tiers_ = tiers.get();
     worker::exportMetrics(tiers_->store(), shared_.registry);
+    tier_push_ = std::make_unique<worker::TierPushSource>(tiers_->store());
   }
   KVF_ASSIGN_OR_RETURN(core_, EngineCore::create(shared_.config, &step_events_, std::move(tiers)));
   return absl::OkStatus();
@@ -255,6 +256,23 @@ std::vector<BlockIndex> EngineCoreSide::pinLeadingRun(std::span<const BlockHash>
 void EngineCoreSide::unpin(std::span<const BlockHash> hashes) {
   core_->unpin(hashes);
   publishStats();
+}
+
+worker::PayloadRegion EngineCoreSide::tierRegion() const {
+  return tier_push_ != nullptr ? tier_push_->region() : worker::PayloadRegion{};
+}
+
+worker::TierPushRun EngineCoreSide::pinTierRun(std::span<const BlockHash> hashes,
+                                               std::span<const std::span<std::byte>> disk_buffers,
+                                               absl::AnyInvocable<void(size_t) &&> on_disk_read) {
+  if (tier_push_ == nullptr) {
+    return EngineAdapter::pinTierRun(hashes, disk_buffers, std::move(on_disk_read));
+  }
+  return tier_push_->pin(hashes, disk_buffers, std::move(on_disk_read));
+}
+
+void EngineCoreSide::unpinTierRun(uint64_t id) {
+  if (tier_push_ != nullptr) tier_push_->unpin(id);
 }
 
 void EngineCoreSide::completeRemoteKv(const worker::RemoteKvOutcome& outcome) {

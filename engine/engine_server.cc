@@ -57,6 +57,7 @@ absl::StatusOr<std::unique_ptr<EngineServer>> EngineServer::create(asio::io_cont
     }
     impl->http_side.setTransferAuth(protocol::transferAuthKey(ao.token));
     ao.max_push_blocks = static_cast<size_t>(wc.max_push_blocks);
+    ao.push_bounce_bytes = static_cast<uint64_t>(wc.push_bounce_mib) << 20;
     ao.advertise_url = wc.advertise_url;
     if (ao.advertise_url.empty() && !c.membership.advertise_host.empty()) {
       ao.advertise_url = strCat("http://", c.membership.advertise_host, ":", wc.port);

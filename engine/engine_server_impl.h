@@ -34,6 +34,7 @@
 #include "worker/agent.h"
 #include "worker/engine_adapter.h"
 #include "worker/kv_event_publisher.h"
+#include "worker/tier_push.h"
 
 namespace kvf::engine {
 namespace detail {
@@ -58,6 +59,8 @@ struct Pending {
   bool done = false;
   std::string finish_reason;
   int64_t cached_tokens = 0;
+  int64_t tier_tokens = 0;  // of cached_tokens, onboarded from host memory or disk
+  int64_t tier_disk_tokens = 0;
   int64_t prompt_tokens = 0;
   std::optional<KvTransferResult> kv_transfer_result;  // set before the request's first output
   std::optional<std::string> lease_id;                 // remote decode: the lease taken
@@ -156,6 +159,11 @@ class EngineCoreSide final : public worker::EngineAdapter {
   void post(absl::AnyInvocable<void() &&> fn) override;
   std::vector<BlockIndex> pinLeadingRun(std::span<const BlockHash> hashes) override;
   void unpin(std::span<const BlockHash> hashes) override;
+  worker::PayloadRegion tierRegion() const override;
+  worker::TierPushRun pinTierRun(std::span<const BlockHash> hashes,
+                                 std::span<const std::span<std::byte>> disk_buffers,
+                                 absl::AnyInvocable<void(size_t) &&> on_disk_read) override;
+  void unpinTierRun(uint64_t id) override;
   void completeRemoteKv(const worker::RemoteKvOutcome& outcome) override;
   void failRemoteKv(const worker::RemoteKvOutcome& outcome) override;
   void releaseLanding(const std::string& id) override;
@@ -174,6 +182,8 @@ class EngineCoreSide final : public worker::EngineAdapter {
   EngineShared& shared_;
   std::unique_ptr<EngineCore> core_;
   LiveTiers* tiers_ = nullptr;  // the core's lower tiers when configured (owned by core_)
+  // Pushes served from those tiers (after core_: released before the store it pins in).
+  std::unique_ptr<worker::TierPushSource> tier_push_;
   EngineHttpSide* http_ = nullptr;
   worker::KvEventPublisher* publisher_ = nullptr;
   worker::WorkerAgent* agent_ = nullptr;

@@ -2,6 +2,10 @@
 // and leases. The holder's push is in push_holder.cc, the receiver's fetch in push_receiver.cc.
 #include "worker/agent.h"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include <boost/asio/co_spawn.hpp>
 #include <boost/asio/detached.hpp>
 
@@ -56,6 +60,7 @@ absl::StatusOr<std::unique_ptr<WorkerAgent>> WorkerAgent::create(
   }
   KVF_ASSIGN_OR_RETURN(impl->pool_region,
                        impl->transport->registerMemory(region.data, region.length));
+  KVF_RETURN_IF_ERROR(impl->prepareTierPush());
   http::ServerOptions so;
   so.host = impl->options.host;
   so.port = impl->options.port;
@@ -71,7 +76,29 @@ absl::StatusOr<std::unique_ptr<WorkerAgent>> WorkerAgent::create(
 
 WorkerAgent::WorkerAgent(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-WorkerAgent::~WorkerAgent() = default;
+WorkerAgent::~WorkerAgent() {
+  // A disk read still filling the bounce region must finish before the transport frees it; the
+  // tiers' reads are bounded by the disk, so this waits a short while at most.
+  const Nanos give_up = steadyNanos() + 5 * kNanosPerSecond;
+  while (impl_->tier_reads_in_flight->load() > 0 && steadyNanos() < give_up) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+absl::Status WorkerAgent::Impl::prepareTierPush() {
+  const PayloadRegion tiers = adapter.tierRegion();
+  if (tiers.data == nullptr || tiers.length == 0) return absl::OkStatus();
+  KVF_ASSIGN_OR_RETURN(tier_region, transport->registerMemory(tiers.data, tiers.length));
+  bounce = std::make_shared<agent_internal::BouncePool>();
+  // Sector-aligned blocks: the disk tier reads straight into them with O_DIRECT.
+  constexpr uint64_t kSector = 4096;
+  bounce_stride = (geometry.block_bytes + kSector - 1) / kSector * kSector;
+  const uint64_t blocks = std::min<uint64_t>(options.push_bounce_bytes / bounce_stride, 1 << 20);
+  if (blocks == 0) return absl::OkStatus();
+  KVF_ASSIGN_OR_RETURN(bounce_region, transport->allocateMemory(blocks * bounce_stride));
+  for (uint64_t i = blocks; i-- > 0;) bounce->free.push_back(static_cast<uint32_t>(i));
+  return absl::OkStatus();
+}
 
 void WorkerAgent::start() {
   impl_->server->start();
@@ -167,6 +194,16 @@ void WorkerAgent::Impl::registerMetrics(metrics::Registry& registry) {
   m.serve_seconds =
       &registry.histogram("kvfabric_worker_push_seconds", "Holder time per push (wall)",
                           metrics::exponentialBuckets(1e-5, 2, 18), labels);
+  const char* by_tier = "kvfabric_worker_push_blocks_total";
+  const char* by_tier_help =
+      "Blocks pushed to peers by the tier that served them (gpu: the engine's pool, cpu: host "
+      "memory, disk: local disk)";
+  m.pushed_gpu = &registry.counter(by_tier, by_tier_help, with("tier", "gpu"));
+  m.pushed_cpu = &registry.counter(by_tier, by_tier_help, with("tier", "cpu"));
+  m.pushed_disk = &registry.counter(by_tier, by_tier_help, with("tier", "disk"));
+  m.bounce_full = &registry.counter(
+      "kvfabric_worker_push_bounce_full_total",
+      "Pushes that left disk blocks missing because the bounce region was full", labels);
   const char* fetches = "kvfabric_worker_fetches_total";
   const char* fetch_help = "Fetches from holders by what landed (ok, partial, fallback)";
   m.fetch_ok = &registry.counter(fetches, fetch_help, with("outcome", "ok"));

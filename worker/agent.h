@@ -56,6 +56,10 @@ struct AgentOptions {
   metrics::Labels metric_labels;  // added to every metric the agent registers
   // NixlConnector dialect: the engine id a holder reports (P's remote_engine_id).
   std::string engine_id;
+  // Pushes served from the engine's disk tier read the blocks into a transport-registered bounce
+  // region of this many bytes (shared by concurrent pushes; disk blocks that find no room are
+  // answered missing). 0: no push is served from disk. Host-memory blocks need none.
+  uint64_t push_bounce_bytes = 64ull << 20;
   // TEST ONLY holder-side faults: "" (none), "corrupt" (push damaged bytes with the checksums of
   // the good ones), "corrupt_content" (damaged bytes, matching checksums), "stall" (wait
   // fault_stall_ms before pushing).

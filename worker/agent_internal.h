@@ -6,6 +6,7 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <type_traits>
@@ -62,6 +63,45 @@ struct TransferResult {
   std::shared_ptr<transport::PutHandle> get;
 };
 
+// Blocks of the bounce region (disk blocks on their way to a receiver): taken by a push on the
+// agent thread, given back by whoever drops the last reference to a push's TierReads.
+struct BouncePool {
+  std::mutex mu;
+  std::vector<uint32_t> free;
+};
+
+// The disk reads of one push, shared by its coroutine and the store thread that finishes them:
+// its bounce blocks go back to the pool only once both are done with them.
+struct TierReads {
+  explicit TierReads(std::shared_ptr<BouncePool> pool_in) : pool(std::move(pool_in)) {}
+  ~TierReads() {
+    if (pool == nullptr) return;
+    std::lock_guard lock(pool->mu);
+    pool->free.insert(pool->free.end(), slots.begin(), slots.end());
+  }
+  std::shared_ptr<BouncePool> pool;
+  std::vector<uint32_t> slots;  // bounce blocks this push holds
+  // Agent thread from here on.
+  bool done = false;
+  size_t intact = 0;                     // leading disk blocks read intact
+  asio::steady_timer* waiter = nullptr;  // the coroutine waiting for `done`, if any
+};
+
+// What a push pinned on the engine thread: the pool's leading run, then the lower tiers' run.
+struct HolderPins {
+  std::vector<BlockIndex> pool;
+  TierPushRun tier;
+  size_t tier_served = 0;  // leading blocks of `tier` that can be sent (disk reads intact)
+};
+
+// One put of a push: consecutive blocks that come from one registered region.
+struct PushSegment {
+  std::shared_ptr<transport::MemoryRegion> source;
+  std::vector<transport::BlockCopy> blocks;
+  TierId tier = TierId::kHost;
+  bool pool = false;  // from the engine's pool (tier unused)
+};
+
 }  // namespace agent_internal
 
 struct WorkerAgent::Impl {
@@ -79,6 +119,16 @@ struct WorkerAgent::Impl {
   EngineAdapter& adapter;
   std::unique_ptr<transport::TransportContext> transport;
   std::shared_ptr<transport::MemoryRegion> pool_region;  // the adapter's payload, registered
+  // Pushes served from the engine's lower tiers (when its adapter offers them): the host tier's
+  // memory, registered, and the bounce region disk blocks are read into (bounce_stride each).
+  std::shared_ptr<transport::MemoryRegion> tier_region;
+  std::shared_ptr<transport::MemoryRegion> bounce_region;
+  uint64_t bounce_stride = 0;
+  std::shared_ptr<agent_internal::BouncePool> bounce;
+  // Disk reads handed to the engine whose completion has not arrived: the agent's destruction
+  // waits for them (they write into the bounce region, which goes with the transport).
+  std::shared_ptr<std::atomic<int64_t>> tier_reads_in_flight =
+      std::make_shared<std::atomic<int64_t>>(0);
   AgentOptions options;
   BlockGeometry geometry;
   protocol::PushLimits limits;
@@ -117,9 +167,15 @@ struct WorkerAgent::Impl {
     metrics::Counter *refused_not_a_peer = nullptr, *refused_not_granted = nullptr,
                      *refused_mismatch = nullptr;
     metrics::Counter *claim_unknown = nullptr, *claim_repeated = nullptr;
+    // Holder: blocks pushed by the tier they were served from (pool, host memory, disk), and
+    // pushes whose disk blocks did not all fit in the bounce region.
+    metrics::Counter *pushed_gpu = nullptr, *pushed_cpu = nullptr, *pushed_disk = nullptr;
+    metrics::Counter* bounce_full = nullptr;
   } m;
   metrics::Registry own_registry;  // when create() got none
 
+  // Registers the adapter's tier memory and allocates the bounce region, when it has tiers.
+  absl::Status prepareTierPush();
   void registerMetrics(metrics::Registry& registry);
   void registerRoutes();
   bool authorized(const http::Request& req) const;
@@ -136,6 +192,20 @@ struct WorkerAgent::Impl {
 
   // Holder side (push_holder.cc).
   asio::awaitable<absl::StatusOr<protocol::PushResponse>> servePush(protocol::PushRequest req);
+  // Pins the pool's leading run of the push's blocks, then the lower tiers' run after it, and
+  // waits (within the push's deadline) for its disk blocks to be read into bounce blocks.
+  asio::awaitable<agent_internal::HolderPins> pinForPush(
+      const protocol::PushRequest& req, Nanos deadline,
+      std::shared_ptr<agent_internal::TierReads> reads);
+  // The puts that send the served run, in order, each from the region its blocks are in.
+  std::vector<agent_internal::PushSegment> planPush(const protocol::PushRequest& req,
+                                                    const agent_internal::HolderPins& pins,
+                                                    const agent_internal::TierReads& reads) const;
+  // Sends the segments one put after the other; the last one carries the landing's notice
+  // (covering every block, with the checksums the earlier puts computed).
+  asio::awaitable<absl::StatusOr<transport::PutResult>> putSegments(
+      const protocol::PushRequest& req, std::vector<agent_internal::PushSegment> segments,
+      std::string peer, std::string rkey, Nanos received);
   // Claims the push's landing from the receiver's worker API; the grant must match the request.
   asio::awaitable<absl::StatusOr<protocol::LandingGrant>> claimLanding(
       const protocol::PushRequest& req);

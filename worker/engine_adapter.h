@@ -7,20 +7,22 @@
 // Threads: the agent never calls the engine from its own threads. It calls post() (any thread)
 // and the engine runs what it posted on its *engine thread*, one function at a time, in the order
 // posted; every method marked "engine thread" is called only from there, so the engine needs no
-// lock around its block table. geometry(), payloadRegion() and now() may be called from any
-// thread.
+// lock around its block table. geometry(), payloadRegion(), tierRegion() and now() may be called
+// from any thread.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "common/clock.h"
 #include "worker/block_table.h"
 #include "worker/kv_events.h"
+#include "worker/tiers/tier_types.h"
 
 namespace kvf::worker {
 
@@ -52,6 +54,23 @@ struct RemoteKvOutcome {
   Nanos elapsed = 0;  // wall time from fetch() to this outcome
 };
 
+// One block of a push served from the engine's tiers below its pool (EngineAdapter::pinTierRun).
+struct TierPushBlock {
+  TierId tier = TierId::kHost;
+  // kHost: the block's offset in tierRegion(), where it stays pinned until unpinTierRun().
+  // kDisk: the index of the disk buffer it is read into.
+  uint64_t offset = 0;
+};
+
+// The leading run of a push's remaining blocks that the engine's lower tiers serve, in order.
+struct TierPushRun {
+  uint64_t id = 0;  // for unpinTierRun(); 0 when nothing is pinned
+  std::vector<TierPushBlock> blocks;
+  size_t disk = 0;  // blocks of the run being read from disk
+  // The run stopped at a disk block because every disk buffer was taken.
+  bool out_of_buffers = false;
+};
+
 class EngineAdapter {
  public:
   virtual ~EngineAdapter() = default;
@@ -71,6 +90,30 @@ class EngineAdapter {
   virtual std::vector<BlockIndex> pinLeadingRun(std::span<const BlockHash> hashes) = 0;
   // Engine thread: undoes one pin per hash (every hash was pinned by pinLeadingRun).
   virtual void unpin(std::span<const BlockHash> hashes) = 0;
+
+  // Holder side of a push, below the pool (host memory G2, local disk G3). An engine without
+  // lower tiers keeps the defaults: it serves no block from them (the push answers them missing).
+  // Any thread, constant: the host tier's memory, which the agent registers with its transport
+  // once so that host blocks are sent from their slots without a copy. Empty: no tiers to serve.
+  virtual PayloadRegion tierRegion() const { return {}; }
+  // Engine thread. `hashes`: the wanted blocks after the run pinLeadingRun() returned. Returns
+  // the leading run of them that the lower tiers hold: host blocks pinned in their slots (not
+  // evicted nor reused until unpinTierRun(id)), and at most disk_buffers.size() disk blocks (the
+  // run stops before the next), read into disk_buffers in order, block_bytes each, every one
+  // checked against its stored checksum (a corrupt block is dropped by its tier and counted,
+  // never delivered). `on_disk_read(n)` runs exactly once, on any thread (possibly before this
+  // returns), with the number of leading disk blocks read intact; the buffers stay the store's
+  // until then.
+  virtual TierPushRun pinTierRun(std::span<const BlockHash> hashes,
+                                 std::span<const std::span<std::byte>> disk_buffers,
+                                 absl::AnyInvocable<void(size_t) &&> on_disk_read) {
+    (void)hashes;
+    (void)disk_buffers;
+    std::move(on_disk_read)(0);
+    return {};
+  }
+  // Engine thread: releases the pins of run `id` (from pinTierRun, once; 0 is ignored).
+  virtual void unpinTierRun(uint64_t id) { (void)id; }
 
   // Engine thread. Receiver side: the engine reserved landing blocks for a fetch and handed them
   // to WorkerAgent::fetch(); the agent answers with exactly one of these two calls, then (after

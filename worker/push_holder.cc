@@ -1,7 +1,9 @@
 // WorkerAgent, holder side of KV push: pins the leading run of the wanted blocks on the engine
-// thread, puts them from the agent thread into the receiver's landing memory (checksums
-// computed, completion notice naming the landing) without involving the engine's scheduler,
-// then unpins them (and releases the lease the request names) on the engine thread.
+// thread (the pool's run, then what its lower tiers hold after it: host blocks in their slots,
+// disk blocks read into bounce blocks and checked), puts them from the agent thread into the
+// receiver's landing memory (one put per source region, checksums computed, one completion
+// notice naming the landing) without involving the engine's scheduler, then unpins them (and
+// releases the lease the request names) on the engine thread.
 #include <algorithm>
 #include <cstring>
 
@@ -21,9 +23,9 @@ namespace kt = kvf::transport;
 
 namespace {
 
-// TEST ONLY fault: a scratch copy of the pinned blocks with one damaged byte per block.
+// TEST ONLY fault: a scratch copy of the blocks to send with one damaged byte per block.
 absl::StatusOr<std::shared_ptr<kt::MemoryRegion>> corruptCopy(kt::TransportContext& ctx,
-                                                              const std::byte* pool,
+                                                              const std::byte* source,
                                                               std::vector<kt::BlockCopy>& blocks,
                                                               std::vector<uint64_t>* good_sums) {
   uint64_t bytes = 0;
@@ -32,7 +34,7 @@ absl::StatusOr<std::shared_ptr<kt::MemoryRegion>> corruptCopy(kt::TransportConte
   auto* dst = static_cast<std::byte*>(scratch->data());
   uint64_t offset = 0;
   for (auto& b : blocks) {
-    std::memcpy(dst + offset, pool + b.local_offset, b.length);
+    std::memcpy(dst + offset, source + b.local_offset, b.length);
     good_sums->push_back(kt::blockChecksum(dst + offset, b.length));
     dst[offset + b.length / 2] ^= std::byte{0x5a};
     b.local_offset = offset;
@@ -43,6 +45,150 @@ absl::StatusOr<std::shared_ptr<kt::MemoryRegion>> corruptCopy(kt::TransportConte
 
 }  // namespace
 
+asio::awaitable<agent_internal::HolderPins> WorkerAgent::Impl::pinForPush(
+    const protocol::PushRequest& req, Nanos deadline,
+    std::shared_ptr<agent_internal::TierReads> reads) {
+  // Bounce blocks for the disk part, taken before the engine looks (the engine thread never
+  // touches the pool of them); what finds none is answered missing.
+  std::vector<std::span<std::byte>> buffers;
+  if (bounce_region != nullptr) {
+    std::lock_guard lock(bounce->mu);
+    const size_t want = req.block_hashes.size();
+    while (reads->slots.size() < want && !bounce->free.empty()) {
+      reads->slots.push_back(bounce->free.back());
+      bounce->free.pop_back();
+    }
+  }
+  auto* base = bounce_region != nullptr ? static_cast<std::byte*>(bounce_region->data()) : nullptr;
+  for (uint32_t slot : reads->slots) {
+    buffers.emplace_back(base + uint64_t{slot} * bounce_stride, geometry.block_bytes);
+  }
+  const bool tiers = tier_region != nullptr;
+  if (tiers) tier_reads_in_flight->fetch_add(1);
+  // Named: GCC 12 mishandles temporaries inside co_await.
+  auto pin = [this, tiers, hashes = req.block_hashes, buffers = std::move(buffers), reads,
+              in_flight = tier_reads_in_flight]() mutable {
+    agent_internal::HolderPins p;
+    p.pool = adapter.pinLeadingRun(hashes);
+    if (!tiers) return p;
+    auto on_read = [this, reads, in_flight](size_t intact) mutable {
+      asio::post(ioc, [reads = std::move(reads), intact] {
+        reads->done = true;
+        reads->intact = intact;
+        if (reads->waiter != nullptr) reads->waiter->cancel();
+      });
+      in_flight->fetch_sub(1);  // last: the agent may go once nothing reads into its memory
+    };
+    const size_t k = std::min(p.pool.size(), hashes.size());
+    if (k < hashes.size()) {
+      std::span<const BlockHash> rest(hashes.data() + k, hashes.size() - k);
+      p.tier = adapter.pinTierRun(rest, buffers, std::move(on_read));
+    } else {
+      std::move(on_read)(0);
+    }
+    return p;
+  };
+  agent_internal::HolderPins pins = co_await onEngineThread(std::move(pin));
+  if (reads->slots.size() > pins.tier.disk) {  // the store got only the first `disk` of them
+    std::lock_guard lock(bounce->mu);
+    bounce->free.insert(bounce->free.end(), reads->slots.begin() + pins.tier.disk,
+                        reads->slots.end());
+    reads->slots.resize(pins.tier.disk);
+  }
+  if (pins.tier.disk > 0 && !reads->done) {
+    asio::steady_timer wait(ioc);
+    wait.expires_at(toTimePoint(deadline));
+    reads->waiter = &wait;
+    co_await wait.async_wait(kAwait);
+    reads->waiter = nullptr;
+  }
+  // A disk block not read intact (missing, corrupt, late) ends the run there.
+  const size_t intact = reads->done ? reads->intact : 0;
+  for (const TierPushBlock& b : pins.tier.blocks) {
+    if (b.tier == TierId::kDisk && b.offset >= intact) break;
+    ++pins.tier_served;
+  }
+  if (pins.tier.out_of_buffers) m.bounce_full->inc();
+  co_return pins;
+}
+
+std::vector<agent_internal::PushSegment> WorkerAgent::Impl::planPush(
+    const protocol::PushRequest& req, const agent_internal::HolderPins& pins,
+    const agent_internal::TierReads& reads) const {
+  std::vector<agent_internal::PushSegment> segments;
+  const uint64_t bytes = geometry.block_bytes;
+  auto add = [&](const std::shared_ptr<kt::MemoryRegion>& source, uint64_t offset, size_t i,
+                 TierId tier, bool pool) {
+    if (segments.empty() || segments.back().source != source) {
+      segments.push_back({source, {}, tier, pool});
+    }
+    segments.back().blocks.push_back({offset, req.block_addrs[i], bytes});
+  };
+  const size_t k = std::min(pins.pool.size(), req.block_hashes.size());
+  for (size_t i = 0; i < k; ++i) add(pool_region, pins.pool[i] * bytes, i, TierId::kHost, true);
+  for (size_t j = 0; j < pins.tier_served; ++j) {
+    const TierPushBlock& b = pins.tier.blocks[j];
+    if (b.tier == TierId::kHost) {
+      add(tier_region, b.offset, k + j, TierId::kHost, false);
+    } else {
+      add(bounce_region, uint64_t{reads.slots[b.offset]} * bounce_stride, k + j, TierId::kDisk,
+          false);
+    }
+  }
+  return segments;
+}
+
+asio::awaitable<absl::StatusOr<kt::PutResult>> WorkerAgent::Impl::putSegments(
+    const protocol::PushRequest& req, std::vector<agent_internal::PushSegment> segments,
+    std::string peer, std::string rkey, Nanos received) {
+  kt::PutResult total;
+  std::vector<kt::NoticeBlock> notice;
+  for (size_t s = 0; s < segments.size(); ++s) {
+    kt::PutRequest put;
+    put.source = segments[s].source;
+    put.peer_address = peer;
+    put.peer_rkey = rkey;
+    put.blocks = std::move(segments[s].blocks);
+    // Even when late, push with a usable deadline: the receiver may have given up, and only
+    // the completion notice (or our death) lets it reuse the landing blocks it quarantined.
+    Nanos left = req.deadline_ms * kMs - (steadyNanos() - received);
+    put.deadline = std::chrono::milliseconds(std::max<Nanos>(200, left / kMs));
+    put.checksums = kt::ChecksumMode::kCompute;
+    // One landing, one notice: the last put names the landing and lists the blocks the earlier
+    // ones wrote (they completed before it was posted) with their checksums.
+    if (s + 1 == segments.size()) {
+      put.landing_id = req.landing_id;
+      put.notice_prefix = notice;
+    }
+    std::shared_ptr<kt::MemoryRegion> scratch;
+    if (options.fault == "corrupt" || options.fault == "corrupt_content") {
+      std::vector<uint64_t> good;
+      auto copy = corruptCopy(*transport, static_cast<const std::byte*>(put.source->data()),
+                              put.blocks, &good);
+      if (!copy.ok()) co_return copy.status();
+      scratch = put.source = *copy;
+      if (options.fault == "corrupt") {
+        put.checksums = kt::ChecksumMode::kProvided;
+        put.provided_checksums = std::move(good);
+      }
+    }
+    absl::StatusOr<kt::PutResult> r = co_await kt::asyncPut(*transport, put, asio::use_awaitable);
+    if (scratch != nullptr) scratch->release([] {});
+    if (!r.ok()) co_return r.status();
+    for (size_t i = 0; i < put.blocks.size(); ++i) {
+      const uint64_t sum = i < r->checksums.size() ? r->checksums[i] : 0;
+      notice.push_back({put.blocks[i].remote_addr, put.blocks[i].length, sum});
+    }
+    total.bytes += r->bytes;
+    total.blocks += r->blocks;
+    total.operations += r->operations;
+    total.checksums.insert(total.checksums.end(), r->checksums.begin(), r->checksums.end());
+    total.elapsed += r->elapsed;
+    total.new_endpoint = total.new_endpoint || r->new_endpoint;
+  }
+  co_return total;
+}
+
 asio::awaitable<absl::StatusOr<protocol::PushResponse>> WorkerAgent::Impl::servePush(
     protocol::PushRequest req) {
   const Nanos received = steadyNanos();
@@ -52,20 +198,36 @@ asio::awaitable<absl::StatusOr<protocol::PushResponse>> WorkerAgent::Impl::serve
     co_return absl::PermissionDeniedError(
         strCat("receiver_url: ", req.receiver_url, " is not one of this worker's peers"));
   }
-  // Named: GCC 12 mishandles temporaries inside co_await.
-  auto pin = [this, hashes = req.block_hashes] { return adapter.pinLeadingRun(hashes); };
-  std::vector<BlockIndex> pinned = co_await onEngineThread(std::move(pin));
+  auto reads = std::make_shared<agent_internal::TierReads>(bounce);
+  const Nanos deadline = received + std::max<int64_t>(1, req.deadline_ms) * kMs;
+  agent_internal::HolderPins pins = co_await pinForPush(req, deadline, reads);
+  // Makes the engine-thread function that releases the pins (named where awaited: GCC 12
+  // mishandles temporaries inside co_await).
+  auto unpin_all = [this, &pins, &req](bool release_lease) {
+    std::vector<BlockHash> pooled(
+        req.block_hashes.begin(),
+        req.block_hashes.begin() +
+            static_cast<std::ptrdiff_t>(std::min(pins.pool.size(), req.block_hashes.size())));
+    return [this, pooled = std::move(pooled), tier = pins.tier.id,
+            lease = release_lease ? req.lease_id : std::string()] {
+      if (!pooled.empty()) adapter.unpin(pooled);
+      adapter.unpinTierRun(tier);
+      if (!lease.empty()) releaseLease(lease);  // the lease served its purpose
+      return true;
+    };
+  };
   protocol::PushResponse out;
-  const size_t k = std::min(pinned.size(), req.block_hashes.size());
-  const auto split = req.block_hashes.begin() + static_cast<std::ptrdiff_t>(k);
+  const size_t k = std::min(pins.pool.size(), req.block_hashes.size());
+  const size_t served = k + pins.tier_served;
+  const auto split = req.block_hashes.begin() + static_cast<std::ptrdiff_t>(served);
   out.pushed_hashes.assign(req.block_hashes.begin(), split);
   out.missing_hashes.assign(split, req.block_hashes.end());
   absl::StatusOr<kt::PutResult> result = kt::PutResult{};
   absl::StatusOr<protocol::LandingGrant> grant = protocol::LandingGrant{};
   // Nothing is written without the receiver's grant, and only with its address and key.
-  if (k > 0) grant = co_await claimLanding(req);
+  if (served > 0) grant = co_await claimLanding(req);
   absl::StatusOr<std::string> peer = std::string(), rkey = std::string();
-  if (k > 0 && grant.ok()) {
+  if (served > 0 && grant.ok()) {
     peer = kt::base64Decode(grant->transport_address, limits.max_blob_bytes);
     rkey = kt::base64Decode(grant->rkey, limits.max_blob_bytes);
     if (!peer.ok() || !rkey.ok()) {
@@ -74,67 +236,36 @@ asio::awaitable<absl::StatusOr<protocol::PushResponse>> WorkerAgent::Impl::serve
     }
   }
   if (!grant.ok()) {
-    auto unpin = [this, pushed = out.pushed_hashes] {
-      if (!pushed.empty()) adapter.unpin(pushed);
-      return true;
-    };
+    auto unpin = unpin_all(false);
     co_await onEngineThread(std::move(unpin));
     log::warn("kv push refused before any write", "request", req.request_id, "error",
               std::string(grant.status().message()));
     co_return grant.status();
   }
-  if (k > 0 && options.fault == "stall") {  // a holder slow to write what it was granted
+  if (served > 0 && options.fault == "stall") {  // a holder slow to write what it was granted
     asio::steady_timer stall(ioc);
     stall.expires_after(std::chrono::milliseconds(options.fault_stall_ms));
     co_await stall.async_wait(kAwait);
   }
-  if (k > 0) {
-    const uint64_t bytes = geometry.block_bytes;
-    kt::PutRequest put;
-    put.source = pool_region;
-    put.peer_address = std::move(*peer);
-    put.peer_rkey = std::move(*rkey);
-    for (size_t i = 0; i < k; ++i) {
-      put.blocks.push_back({pinned[i] * bytes, req.block_addrs[i], bytes});
-    }
-    // Even when late, push with a usable deadline: the receiver may have given up, and only
-    // the completion notice (or our death) lets it reuse the landing blocks it quarantined.
-    Nanos left = req.deadline_ms * kMs - (steadyNanos() - received);
-    put.deadline = std::chrono::milliseconds(std::max<Nanos>(200, left / kMs));
-    put.checksums = kt::ChecksumMode::kCompute;
-    put.landing_id = req.landing_id;
-    if (options.fault == "corrupt" || options.fault == "corrupt_content") {
-      std::vector<uint64_t> good;
-      auto* pool = static_cast<const std::byte*>(pool_region->data());
-      auto scratch = corruptCopy(*transport, pool, put.blocks, &good);
-      if (scratch.ok()) {
-        put.source = *scratch;
-        if (options.fault == "corrupt") {
-          put.checksums = kt::ChecksumMode::kProvided;
-          put.provided_checksums = std::move(good);
-        }
-      } else {
-        result = scratch.status();
-      }
-    }
-    if (result.ok()) {
-      out.put_issued = true;
-      result = co_await kt::asyncPut(*transport, put, asio::use_awaitable);
-    }
-    if (put.source != pool_region) put.source->release([] {});
+  std::vector<agent_internal::PushSegment> segments = planPush(req, pins, *reads);
+  if (served > 0) {
+    out.put_issued = true;
+    result = co_await putSegments(req, segments, std::move(*peer), std::move(*rkey), received);
   }
-  auto unpin = [this, pushed = out.pushed_hashes, lease = req.lease_id] {
-    if (!pushed.empty()) adapter.unpin(pushed);
-    if (!lease.empty()) releaseLease(lease);  // the lease served its purpose
-    return true;
-  };
+  auto unpin = unpin_all(true);
   co_await onEngineThread(std::move(unpin));
   if (!result.ok()) {
     out.error = std::string(result.status().message());
-    log::warn("kv push failed", "request", req.request_id, "blocks", k, "error", out.error);
-  } else if (k > 0) {
+    log::warn("kv push failed", "request", req.request_id, "blocks", served, "error", out.error);
+  } else if (served > 0) {
     out.pushed_bytes = result->bytes;
     out.checksums = result->checksums;
+    for (const agent_internal::PushSegment& s : segments) {
+      metrics::Counter* c = s.pool                    ? m.pushed_gpu
+                            : s.tier == TierId::kHost ? m.pushed_cpu
+                                                      : m.pushed_disk;
+      c->inc(static_cast<double>(s.blocks.size()));
+    }
   }
   co_return out;
 }

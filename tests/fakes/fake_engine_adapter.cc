@@ -17,7 +17,37 @@ FakeEngineAdapter::FakeEngineAdapter(int64_t block_size, uint64_t block_bytes, u
   engine_thread_ = onEngine([] { return std::this_thread::get_id(); });
 }
 
-FakeEngineAdapter::~FakeEngineAdapter() { engine_.stop(); }
+FakeEngineAdapter::~FakeEngineAdapter() {
+  engine_.stop();
+  tier_push_.reset();
+}
+
+void FakeEngineAdapter::attachTiers(worker::TieredStore& store) {
+  tier_push_ = std::make_unique<worker::TierPushSource>(store);
+}
+
+size_t FakeEngineAdapter::pinnedTierRuns() {
+  return onEngine([&] { return tier_push_ != nullptr ? tier_push_->pinnedRuns() : size_t{0}; });
+}
+
+worker::PayloadRegion FakeEngineAdapter::tierRegion() const {
+  return tier_push_ != nullptr ? tier_push_->region() : worker::PayloadRegion{};
+}
+
+worker::TierPushRun FakeEngineAdapter::pinTierRun(
+    std::span<const BlockHash> hashes, std::span<const std::span<std::byte>> disk_buffers,
+    absl::AnyInvocable<void(size_t) &&> on_disk_read) {
+  onEngineThreadCheck("pinTierRun");
+  if (tier_push_ == nullptr) {
+    return EngineAdapter::pinTierRun(hashes, disk_buffers, std::move(on_disk_read));
+  }
+  return tier_push_->pin(hashes, disk_buffers, std::move(on_disk_read));
+}
+
+void FakeEngineAdapter::unpinTierRun(uint64_t id) {
+  onEngineThreadCheck("unpinTierRun");
+  if (tier_push_ != nullptr) tier_push_->unpin(id);
+}
 
 std::span<std::byte> FakeEngineAdapter::blockBytes(BlockIndex b) {
   return {payload_.data() + b * geometry_.block_bytes, geometry_.block_bytes};

@@ -16,6 +16,7 @@
 
 #include "tests/testing/io_thread.h"
 #include "worker/engine_adapter.h"
+#include "worker/tier_push.h"
 
 namespace kvf::fakes {
 
@@ -48,6 +49,10 @@ class FakeEngineAdapter final : public worker::EngineAdapter {
   uint32_t pins(worker::BlockHash hash);
   uint32_t totalPins();
   void setClock(Nanos now);  // the engine clock (leases)
+  // Test thread, before an agent is created over this adapter: pushes are also served from
+  // `store` (which must outlive the adapter), as an engine with lower tiers does.
+  void attachTiers(worker::TieredStore& store);
+  size_t pinnedTierRuns();
   // Runs `fn` on the engine thread and waits for it.
   template <class Fn>
   auto onEngine(Fn fn) {
@@ -61,6 +66,11 @@ class FakeEngineAdapter final : public worker::EngineAdapter {
   void post(absl::AnyInvocable<void() &&> fn) override;
   std::vector<worker::BlockIndex> pinLeadingRun(std::span<const worker::BlockHash> h) override;
   void unpin(std::span<const worker::BlockHash> hashes) override;
+  worker::PayloadRegion tierRegion() const override;
+  worker::TierPushRun pinTierRun(std::span<const worker::BlockHash> hashes,
+                                 std::span<const std::span<std::byte>> disk_buffers,
+                                 absl::AnyInvocable<void(size_t) &&> on_disk_read) override;
+  void unpinTierRun(uint64_t id) override;
   void completeRemoteKv(const worker::RemoteKvOutcome& outcome) override;
   void failRemoteKv(const worker::RemoteKvOutcome& outcome) override;
   void releaseLanding(const std::string& id) override;
@@ -81,6 +91,7 @@ class FakeEngineAdapter final : public worker::EngineAdapter {
   std::vector<std::pair<worker::BlockHash, worker::BlockIndex>> taken_;
   std::atomic<Nanos> clock_{0};
   std::thread::id engine_thread_;
+  std::unique_ptr<worker::TierPushSource> tier_push_;  // engine thread, once attached
   testing::IoThread engine_;
 };
 

@@ -18,139 +18,13 @@
 #include "common/http_server.h"
 #include "common/process.h"
 #include "common/strings.h"
-#include "tests/fakes/fake_engine_adapter.h"
-#include "tests/fakes/fake_transport.h"
-#include "tests/testing/io_thread.h"
+#include "tests/worker/agent_fixture.h"
 #include "transport/base64.h"
 
 namespace kvf::worker {
 namespace {
 
-using fakes::FakeEngineAdapter;
-using fakes::FakeFabric;
-using Fault = FakeFabric::Fault;
-using std::chrono::milliseconds;
-using Clock = std::chrono::steady_clock;
-
-constexpr int64_t kBlockSize = 16;
-constexpr uint64_t kBlockBytes = 512;
-constexpr uint64_t kBlocks = 64;
-
-// Bounds a fetch's time only to catch one that hangs (this is no timing test): its deadline
-// plus a generous allowance for a loaded machine.
-constexpr Nanos kBound = 2'000'000'000;
-
-BlockHash H(uint64_t i) { return BlockHash(1000 + i); }
-
-std::vector<BlockHash> hashes(size_t n) {
-  std::vector<BlockHash> out;
-  for (size_t i = 0; i < n; ++i) out.push_back(H(i));
-  return out;
-}
-
-struct Node {
-  std::string name;
-  std::unique_ptr<FakeEngineAdapter> engine;
-  std::unique_ptr<WorkerAgent> agent;
-};
-
-// Two agents (holder C, receiver D) on one agent thread, over one fabric.
-class AgentTest : public ::testing::Test {
- protected:
-  void TearDown() override { teardown(); }
-
-  void teardown() {
-    for (auto& n : nodes_) {
-      if (n->agent) runOnIo([&] { n->agent->stop(); });
-    }
-    io_->stop();
-    for (auto& n : nodes_) n->engine.reset();  // engine threads stop before the agents go
-    nodes_.clear();
-  }
-
-  template <class Fn>
-  void runOnIo(Fn fn) {
-    io_->run([&]() -> asio::awaitable<bool> {
-      fn();
-      co_return true;
-    });
-  }
-
-  Node& node(const std::string& name, const std::string& token = "s3cret",
-             std::chrono::milliseconds lease_check = milliseconds(20)) {
-    auto n = std::make_unique<Node>();
-    n->name = name;
-    n->engine = std::make_unique<FakeEngineAdapter>(kBlockSize, kBlockBytes, kBlocks);
-    AgentOptions o;
-    o.instance_id = name;
-    o.token = token;
-    o.lease_check_interval = lease_check;
-    auto agent = io_->run([&]() -> asio::awaitable<absl::StatusOr<std::unique_ptr<WorkerAgent>>> {
-      auto a = WorkerAgent::create(io_->context(), *n->engine, fabric_->context(name), o, nullptr);
-      if (a.ok()) (*a)->start();
-      co_return a;
-    });
-    EXPECT_TRUE(agent.ok()) << agent.status();
-    if (agent.ok()) n->agent = std::move(*agent);
-    nodes_.push_back(std::move(n));
-    return *nodes_.back();
-  }
-
-  // C holds the first `held` of `n` hashes, in scattered blocks.
-  static void holdOn(Node& c, size_t held) {
-    for (size_t i = 0; i < held; ++i)
-      c.engine->store(H(i), static_cast<BlockIndex>((i * 7) % kBlocks));
-  }
-
-  // D fetches hashes [0, n) from `source` into blocks 40.. and waits for the release.
-  FakeEngineAdapter::FetchRecord fetch(Node& d, const std::string& source, const std::string& id,
-                                       size_t n, milliseconds deadline,
-                                       milliseconds wait = milliseconds(5000),
-                                       const std::string& lease = "") {
-    RemoteKvFetch f;
-    f.id = id;
-    f.source = source;
-    f.lease_id = lease;
-    f.hashes = hashes(n);
-    for (size_t i = 0; i < n; ++i) f.blocks.push_back(static_cast<BlockIndex>(40 + i));
-    f.deadline = deadline;
-    d.engine->expectFetch(id, f.hashes, f.blocks);
-    started_ = Clock::now();
-    d.agent->fetch(std::move(f));
-    return d.engine->waitReleased(id, wait);
-  }
-  // C holds `n` blocks; transport operation `nth` of D's fetch of them gets `fault`.
-  FakeEngineAdapter::FetchRecord faultedFetch(Node& c, Node& d, size_t n, uint64_t nth, Fault fault,
-                                              milliseconds delay, milliseconds deadline,
-                                              milliseconds wait) {
-    holdOn(c, n);
-    fabric_->resetOperations();
-    fabric_->inject(nth, fault, delay);
-    return fetch(d, c.agent->url(), "f1", n, deadline, wait);
-  }
-  double secondsSinceFetch() const {
-    return std::chrono::duration<double>(Clock::now() - started_).count();
-  }
-
-  static void expectNoViolations(Node& n, const FakeEngineAdapter::FetchRecord& r) {
-    EXPECT_TRUE(r.violations.empty()) << r.violations.front();
-    EXPECT_TRUE(n.engine->record("<pins>").violations.empty());
-    EXPECT_TRUE(n.engine->record("<engine thread>").violations.empty());
-  }
-  static bool waitPinsZero(Node& c, milliseconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    while (Clock::now() < deadline) {
-      if (c.engine->totalPins() == 0) return true;
-      std::this_thread::sleep_for(milliseconds(5));
-    }
-    return c.engine->totalPins() == 0;
-  }
-
-  std::unique_ptr<FakeFabric> fabric_ = std::make_unique<FakeFabric>();
-  std::unique_ptr<testing::IoThread> io_ = std::make_unique<testing::IoThread>();
-  std::vector<std::unique_ptr<Node>> nodes_;
-  Clock::time_point started_;
-};
+using namespace agent_testing;  // NOLINT: the fixture's vocabulary
 
 TEST_F(AgentTest, MovesTheRunByteForByteAndUnpins) {
   Node& c = node("C");
@@ -420,46 +294,13 @@ TEST_F(AgentTest, LostCompletionNoticeQuarantinesUntilTheHolderIsGone) {
 // Beast-style: fail, delay past the deadline, or corrupt the n-th transport operation of one
 // fetch, for every n the fetch reaches.
 TEST_F(AgentTest, EveryTransportOperationFailingEndsInOneOutcomeAndOneRelease) {
-  for (Fault fault : {Fault::kFail, Fault::kDelay, Fault::kCorrupt}) {
-    for (uint64_t n = 1;; ++n) {
-      SCOPED_TRACE(::testing::Message() << "fault " << static_cast<int>(fault) << " at op " << n);
-      teardown();
-      fabric_ = std::make_unique<FakeFabric>();
-      io_ = std::make_unique<testing::IoThread>();  // a fresh agent thread for this run
-      Node& c = node("C");
-      Node& d = node("D");
-      auto r =
-          faultedFetch(c, d, 8, n, fault, milliseconds(400), milliseconds(150), milliseconds(1500));
-      ASSERT_TRUE(r.completed.has_value());
-      if (!r.released) {
-        // Quarantined: C may still write (its put failed or its notice was lost, and it lives).
-        EXPECT_TRUE(r.completed->writes_may_arrive);
-        fabric_->kill("C");
-        r = d.engine->waitReleased("f1", milliseconds(3000));
-      }
-      EXPECT_TRUE(r.released);
-      EXPECT_LT(r.completed->elapsed, kBound) << r.completed->reason;
-      ASSERT_TRUE(fabric_->waitIdle(milliseconds(3000)));
-      EXPECT_TRUE(d.engine->markersIntact());
-      EXPECT_TRUE(waitPinsZero(c, milliseconds(2000)));
-      expectNoViolations(d, r);
-      if (fabric_->operations() < n) {  // the fault was never reached: a clean fetch
-        EXPECT_FALSE(r.failed);
-        EXPECT_EQ(r.completed->landed, 8u);
-        EXPECT_GE(n, 4u);  // expect, post, write, notice
-        break;
-      }
-      // A delay or a corruption only matters to the bytes and the notice; a failure anywhere.
-      const std::string op = fabric_->operationLog().at(n - 1);
-      const bool applies = fault == Fault::kFail || op.starts_with("write") ||
-                           (fault == Fault::kDelay && op.starts_with("notice"));
-      EXPECT_EQ(r.failed, applies) << op << ": " << r.completed->reason;
-      if (!applies) {
-        EXPECT_EQ(r.completed->landed, 8u) << op;
-      }
-      ASSERT_LT(n, 20u);
-    }
-  }
+  everyOperationFaulted(
+      [&]() -> Node& {
+        Node& c = node("C");
+        holdOn(c, 8);
+        return c;
+      },
+      8, 4);  // expect, post, write, notice
 }
 
 TEST_F(AgentTest, LeasesPinUntilExpiryOrThePushThatNamesThem) {

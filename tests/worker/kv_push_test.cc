@@ -55,11 +55,11 @@ class KvPushTest : public ::testing::Test {
     if (!HasFailure()) fs::remove_all(dir_);
   }
 
-  // Starts an engine; `worker_extra` is appended to its worker: {...} mapping.
   // Starts an engine; `worker_extra` is appended to its worker: {...} mapping; `link_gbps`
-  // replaces the profile's link bandwidth.
+  // replaces the profile's link bandwidth; `cache` is its cache (and tiers) configuration.
   Engine& start(const std::string& name, const std::string& worker_extra = "", int link_gbps = 200,
-                int time_scale = 50) {
+                int time_scale = 50,
+                const std::string& cache = "cache: {block_size: 16, num_gpu_blocks: 4000}\n") {
     auto e = std::make_unique<Engine>();
     auto worker_port = pickFreePort();
     EXPECT_TRUE(worker_port.ok()) << worker_port.status();
@@ -74,8 +74,7 @@ class KvPushTest : public ::testing::Test {
     std::ofstream(config) << "instance_id: " << name << "\nport: 0\n"
                           << "profile: " << profile.string() << "\n"
                           << "time_scale: " << time_scale << "\nmax_model_len: 32768\n"
-                          << "cache: {block_size: 16, num_gpu_blocks: 4000}\n"
-                          << "kv_events: {enabled: false}\n"
+                          << cache << "kv_events: {enabled: false}\n"
                           << "worker: {token: s3cret" << worker_extra << "}\n";
     e->proc = startLogged({bin_ + "/kvf-engine", "--config", config.string(), "--worker_port",
                            std::to_string(e->worker_port)},
@@ -140,9 +139,14 @@ class KvPushTest : public ::testing::Test {
     return o.ok() ? *o : bj::object{};
   }
 
-  double metric(const Engine& e, const std::string& name) {
+  // The first sample of `name` whose labels include `label` (e.g. tier="cpu"), or -1.
+  double metric(const Engine& e, const std::string& name, const std::string& label = "") {
     std::string text = call(e.port, "GET", "/metrics").body;
     size_t at = text.find("\n" + name);
+    while (!label.empty() && at != std::string::npos &&
+           text.substr(at, text.find('\n', at + 1) - at).find(label) == std::string::npos) {
+      at = text.find("\n" + name, at + 1);
+    }
     if (at == std::string::npos) return -1;
     size_t space = text.find(' ', text.find('}', at));
     return std::stod(text.substr(space + 1, text.find('\n', space + 1) - space - 1));
@@ -221,6 +225,62 @@ TEST_F(KvPushTest, PushedPrefixIsCachedOnTheReceiverAndHitsLocallyLater) {
   EXPECT_EQ(call(c.worker_port, "GET", "/kv/info").status, 401);
   EXPECT_EQ(call(c.worker_port, "GET", "/kv/info", "", "s3cret").status, 200);
   EXPECT_EQ(call(c.worker_port, "POST", "/kv/push", "{}", "s3cret").status, 400);
+}
+
+// C's pool keeps the head of a prefix, its host-memory tier the tail the pool evicted: the push
+// serves both, in one landing, and D uses every block (checked against its hash).
+TEST_F(KvPushTest, PrefixHalfInThePoolHalfInHostMemoryIsPushedWhole) {
+  Engine& c = start("C", "", 200, 50,
+                    "cache: {block_size: 16, num_gpu_blocks: 64}\n"
+                    "tiers: {host: {capacity_mib: 1, pin: off}}\n");
+  Engine& d = start("D");
+  std::string prefix = tokens(640, 5);  // 40 full blocks
+  complete(c, prefix, "");
+  complete(c, tokens(640, 77), "");  // evicts the prefix's tail (freed first) into host memory
+  std::string turn2 = tokens(740, 5);
+  bj::object r = complete(d, turn2, source(c));
+  EXPECT_EQ(result(r)["pushed_tokens"].as_int64(), 640) << r;
+  EXPECT_EQ(cached(r), 640);
+  const double gpu = metric(c, "kvfabric_worker_push_blocks_total", "tier=\"gpu\"");
+  const double cpu = metric(c, "kvfabric_worker_push_blocks_total", "tier=\"cpu\"");
+  EXPECT_GT(gpu, 0);
+  EXPECT_GT(cpu, 0);
+  EXPECT_EQ(gpu + cpu, 40);
+  EXPECT_EQ(metric(c, "kvfabric_worker_push_blocks_total", "tier=\"disk\""), 0);
+  EXPECT_EQ(metric(d, "kvfabric_engine_kv_push_verified_blocks_total"), 40);
+  EXPECT_EQ(metric(d, "kvfabric_engine_kv_push_corrupt_blocks_total"), 0);
+  EXPECT_EQ(metric(d, "kvfabric_transport_checksum_mismatches_total"), 0);
+  EXPECT_EQ(metric(d, "kvfabric_engine_kv_push_received_bytes_total"), 40 * 256);
+}
+
+// C's pool keeps the head of a prefix; of the tail it evicted, host memory (16 slots of 64 KiB
+// blocks) keeps the most recent and the disk the rest: the push serves all three tiers.
+TEST_F(KvPushTest, PrefixAcrossPoolHostMemoryAndDiskIsPushedWhole) {
+  const std::string cache =
+      "cache: {block_size: 16, num_gpu_blocks: 64, "
+      "payload_bytes_per_block: 65536}\n";
+  Engine& c = start("C", "", 200, 50,
+                    cache + "tiers: {host: {capacity_mib: 1, pin: off}, disk: {dir: " +
+                        (dir_ / "disk").string() + ", capacity_mib: 64, file_mib: 4}}\n");
+  Engine& d = start("D", "", 200, 50,
+                    "cache: {block_size: 16, num_gpu_blocks: 256, payload_bytes_per_block: "
+                    "65536}\n");
+  std::string prefix = tokens(640, 9);  // 40 full blocks
+  complete(c, prefix, "");
+  complete(c, tokens(880, 78), "");  // 56 blocks: evicts most of the prefix, tail first
+  bj::object r = complete(d, tokens(740, 9), source(c));
+  EXPECT_EQ(result(r)["pushed_tokens"].as_int64(), 640) << r;
+  EXPECT_EQ(cached(r), 640);
+  const double gpu = metric(c, "kvfabric_worker_push_blocks_total", "tier=\"gpu\"");
+  const double cpu = metric(c, "kvfabric_worker_push_blocks_total", "tier=\"cpu\"");
+  const double disk = metric(c, "kvfabric_worker_push_blocks_total", "tier=\"disk\"");
+  EXPECT_GT(gpu, 0);
+  EXPECT_GT(cpu, 0);
+  EXPECT_GT(disk, 0);
+  EXPECT_EQ(gpu + cpu + disk, 40);
+  EXPECT_EQ(metric(d, "kvfabric_engine_kv_push_verified_blocks_total"), 40);
+  EXPECT_EQ(metric(d, "kvfabric_engine_kv_push_corrupt_blocks_total"), 0);
+  EXPECT_EQ(metric(d, "kvfabric_engine_kv_push_received_bytes_total"), 40 * 65536);
 }
 
 TEST_F(KvPushTest, PushCostsTheModelledLinkTimeOverlappedLayerByLayer) {

@@ -124,6 +124,9 @@ class HostTier {
   Usage usage() const;
   uint64_t blockBytes() const { return options_.block_bytes; }
   PinKind pinKind() const { return arena_->kind(); }
+  // The whole slot arena (fixed for the tier's life): what a transport registers so that a
+  // pinned slot's bytes (Pin::bytes lie inside it) can be sent without a copy.
+  std::span<std::byte> arena() const { return {arena_->data(), arena_->size()}; }
 
  private:
   enum class SlotState : uint8_t { kFree, kFilling, kResident };
