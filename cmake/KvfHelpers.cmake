@@ -45,7 +45,8 @@ if(KVF_TSAN)
   # GCC warns that it cannot instrument atomic_thread_fence (used by Asio and spdlog); TSan
   # then relies on the atomics around it, which is what those libraries do anyway.
   add_compile_options(-fsanitize=thread -fno-omit-frame-pointer
-                      $<$<CXX_COMPILER_ID:GNU>:-Wno-tsan -Wno-maybe-uninitialized>)
+                      $<$<CXX_COMPILER_ID:GNU>:-Wno-tsan>
+                      $<$<CXX_COMPILER_ID:GNU>:-Wno-maybe-uninitialized>)
   add_link_options(-fsanitize=thread)
 endif()
 

@@ -536,6 +536,17 @@ FakeFabric::~FakeFabric() {
   }
   state_->cv.notify_all();
   state_->thread.join();
+  // Timers not yet due (a put's or landing's deadline) capture the state, and unresolved
+  // landings hold it: both would keep it alive past the fabric, a cycle that leaks everything
+  // hanging off it. They can no longer run; drop them, outside the lock, since their
+  // destructors may release callbacks that reach back into the fabric.
+  std::multimap<Clock::time_point, std::function<void()>> timers;
+  std::map<uint64_t, std::shared_ptr<FakeLanding>> landings;
+  {
+    std::lock_guard lock(state_->mu);
+    timers.swap(state_->timers);
+    landings.swap(state_->landings);
+  }
 }
 
 std::unique_ptr<transport::TransportContext> FakeFabric::context(const std::string& name) {

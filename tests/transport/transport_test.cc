@@ -501,8 +501,11 @@ namespace kvf::transport {
 namespace {
 
 TEST(AsyncPut, CompletesInACoroutineOnTheCallersExecutor) {
-  Pair p = makePair("shm", 1 << 20);
+  // The io thread outlives the contexts: a progress thread can still be inside the post that
+  // resumed the coroutine (signalling the io_context) when the test reaches its end, so the
+  // contexts, whose destructors join their progress threads, go first.
   kvf::testing::IoThread io;
+  Pair p = makePair("shm", 1 << 20);
   PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(),
                  scatter(p, 16, 65536, true)};
   std::thread::id before, after;
