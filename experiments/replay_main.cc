@@ -128,9 +128,9 @@ int main(int argc, char** argv) {
       "       kvf-replay ... --url http://127.0.0.1:8000,http://127.0.0.1:8001  (replicas,\n"
       "                  round robin)\n\n"
       "Prints a progress line on stderr, then a summary table (failed requests are counted\n"
-      "there, and per URL when there are several). Exit status: 0 the replay ran, 1 it could not "
-      "run (endpoint, trace or results\n"
-      "file), 2 a bad command line.");
+      "there, and per URL when there are several).\n"
+      "Exit status: 0 the replay ran, 1 it could not run (endpoint, trace or results file), 2 a\n"
+      "bad command line.");
   if (!args.empty()) kvf::cli::failUsage("kvf-replay", "unexpected argument '" + args[0] + "'");
   auto flags = readFlags();
   if (!flags.ok()) kvf::cli::failUsage("kvf-replay", std::string(flags.status().message()));
