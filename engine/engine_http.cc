@@ -39,6 +39,13 @@ std::optional<bj::value> echoedTransferParams(const std::optional<bj::value>& pa
   return params;
 }
 
+// The prefix hit as the engine reported it, with the part the lower tiers supplied.
+void copyCachedTokens(const Pending& p, CompletionSummary& summary) {
+  summary.cached_tokens = p.cached_tokens;
+  summary.tier_tokens = p.tier_tokens;
+  summary.tier_disk_tokens = p.tier_disk_tokens;
+}
+
 // Raises the calling thread's niceness (Linux threads are scheduled individually), which needs no
 // privilege. Failure only costs step timing, so it is logged and ignored.
 void lowerCallingThreadPriority(int64_t nice) {
@@ -240,7 +247,7 @@ asio::awaitable<void> EngineHttpSide::handleApi(ApiKind kind, const http::Reques
   while (!p->done) co_await p->signal.async_wait(kAwait);
   if (w.clientGone()) co_return;  // aborted: nobody to answer
   summary.output = p->tokens;
-  summary.cached_tokens = p->cached_tokens;
+  copyCachedTokens(*p, summary);
   summary.finish_reason = p->finish_reason;
   summary.kv_transfer_result = p->kv_transfer_result;
   fetch_options_.erase(id);
@@ -281,7 +288,7 @@ asio::awaitable<void> EngineHttpSide::streamResponse(ApiKind kind, ParsedRequest
   if (w.clientGone()) co_return;  // aborted when the client left
   if (st.ok() && parsed.include_usage) {
     summary.output = p->tokens;
-    summary.cached_tokens = p->cached_tokens;
+    copyCachedTokens(*p, summary);
     std::string chunk = usageChunk(kind, summary);
     st = co_await w.writeEvent(chunk);
   }
@@ -335,6 +342,8 @@ void EngineHttpSide::deliver(const std::vector<RequestOutput>& outputs, Nanos en
     Pending& p = *it->second;
     p.tokens.insert(p.tokens.end(), out.new_tokens.begin(), out.new_tokens.end());
     p.cached_tokens = out.cached_tokens;
+    p.tier_tokens = out.tier_tokens;
+    p.tier_disk_tokens = out.tier_disk_tokens;
     p.prompt_tokens = out.prompt_tokens;
     if (out.lease_id) {
       p.lease_id = out.lease_id;

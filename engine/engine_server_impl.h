@@ -58,6 +58,8 @@ struct Pending {
   bool done = false;
   std::string finish_reason;
   int64_t cached_tokens = 0;
+  int64_t tier_tokens = 0;  // of cached_tokens, onboarded from host memory or disk
+  int64_t tier_disk_tokens = 0;
   int64_t prompt_tokens = 0;
   std::optional<KvTransferResult> kv_transfer_result;  // set before the request's first output
   std::optional<std::string> lease_id;                 // remote decode: the lease taken

@@ -254,6 +254,10 @@ bj::object usageJson(const CompletionSummary& s) {
   usage["total_tokens"] = s.prompt_tokens + completion;
   bj::object details;
   details["cached_tokens"] = s.cached_tokens;
+  if (s.tier_tokens > 0) {  // not in vLLM's usage: the engine's KV tiers (docs/tiers.md)
+    details["kvf_cpu_cached_tokens"] = s.tier_tokens - s.tier_disk_tokens;
+    details["kvf_disk_cached_tokens"] = s.tier_disk_tokens;
+  }
   usage["prompt_tokens_details"] = std::move(details);
   return usage;
 }

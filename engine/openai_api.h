@@ -53,6 +53,9 @@ struct CompletionSummary {
   int64_t created = 0;  // Unix seconds
   int64_t prompt_tokens = 0;
   int64_t cached_tokens = 0;
+  // Of cached_tokens, those onboarded from host memory or disk (reported only when non-zero).
+  int64_t tier_tokens = 0;
+  int64_t tier_disk_tokens = 0;
   std::vector<TokenId> output;
   std::string finish_reason;
   std::optional<KvTransferResult> kv_transfer_result;  // receiver side of a KV push

@@ -415,6 +415,7 @@ void Scheduler::fillOutput(const Request& r, RequestOutput& o) const {
   o.num_preemptions = r.num_preemptions;
   o.remote_kv_tokens = r.remote_kv_tokens;
   o.tier_tokens = r.tier_tokens;
+  o.tier_disk_tokens = r.tier_disk_tokens;
   if (r.status == RequestStatus::kFinished && r.remote_decode_lease) {
     o.lease_id = r.id;
     o.lease_block_hashes = r.lease_hashes;

@@ -76,6 +76,7 @@ struct RequestOutput {
   int num_preemptions = 0;
   int64_t remote_kv_tokens = 0;  // of cached_tokens, those pushed by a peer
   int64_t tier_tokens = 0;       // of cached_tokens, those onboarded from host memory or disk
+  int64_t tier_disk_tokens = 0;  // of tier_tokens, those read from disk
   // Set on the finishing output of a remote-decode request: the pinned prompt blocks.
   std::optional<std::string> lease_id;
   std::vector<BlockHash> lease_block_hashes;

@@ -168,6 +168,7 @@ void Scheduler::countOnboarded(Request& r, size_t blocks_filled) {
   size_t disk = blocks_filled - host;
   r.onboard_tiers.clear();
   r.tier_tokens = static_cast<int64_t>(blocks_filled) * bs;
+  r.tier_disk_tokens = static_cast<int64_t>(disk) * bs;
   stats_.tier_host_tokens += static_cast<uint64_t>(host) * static_cast<uint64_t>(bs);
   stats_.tier_disk_tokens += static_cast<uint64_t>(disk) * static_cast<uint64_t>(bs);
   r.onboarding = false;

@@ -29,6 +29,7 @@ VirtualOutcome runToCompletion(EngineCore& core, RequestSpec spec, Nanos* now, i
       if (out.ttft < 0 && o.first_token_time >= 0) out.ttft = o.first_token_time - arrival;
       out.cached_tokens = o.cached_tokens;
       out.tier_tokens = o.tier_tokens;
+      out.tier_disk_tokens = o.tier_disk_tokens;
       if (o.finish) {
         out.finished = true;
         return out;

@@ -12,9 +12,10 @@ namespace kvf::engine {
 
 struct VirtualOutcome {
   bool finished = false;
-  int64_t cached_tokens = -1;  // prefix hits (G1 and onboarded) at first admission
-  int64_t tier_tokens = 0;     // of them, onboarded from host memory or disk
-  Nanos ttft = -1;             // first token time - arrival (modelled)
+  int64_t cached_tokens = -1;    // prefix hits (G1 and onboarded) at first admission
+  int64_t tier_tokens = 0;       // of them, onboarded from host memory or disk
+  int64_t tier_disk_tokens = 0;  // of tier_tokens, those read from disk
+  Nanos ttft = -1;               // first token time - arrival (modelled)
 };
 
 // Adds `spec` at `*now` and steps until it finishes (or max_steps); `*now` ends at the last

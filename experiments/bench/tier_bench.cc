@@ -30,8 +30,9 @@
 ABSL_FLAG(std::string, mode, "host",
           "host: host-tier copy bandwidth vs memcpy; disk: disk-tier write/read bandwidth; "
           "loss: blocks lost and second-pass disk hits, lossless default vs the lossy switch; "
-          "device: host tier <-> GPU copy bandwidth, pinned vs pageable; onboard: modelled TTFT "
-          "of a long prefix from G1, G2, G3 or recomputed");
+          "device: host tier <-> GPU copy bandwidth, pinned vs pageable, batched vs per-block; "
+          "overlap: GEMM slowdown and copy bandwidth with copies under compute; onboard: "
+          "modelled TTFT of a long prefix from G1, G2, G3 or recomputed");
 ABSL_FLAG(std::string, profile, "engine/profiles/qwen3-coder-30b-a3b-h20.yaml",
           "onboard mode: the hardware/model profile");
 ABSL_FLAG(int64_t, prefix_tokens, 25000, "onboard mode: prefix length in tokens");
@@ -40,9 +41,10 @@ ABSL_FLAG(std::string, suffix_tokens, "16,1024,4096",
 ABSL_FLAG(uint64_t, block_kib, 0,
           "block payload in KiB (default: 2048 for host and device, 1024 for disk, 64 for loss)");
 ABSL_FLAG(uint64_t, host_mib, 1024,
-          "host and device modes: bytes copied per direction and repetition");
+          "host, device and overlap modes: bytes copied per direction and repetition (overlap: "
+          "the ring of blocks each direction cycles through)");
 ABSL_FLAG(int, repeats, 7,
-          "host, disk and device modes: repetitions (mean and 95% interval reported)");
+          "host, disk, device and overlap modes: repetitions (mean and 95% interval reported)");
 ABSL_FLAG(std::string, dir, "",
           "disk and loss modes: directory for the disk tier's files (required; emptied first)");
 ABSL_FLAG(uint64_t, disk_mib, 2048, "disk mode: bytes written, then read, per repetition");
@@ -61,8 +63,14 @@ ABSL_FLAG(double, compute_us, 0,
 ABSL_FLAG(std::string, arms, "default,lossy",
           "loss mode: arms to run, comma-separated: default (lossless), lossy (eviction "
           "decoupled from the disk write, as in the seed)");
+ABSL_FLAG(int, gemm_size, 8192, "overlap mode: m = n = k of each bf16 GEMM");
+ABSL_FLAG(int, gemms, 0, "overlap mode: GEMMs per compute run (0: as many as fill --compute_ms)");
+ABSL_FLAG(double, compute_ms, 400, "overlap mode: length of a compute run when --gemms is 0");
+ABSL_FLAG(uint32_t, batch_blocks, 64, "overlap mode: blocks per copier batch");
+ABSL_FLAG(uint32_t, blocks_per_event, 16, "overlap mode: onboard blocks per ready event");
+ABSL_FLAG(uint32_t, in_flight, 4, "overlap mode: copier batches in flight per direction");
 ABSL_FLAG(bool, json, false,
-          "host, disk and device modes: also print one JSON line of the figures");
+          "host, disk, device and overlap modes: also print one JSON line of the figures");
 
 namespace kvf::bench {
 
@@ -336,13 +344,19 @@ int main(int argc, char** argv) {
       "               into the host tier (turning over ~11 times) and the disk, twice; blocks\n"
       "               lost and the second pass's disk hits, default (lossless) vs lossy arm.\n"
       "  --mode=device  host tier <-> GPU copy bandwidth (one cudaMemcpyAsync per block), the\n"
-      "               tier's CUDA-pinned slots against pageable memory (needs a CUDA build and\n"
-      "               a device; --block_kib, --host_mib, --repeats as in host mode).\n"
+      "               tier's CUDA-pinned slots against pageable memory, then the DeviceCopier's\n"
+      "               gathered copies (cudaMemcpyBatchAsync) against per-block ones (needs a\n"
+      "               CUDA build and a device; --block_kib, --host_mib, --repeats as in host).\n"
+      "  --mode=overlap  cuBLAS bf16 GEMMs (--gemm_size) on a compute stream alone, then with an\n"
+      "               offload and with an onboard of --host_mib running through the DeviceCopier\n"
+      "               meanwhile: compute slowdown and copy GB/s under compute vs alone (needs a\n"
+      "               CUDA build and a device; --batch_blocks, --blocks_per_event, --in_flight).\n"
       "  --mode=onboard  modelled TTFT of a --prefix_tokens prefix served from the pool (G1),\n"
       "               host memory (G2), disk (G3, files in --dir) or recomputed, through the\n"
       "               engine core with the live tiers on --profile, per --suffix_tokens.\n"
       "Prints markdown tables; exit status 1 when a run fails (or a block came back wrong).\n\n"
-      "Usage: kvf-tier-bench --mode=host|disk|loss|device|onboard [--dir DIR] [--trace FILE] "
+      "Usage: kvf-tier-bench --mode=host|disk|loss|device|overlap|onboard [--dir DIR] [--trace "
+      "FILE] "
       "[flags]");
   if (!args.empty()) kvf::bench::usage("unexpected argument '" + args[0] + "'");
   kvf::log::init("tier-bench", "warn");
@@ -366,6 +380,26 @@ int main(int argc, char** argv) {
     uint64_t block = (block_kib > 0 ? block_kib : 2048) << 10;
     return kvf::bench::runDevice(block, absl::GetFlag(FLAGS_host_mib) << 20, repeats,
                                  absl::GetFlag(FLAGS_json));
+  }
+  if (mode == "overlap") {
+    kvf::bench::OverlapOptions o;
+    o.block_bytes = (block_kib > 0 ? block_kib : 2048) << 10;
+    o.copy_bytes = absl::GetFlag(FLAGS_host_mib) << 20;
+    o.gemm_size = absl::GetFlag(FLAGS_gemm_size);
+    o.gemms = absl::GetFlag(FLAGS_gemms);
+    o.compute_ms = absl::GetFlag(FLAGS_compute_ms);
+    o.batch_blocks = absl::GetFlag(FLAGS_batch_blocks);
+    o.blocks_per_event = absl::GetFlag(FLAGS_blocks_per_event);
+    o.in_flight = absl::GetFlag(FLAGS_in_flight);
+    o.repeats = repeats;
+    o.json = absl::GetFlag(FLAGS_json);
+    if (o.gemm_size < 256 || o.gemms < 0 || o.compute_ms <= 0 || o.batch_blocks == 0 ||
+        o.blocks_per_event == 0 || o.in_flight == 0) {
+      kvf::bench::usage(
+          "--gemm_size must be >= 256; --compute_ms, --batch_blocks, --blocks_per_event and "
+          "--in_flight positive; --gemms >= 0");
+    }
+    return kvf::bench::runOverlap(o);
   }
   std::string dir = absl::GetFlag(FLAGS_dir);
   if (dir.empty()) kvf::bench::usage("--dir is required for --mode=" + mode);
@@ -418,5 +452,5 @@ int main(int argc, char** argv) {
     }
     return kvf::bench::runOnboard(o);
   }
-  kvf::bench::usage("--mode must be host, disk, loss, device or onboard");
+  kvf::bench::usage("--mode must be host, disk, loss, device, overlap or onboard");
 }

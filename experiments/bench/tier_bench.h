@@ -49,6 +49,24 @@ Interval ratioInterval95(const std::vector<double>& a, const std::vector<double>
 // pageable memory; the process exit code (1 without CUDA or a device).
 int runDevice(uint64_t block_bytes, uint64_t total_bytes, int repeats, bool json);
 
+// --mode=overlap (tier_overlap_bench.cc): cuBLAS GEMMs alone, with an offload, with an onboard
+// through the DeviceCopier; compute slowdown and copy bandwidth under compute.
+struct OverlapOptions {
+  uint64_t block_bytes = 2 << 20;
+  uint64_t copy_bytes = 1ull << 30;  // the ring of blocks each direction cycles through
+  int gemm_size = 8192;              // m = n = k
+  int gemms = 0;                     // per compute run; 0: as many as fill compute_ms
+  double compute_ms = 400;
+  uint32_t batch_blocks = 64;
+  uint32_t blocks_per_event = 16;
+  uint32_t in_flight = 4;
+  int repeats = 7;
+  bool json = false;
+};
+int runOverlap(const OverlapOptions& options);
+// The DeviceCopier's gathered path against per-block copies (printed by --mode=device).
+int runCopierPaths(uint64_t block_bytes, uint64_t total_bytes, int repeats);
+
 struct LossOptions {
   std::string trace;
   std::string dir;

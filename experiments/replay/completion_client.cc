@@ -61,7 +61,10 @@ bool applyEvent(const std::string& data, std::chrono::steady_clock::time_point s
     const bj::object& u = usage->as_object();
     out->prompt_tokens = json::getIntOr(u, "prompt_tokens", out->prompt_tokens).value_or(-1);
     if (const bj::value* d = u.if_contains("prompt_tokens_details"); d && d->is_object()) {
-      out->cached_tokens = json::getIntOr(d->as_object(), "cached_tokens", -1).value_or(-1);
+      const bj::object& details = d->as_object();
+      out->cached_tokens = json::getIntOr(details, "cached_tokens", -1).value_or(-1);
+      out->cpu_cached_tokens = json::getIntOr(details, "kvf_cpu_cached_tokens", 0).value_or(0);
+      out->disk_cached_tokens = json::getIntOr(details, "kvf_disk_cached_tokens", 0).value_or(0);
     }
   }
   const bj::value* choices = obj.if_contains("choices");

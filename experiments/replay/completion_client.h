@@ -32,8 +32,12 @@ struct CompletionOutcome {
   double tpot_s = -1;         // (e2e - ttft) / (output_tokens - 1); -1 with fewer than 2 tokens
   std::vector<double> itl_s;  // gaps between consecutive token-carrying events
   int64_t prompt_tokens = -1;
-  int64_t output_tokens = 0;             // tokens received
-  int64_t cached_tokens = -1;            // usage.prompt_tokens_details.cached_tokens
+  int64_t output_tokens = 0;   // tokens received
+  int64_t cached_tokens = -1;  // usage.prompt_tokens_details.cached_tokens
+  // Of cached_tokens, those the engine onboarded from its host-memory (CPU) or disk tier
+  // (kvf-engine's kvf_cpu_cached_tokens / kvf_disk_cached_tokens; 0 when not reported).
+  int64_t cpu_cached_tokens = 0;
+  int64_t disk_cached_tokens = 0;
   std::string instance;                  // x-kvf-instance response header (router), if any
   std::string decision;                  // x-kvf-decision
   std::string reason;                    // x-kvf-reason

@@ -153,6 +153,8 @@ std::string RequestResult::toJsonLine() const {
   line.field("output_tokens", o.output_tokens);
   line.field("prompt_tokens", o.prompt_tokens);
   line.field("cached_tokens", o.cached_tokens);
+  line.field("cpu_cached_tokens", o.cpu_cached_tokens);
+  line.field("disk_cached_tokens", o.disk_cached_tokens);
   line.field("instance", o.instance);
   line.field("decision", o.decision);
   line.field("reason", o.reason);
@@ -195,6 +197,8 @@ absl::StatusOr<RequestResult> RequestResult::fromJsonLine(std::string_view text)
   out.output_tokens = integer("output_tokens", 0);
   out.prompt_tokens = integer("prompt_tokens", -1);
   out.cached_tokens = integer("cached_tokens", -1);
+  out.cpu_cached_tokens = integer("cpu_cached_tokens", 0);
+  out.disk_cached_tokens = integer("disk_cached_tokens", 0);
   out.instance = str("instance");
   out.decision = str("decision");
   out.reason = str("reason");

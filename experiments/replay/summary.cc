@@ -29,7 +29,7 @@ ReplaySummary summarize(const std::vector<RequestResult>& results, double warmup
   ReplaySummary s;
   std::vector<double> ttft, tpot, e2e;
   std::map<std::string, std::vector<double>> c_ttft, c_tpot, c_e2e;
-  double cached = 0, prompt = 0;
+  double cached = 0, cpu = 0, disk = 0, prompt = 0;
   for (const RequestResult& r : results) {
     if (r.arrival_s < warmup_s) continue;
     std::string cls(requestClass(r.newTokens()));
@@ -58,12 +58,16 @@ ReplaySummary summarize(const std::vector<RequestResult>& results, double warmup
     if (o.prompt_tokens > 0) {
       prompt += static_cast<double>(o.prompt_tokens);
       cached += static_cast<double>(std::max<int64_t>(o.cached_tokens, 0));
+      cpu += static_cast<double>(o.cpu_cached_tokens);
+      disk += static_cast<double>(o.disk_cached_tokens);
     }
   }
   s.ttft = distributionOf(ttft);
   s.tpot = distributionOf(tpot);
   s.e2e = distributionOf(e2e);
   s.cached_token_ratio = prompt > 0 ? cached / prompt : 0;
+  s.cpu_cached_ratio = prompt > 0 ? cpu / prompt : 0;
+  s.disk_cached_ratio = prompt > 0 ? disk / prompt : 0;
   for (auto& [cls, row] : s.by_class) {
     row.ttft = distributionOf(c_ttft[cls]);
     row.tpot = distributionOf(c_tpot[cls]);
@@ -80,8 +84,13 @@ std::string row(const std::string& name, const Distribution& d) {
 }  // namespace
 
 std::string formatSummary(const ReplaySummary& s) {
-  std::string out = fmt::format("requests {}  errors {}  cached-token ratio {:.1f}%\n", s.requests,
+  std::string out = fmt::format("requests {}  errors {}  cached-token ratio {:.1f}%", s.requests,
                                 s.errors, 100.0 * s.cached_token_ratio);
+  if (s.cpu_cached_ratio > 0 || s.disk_cached_ratio > 0) {
+    out += fmt::format(" (host memory {:.1f}%, disk {:.1f}%)", 100.0 * s.cpu_cached_ratio,
+                       100.0 * s.disk_cached_ratio);
+  }
+  out += "\n";
   out += fmt::format("{:<14}{:>8}{:>10}{:>10}{:>10}{:>10}{:>10}\n", "metric (s)", "n", "mean",
                      "p50", "p90", "p99", "max");
   out += row("TTFT", s.ttft);

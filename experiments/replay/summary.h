@@ -24,6 +24,8 @@ struct ReplaySummary {
   size_t errors = 0;
   Distribution ttft, tpot, e2e;
   double cached_token_ratio = 0;  // sum(cached) / sum(prompt) over successful requests
+  double cpu_cached_ratio = 0;    // of it, onboarded from host memory (same denominator)
+  double disk_cached_ratio = 0;   // of it, read from disk
   struct ClassRow {
     size_t requests = 0, errors = 0;
     Distribution ttft, tpot, e2e;

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
 """Summary of the KV-tier A/B (experiments/configs/tiers/agentic_*.yaml, run once per trace seed
-by experiments/sim/tier_ab.sh): per arm, the mean over seeds of the cluster hit ratio and
-the TTFT/E2E percentiles, each arm's difference to the G1-only baseline paired by seed with a
-95% t-interval, and how many routing decisions found a lower-tier run.
+by experiments/sim/tier_ab.sh): per arm, the mean over seeds of the cluster hit ratio, its split
+by tier (GPU, host memory, disk) and the TTFT/E2E percentiles, each arm's difference to the
+G1-only baseline paired by seed with a 95% t-interval, and how many routing decisions found a
+lower-tier run.
 
 Usage: tier_ab_summary.py BASELINE_DIRS DIRS ...   where each DIRS is comma-separated result
 directories of kvf-experiment sim, one per seed in the same order for every argument; every arm
@@ -32,11 +33,16 @@ def rep_stats(rep_dir):
     e2e = [r["e2e_s"] for r in ok]
     prompt = sum(r["prompt_tokens"] for r in ok)
     cached = sum(r["cached_tokens"] for r in ok)
+    # Of the cached tokens, those the engines onboarded from host memory and from disk.
+    cpu = sum(r.get("cpu_cached_tokens", 0) for r in ok)
+    disk = sum(r.get("disk_cached_tokens", 0) for r in ok)
     tiered = 0
     dec = os.path.join(rep_dir, "decisions.jsonl")
     if os.path.exists(dec):
         tiered = sum(1 for l in open(dec) if '"tier_tokens"' in l)
-    return {"errors": len(rows) - len(ok), "hit": cached / prompt if prompt else 0,
+    share = (lambda n: n / prompt) if prompt else (lambda n: 0)
+    return {"errors": len(rows) - len(ok), "hit": share(cached),
+            "hit_gpu": share(cached - cpu - disk), "hit_cpu": share(cpu), "hit_disk": share(disk),
             "ttft_p50": pct(ttft, 0.5), "ttft_p90": pct(ttft, 0.9), "ttft_p99": pct(ttft, 0.99),
             "e2e_p50": pct(e2e, 0.5), "e2e_p90": pct(e2e, 0.9), "tier_decisions": tiered}
 
@@ -67,14 +73,18 @@ def main():
         return 0 if len(sys.argv) > 1 and sys.argv[1] in ("-h", "--help") else 2
     base_label, base = next(arms(sys.argv[1]))
     keys = ["hit", "ttft_p50", "ttft_p90", "ttft_p99", "e2e_p50", "e2e_p90"]
-    print("| arm | errors | hit ratio | TTFT p50 | TTFT p90 | TTFT p99 | E2E p50 | E2E p90 |"
-          " decisions with a tier run |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| arm | errors | hit ratio | of it GPU / host / disk | TTFT p50 | TTFT p90 | TTFT p99 |"
+          " E2E p50 | E2E p90 | decisions with a tier run |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for spec in sys.argv[1:]:
         for label, reps in arms(spec):
             cells = []
             for k in keys:
                 mean = statistics.mean(r[k] for r in reps)
+                if k == "ttft_p50":  # the hit ratio's split by tier, after the hit ratio
+                    split = [statistics.mean(r[t] for r in reps)
+                             for t in ("hit_gpu", "hit_cpu", "hit_disk")]
+                    cells.append(" / ".join(f"{v:.1%}" for v in split))
                 if label == base_label or len(reps) != len(base):
                     cells.append(f"{mean:.1%}" if k == "hit" else f"{mean:.2f}")
                     continue

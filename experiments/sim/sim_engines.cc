@@ -220,6 +220,8 @@ void Sim::onStepEnd(int instance, uint64_t incarnation, Nanos t) {
     CompletionOutcome& o = f->outcome;
     o.prompt_tokens = out.prompt_tokens;
     o.cached_tokens = out.cached_tokens;
+    o.cpu_cached_tokens = out.tier_tokens - out.tier_disk_tokens;
+    o.disk_cached_tokens = out.tier_disk_tokens;
     if (!out.new_tokens.empty()) {
       if (o.ttft_s < 0) {
         o.itl_s.reserve(static_cast<size_t>(f->route.max_tokens - 1));

@@ -15,6 +15,7 @@
 #include "engine/accounted_tiers.h"
 #include "engine/engine_core.h"
 #include "engine/live_tiers.h"
+#include "engine/openai_api.h"
 #include "engine/virtual_run.h"
 #include "tests/engine/engine_test_util.h"
 #include "tests/testing/temp_dir.h"
@@ -122,6 +123,7 @@ TEST(TierEngineTest, AccountedTiersServeAnEvictedPrefixFromHostMemory) {
   Served again = evictAndRepeat(*core, 3, now);
   EXPECT_EQ(again.cached_tokens, 10 * kBlock);
   EXPECT_EQ(again.tier_tokens, 10 * kBlock);
+  EXPECT_EQ(again.tier_disk_tokens, 0);
   EXPECT_EQ(core->stats().tier_host_tokens, 10u * kBlock);
   EXPECT_EQ(core->stats().tier_disk_tokens, 0u);
   // Swap-in finishes before the step that needs it: the first token waits for the onboard.
@@ -175,6 +177,8 @@ TEST(TierEngineTest, LiveTiersServeFromDiskOnceHostMemoryTurnedOver) {
   // 16 fillers of 20 blocks turn the 256-slot host memory over: A is on disk only.
   Served again = evictAndRepeat(*core, 16, now);
   EXPECT_EQ(again.cached_tokens, 10 * kBlock);
+  EXPECT_EQ(again.tier_tokens, 10 * kBlock);
+  EXPECT_EQ(again.tier_disk_tokens, 10 * kBlock);
   EXPECT_EQ(core->stats().tier_disk_tokens, 10u * kBlock);
   EXPECT_EQ(core->onboardPayloadMismatches(), 0u);
   EXPECT_EQ(core->pool().auditPayloads().corrupt_blocks, 0);
@@ -402,6 +406,23 @@ TEST(TierEngineTest, AccountedTiersPublishTheirStoresAndRemovalsByMedium) {
   std::vector<std::span<const std::byte>> one(1);
   tiers.offload(again, one);
   EXPECT_TRUE(tiers.takeEvents().empty());
+}
+
+// The usage block reports the part of the prefix hit that came from each lower tier, and says
+// nothing of tiers when none supplied any (vLLM's shape).
+TEST(TierEngineTest, UsageReportsTheTiersShareOfTheCachedTokens) {
+  CompletionSummary s;
+  s.prompt_tokens = 400;
+  s.cached_tokens = 320;
+  boost::json::object plain = usageJson(s)["prompt_tokens_details"].as_object();
+  EXPECT_EQ(plain.size(), 1u);
+  EXPECT_EQ(plain["cached_tokens"].as_int64(), 320);
+  s.tier_tokens = 256;
+  s.tier_disk_tokens = 64;
+  boost::json::object tiered = usageJson(s)["prompt_tokens_details"].as_object();
+  EXPECT_EQ(tiered["cached_tokens"].as_int64(), 320);
+  EXPECT_EQ(tiered["kvf_cpu_cached_tokens"].as_int64(), 192);
+  EXPECT_EQ(tiered["kvf_disk_cached_tokens"].as_int64(), 64);
 }
 
 }  // namespace

@@ -36,6 +36,8 @@ namespace bj = boost::json;
 constexpr int kFirstTokenMs = 300;
 constexpr int kTokenGapMs = 50;
 constexpr int64_t kCached = 32;
+constexpr int64_t kCpuCached = 16;  // of kCached, onboarded from host memory
+constexpr int64_t kDiskCached = 8;  // and from disk
 
 class ScriptedEndpoint {
  public:
@@ -94,8 +96,9 @@ class ScriptedEndpoint {
     }
     std::string usage =
         fmt::format(R"({{"choices":[],"usage":{{"prompt_tokens":{},"completion_tokens":{},)"
-                    R"("prompt_tokens_details":{{"cached_tokens":{}}}}}}})",
-                    prompt_tokens, max_tokens, kCached);
+                    R"("prompt_tokens_details":{{"cached_tokens":{},"kvf_cpu_cached_tokens":{},)"
+                    R"("kvf_disk_cached_tokens":{}}}}}}})",
+                    prompt_tokens, max_tokens, kCached, kCpuCached, kDiskCached);
     co_await w.writeEvent(usage);
     co_await w.writeEvent("[DONE]");
     co_await w.endStream();
@@ -170,6 +173,8 @@ TEST_F(ReplayTest, MeasuresEveryMetricAgainstTheScript) {
   EXPECT_EQ(o.output_tokens, 5);
   EXPECT_EQ(o.prompt_tokens, 100);
   EXPECT_EQ(o.cached_tokens, kCached);
+  EXPECT_EQ(o.cpu_cached_tokens, kCpuCached);
+  EXPECT_EQ(o.disk_cached_tokens, kDiskCached);
   EXPECT_EQ(o.instance, "e3");
   EXPECT_EQ(o.decision, "local");
   EXPECT_EQ(o.predicted_cached_tokens, 30);
@@ -191,6 +196,8 @@ TEST_F(ReplayTest, MeasuresEveryMetricAgainstTheScript) {
   ASSERT_EQ(loaded->size(), 1u);
   EXPECT_DOUBLE_EQ((*loaded)[0].outcome.ttft_s, o.ttft_s);
   EXPECT_EQ((*loaded)[0].outcome.cached_tokens, kCached);
+  EXPECT_EQ((*loaded)[0].outcome.cpu_cached_tokens, kCpuCached);
+  EXPECT_EQ((*loaded)[0].outcome.disk_cached_tokens, kDiskCached);
 }
 
 TEST_F(ReplayTest, TimestampDispatchFollowsTraceTimesWithoutCap) {
@@ -387,6 +394,8 @@ TEST(ResultLine, SameBytesAsTheJsonObject) {
     line["output_tokens"] = o.output_tokens;
     line["prompt_tokens"] = o.prompt_tokens;
     line["cached_tokens"] = o.cached_tokens;
+    line["cpu_cached_tokens"] = o.cpu_cached_tokens;
+    line["disk_cached_tokens"] = o.disk_cached_tokens;
     line["instance"] = o.instance;
     line["decision"] = o.decision;
     line["reason"] = o.reason;

@@ -103,19 +103,29 @@ absl::Status TieredStore::offload(BlockKey key, std::span<const std::byte> bytes
 
 absl::Status TieredStore::offloadInto(BlockKey key,
                                       absl::FunctionRef<absl::Status(std::span<std::byte>)> fill) {
-  auto reserved = host_->reserve(key);
+  auto reserved = beginOffload(key);
   if (!reserved.ok()) {
     if (absl::IsAlreadyExists(reserved.status())) return absl::OkStatus();
     return reserved.status();
   }
-  bool durable_below = disk_ == nullptr || disk_->contains(key);
-  if (absl::Status filled = fill(reserved->bytes); !filled.ok()) {
-    host_->abort(*reserved);
-    return filled;
+  absl::Status filled = fill(reserved->bytes);
+  endOffload(*reserved, filled.ok());
+  return filled;
+}
+
+absl::StatusOr<HostTier::Reservation> TieredStore::beginOffload(BlockKey key) {
+  return host_->reserve(key);
+}
+
+void TieredStore::endOffload(const HostTier::Reservation& reservation, bool filled) {
+  if (!filled) {
+    host_->abort(reservation);
+    return;
   }
-  host_->commit(*reserved, std::nullopt, durable_below);
+  // Checked now, not at reserve time: the disk may have taken the key while the copy ran.
+  bool durable_below = disk_ == nullptr || disk_->contains(reservation.key);
+  host_->commit(reservation, std::nullopt, durable_below);
   if (!durable_below) pokeOffloader();
-  return absl::OkStatus();
 }
 
 absl::Status TieredStore::offloadWait(BlockKey key, std::span<const std::byte> bytes,

@@ -120,6 +120,12 @@ class TieredStore {
   // returned. Runs on the caller's thread, without a tier lock held.
   absl::Status offloadInto(BlockKey key,
                            absl::FunctionRef<absl::Status(std::span<std::byte>)> fill);
+  // offloadInto() in two steps, for a fill that completes later (an asynchronous device copy):
+  // beginOffload reserves `key`'s host slot (AlreadyExists: held already, nothing to copy;
+  // Unavailable: backpressure, as offload()); endOffload makes it visible once the bytes are in
+  // (`filled`), or abandons it. Every reservation must be ended exactly once.
+  absl::StatusOr<HostTier::Reservation> beginOffload(BlockKey key);
+  void endOffload(const HostTier::Reservation& reservation, bool filled);
   // offload(), waiting up to `timeout` for room instead of failing at once: the engine's eviction
   // waits for the disk rather than losing the block.
   absl::Status offloadWait(BlockKey key, std::span<const std::byte> bytes,
