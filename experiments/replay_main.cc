@@ -18,8 +18,11 @@ ABSL_FLAG(std::string, trace, "", "Trace file or directory (required).");
 ABSL_FLAG(std::string, format, "auto", "Trace format: auto, mooncake, session, bailian, agentic.");
 ABSL_FLAG(bool, skip_bad_lines, false, "Skip malformed trace records instead of stopping.");
 ABSL_FLAG(std::string, url, "http://127.0.0.1:8000",
-          "Endpoint base URL: the router (kvf-router listens on port 8000 unless its config "
-          "says otherwise) or one engine.");
+          "Endpoint base URL, http://host:port: the router (kvf-router listens on port 8000 "
+          "unless its config says otherwise) or one engine. Several, comma-separated (router "
+          "replicas): requests are dealt to them in turn (client-side round robin), each result "
+          "line records its URL in `endpoint`, the summary counts requests and errors per URL, "
+          "and every URL must answer GET /v1/models before the first request is sent.");
 ABSL_FLAG(std::string, output, "", "Results JSONL file (required; never overwritten).");
 ABSL_FLAG(bool, resume, false, "Continue an existing results file, skipping finished requests.");
 ABSL_FLAG(std::string, dispatch, "timestamp",
@@ -49,28 +52,10 @@ namespace {
 
 using namespace kvf;
 
-absl::StatusOr<std::pair<std::string, uint16_t>> parseUrl(const std::string& url) {
-  std::string rest = url;
-  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
-  while (!rest.empty() && rest.back() == '/') rest.pop_back();
-  size_t colon = rest.rfind(':');
-  if (colon == std::string::npos || rest.find('/') != std::string::npos) {
-    return absl::InvalidArgumentError(strCat("--url must be http://host:port, got ", url));
-  }
-  int port = 0;
-  try {
-    port = std::stoi(rest.substr(colon + 1));
-  } catch (...) {
-    port = 0;
-  }
-  if (port <= 0 || port > 65535) return absl::InvalidArgumentError(strCat("bad port in ", url));
-  return std::make_pair(rest.substr(0, colon), static_cast<uint16_t>(port));
-}
-
 struct ReplayFlags {
   std::string trace_path, output, dispatch;
   experiments::ReplayOptions options;
-  std::pair<std::string, uint16_t> endpoint;
+  std::vector<experiments::EndpointAddress> endpoints;
   trace::ReaderOptions reader;
 };
 
@@ -98,7 +83,7 @@ absl::StatusOr<ReplayFlags> readFlags() {
       std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_s) * 1000));
   options.model = absl::GetFlag(FLAGS_model);
   options.progress = absl::GetFlag(FLAGS_progress);
-  KVF_ASSIGN_OR_RETURN(f.endpoint, parseUrl(absl::GetFlag(FLAGS_url)));
+  KVF_ASSIGN_OR_RETURN(f.endpoints, experiments::parseEndpointList(absl::GetFlag(FLAGS_url)));
   KVF_ASSIGN_OR_RETURN(f.reader.format, trace::parseFormatName(absl::GetFlag(FLAGS_format)));
   f.reader.on_error =
       absl::GetFlag(FLAGS_skip_bad_lines) ? trace::OnError::kSkip : trace::OnError::kStop;
@@ -122,8 +107,8 @@ absl::Status run(const ReplayFlags& f) {
   log::info("replay starting", "trace", f.trace_path, "requests", requests.size(), "done",
             log->done().size(), "dispatch", f.dispatch, "time_scale", options.time_scale);
 
-  absl::Status status = experiments::replayTrace(requests, f.endpoint.first, f.endpoint.second,
-                                                 options, synth_options, log.get());
+  absl::Status status =
+      experiments::replayTrace(requests, f.endpoints, options, synth_options, log.get());
   std::printf(
       "%s",
       experiments::formatSummary(experiments::summarize(log->results(), options.warmup_s)).c_str());
@@ -139,10 +124,13 @@ int main(int argc, char** argv) {
       "kvf-replay: replays a trace against an OpenAI-compatible endpoint (the router or one\n"
       "engine) and measures TTFT, TPOT and E2E per request (docs/experiments.md).\n\n"
       "Usage: kvf-replay --trace T.jsonl --output results.jsonl [--url http://127.0.0.1:8000]\n"
-      "                  [--limit N] [--time_scale S] [--dispatch timestamp|session]\n\n"
+      "                  [--limit N] [--time_scale S] [--dispatch timestamp|session]\n"
+      "       kvf-replay ... --url http://127.0.0.1:8000,http://127.0.0.1:8001  (replicas,\n"
+      "                  round robin)\n\n"
       "Prints a progress line on stderr, then a summary table (failed requests are counted\n"
-      "there). Exit status: 0 the replay ran, 1 it could not run (endpoint, trace or results\n"
-      "file), 2 a bad command line.");
+      "there, and per URL when there are several).\n"
+      "Exit status: 0 the replay ran, 1 it could not run (endpoint, trace or results file), 2 a\n"
+      "bad command line.");
   if (!args.empty()) kvf::cli::failUsage("kvf-replay", "unexpected argument '" + args[0] + "'");
   auto flags = readFlags();
   if (!flags.ok()) kvf::cli::failUsage("kvf-replay", std::string(flags.status().message()));

@@ -52,15 +52,17 @@ class RunTracker {
                                    HolderTable::Entry e, InstanceMask soft_word,
                                    const SoftTree::Cursor& soft) {
     InstanceMask exact_word = e;
-    if (!HolderTable::isWord(e)) [[unlikely]]
-      exact_word = decode(table, hash, e).word;
+    if (!HolderTable::isWord(e)) [[unlikely]] {
+      // Along a shared prefix the entry repeats: its decoded holders are at hand.
+      if (e != last_entry_) decode(table, hash, e);
+      exact_word = last_exact_.word;
+    }
     const InstanceMask held = exact_word | soft_word;
     record(alive_ & ~held, i);
     alive_ &= held;
     // Listed holders change only where the entry or the soft node does: along a shared prefix
     // they do not, and the running listed instances go on without a look at them.
-    if (listed_live_ && (listed_all_ || e != prev_e_ || HolderTable::isFar(e) ||
-                         soft.listed().data() != prev_b_.data() ||
+    if (listed_live_ && (listed_all_ || e != prev_e_ || soft.listed().data() != prev_b_.data() ||
                          soft.listed().size() != prev_b_.size())) [[unlikely]] {
       stepListed(i, HolderTable::isWord(e) ? std::span<const ListedInstance>{} : last_exact_.listed,
                  soft.listed());
@@ -81,16 +83,13 @@ class RunTracker {
       ended &= ended - 1;
     }
   }
-  // A compact entry equal to the block before's (a shared prefix's blocks have the same
+  // An entry equal to the block before's (a shared prefix's blocks have the same
   // holders) is not decoded again. Decoding alternates between two buffers, so the block
   // before's listed holders stay readable for stepListed.
-  [[gnu::noinline]] HolderView decode(const HolderTable& table, BlockHash hash,
-                                      HolderTable::Entry e) {
-    if (e == last_entry_ && !HolderTable::isFar(e)) return last_exact_;
+  [[gnu::noinline]] void decode(const HolderTable& table, BlockHash hash, HolderTable::Entry e) {
     cur_ ^= 1;
     last_exact_ = table.view(hash, e, scratch_[cur_]);
     last_entry_ = e;
-    return last_exact_;
   }
   [[gnu::noinline]] void stepListed(size_t i, std::span<const ListedInstance> a,
                                     std::span<const ListedInstance> b) {

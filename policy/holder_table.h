@@ -8,8 +8,11 @@
 //     of up to 63 instances, so a small cluster's path is the single-word one;
 //   - compact: top bit set, up to six 10-bit instance ids (any of the 1,024) and their count,
 //     the usual block of a large cluster (one to a few holders), still one slot;
-//   - far: top bit set, count 7; the set lives in a side table, for blocks past six holders
-//     when one of them is past the word (a shared system prompt on a large cluster).
+//   - far: top bit set, count 7, and the index of its set in a side table, for blocks past six
+//     holders when one of them is past the word (a shared system prompt on a large cluster).
+//     Far sets are shared: blocks with the same holders (a shared prefix's) point at one set,
+//     so their entries are equal and a match walk decodes and compares the set once, not once
+//     per block.
 // Routed (soft) holders live in policy/soft_tree.h instead. Single-threaded, owned by
 // CacheIndex.
 #pragma once
@@ -35,7 +38,7 @@ class HolderTable {
   // `salt` must be odd: it keys the slot choice, so crafted prompts cannot aim at one probe run.
   // The array doubles once more than max_load_eighths / 8 of its slots would be used.
   HolderTable(uint64_t salt, int max_load_eighths)
-      : map_(salt, max_load_eighths), far_index_(salt * 3, 4) {}
+      : map_(salt, max_load_eighths), far_by_digest_(salt * 3, 4) {}
 
   // Holders of `hash`; empty when absent. The listed part may lie in `scratch` (a compact
   // entry's): valid until the table next changes and `scratch` is reused.
@@ -49,9 +52,10 @@ class HolderTable {
   HolderView view(BlockHash hash, Entry e, Scratch scratch) const {
     if (isWord(e)) [[likely]]
       return HolderView{e, {}};
-    return decode(hash, e, scratch);
+    (void)hash;
+    return decode(e, scratch);
   }
-  // Word entries hold their set; a far entry's set is elsewhere (all far entries are equal).
+  // Word entries hold their set; a far entry's set is elsewhere (equal far entries: one set).
   static bool isWord(Entry e) { return (e & kNotWord) == 0; }
   static bool isFar(Entry e) { return !isWord(e) && compactCount(e) == kFar; }
   HolderSet getSet(BlockHash hash) const {
@@ -81,13 +85,15 @@ class HolderTable {
     ListedInstance scratch[kCompactIds];
     map_.forEach([&](uint64_t key, Entry e) {
       const BlockHash hash{key};
-      f(hash, (e & kNotWord) == 0 ? HolderView{e, {}} : decode(hash, e, scratch));
+      f(hash, (e & kNotWord) == 0 ? HolderView{e, {}} : decode(e, scratch));
     });
   }
 
   size_t size() const { return map_.size(); }
   // Blocks whose holders live in the side table.
-  size_t farBlocks() const { return far_index_.size(); }
+  size_t farBlocks() const { return far_blocks_; }
+  // Distinct far sets in use (blocks sharing their holders share one).
+  size_t farSets() const { return far_sets_.size() - free_far_.size(); }
 
  private:
   static constexpr Entry kNotWord = Entry{1} << 63;
@@ -100,15 +106,25 @@ class HolderTable {
   static int compactId(Entry e, size_t k) {
     return static_cast<int>((e >> (k * kIdBits)) & ((1u << kIdBits) - 1));
   }
-  HolderView decode(BlockHash hash, Entry e, Scratch scratch) const;
-  // The entry for `holders`: word, compact or far (then the side table holds it).
-  Entry encode(BlockHash hash, const HolderSet& holders);
-  void dropFar(BlockHash hash);
+  static uint32_t farIndex(Entry e) { return static_cast<uint32_t>(e); }
+  HolderView decode(Entry e, Scratch scratch) const;
+  // The entry for `holders`: word, compact or far (one more block on the shared far set).
+  Entry encode(const HolderSet& holders);
+  // One block fewer on far set `index`; the set is freed with its last block.
+  void releaseFar(uint32_t index);
 
+  struct FarSet {
+    HolderSet holders;
+    uint64_t digest = 0;
+    uint32_t blocks = 0;  // entries pointing here; 0: free
+  };
   FlatU64Map<Entry> map_;
-  FlatU64Map<uint32_t> far_index_;  // hash -> far_sets_ index
-  std::vector<HolderSet> far_sets_;
+  // digest of the holders -> far_sets_ index, for the first set with that digest (another set
+  // with the same digest, rare, is simply not shared).
+  FlatU64Map<uint32_t> far_by_digest_;
+  std::vector<FarSet> far_sets_;
   std::vector<uint32_t> free_far_;
+  size_t far_blocks_ = 0;
 };
 
 }  // namespace kvf::policy

@@ -49,10 +49,8 @@ namespace support {
 
 const double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-double uncached(const RouteRequest& r, const InstanceSnapshot& s, const TierCreditConfig& tiers) {
-  if (s.cpu_tokens == 0 && s.disk_tokens == 0) {
-    return static_cast<double>(std::max<int64_t>(0, r.prompt_tokens - s.matched_tokens));
-  }
+double uncachedWithRun(const RouteRequest& r, const InstanceSnapshot& s,
+                       const TierCreditConfig& tiers) {
   return std::max(0.0, static_cast<double>(r.prompt_tokens) - tiers::effectiveHits(r, s, tiers));
 }
 
@@ -78,12 +76,18 @@ int argmin(std::span<const InstanceSnapshot> inst, const std::vector<double>& sc
 
 Decision finish(const RouteRequest& r, std::span<const InstanceSnapshot> inst, int chosen,
                 std::string_view reason, std::vector<double> scores, const ClassifyConfig& cc) {
-  Decision d;
-  d.instance = chosen;
-  d.reason = chosen < 0 ? std::string_view("no_healthy_instance") : reason;
   for (size_t i = 0; i < inst.size(); ++i) {
     if (!inst[i].healthy) scores[i] = kNaN;
   }
+  return finishMarked(r, inst, chosen, reason, std::move(scores), cc);
+}
+
+Decision finishMarked(const RouteRequest& r, std::span<const InstanceSnapshot> inst, int chosen,
+                      std::string_view reason, std::vector<double> scores,
+                      const ClassifyConfig& cc) {
+  Decision d;
+  d.instance = chosen;
+  d.reason = chosen < 0 ? std::string_view("no_healthy_instance") : reason;
   d.scores = std::move(scores);
   int64_t cached = chosen < 0 ? 0 : std::min(inst[chosen].matched_tokens, r.prompt_tokens);
   d.predicted_cached_tokens = cached;

@@ -3,6 +3,7 @@
 // files (built in or not), not for drivers.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <string_view>
@@ -16,7 +17,16 @@ extern const double kNaN;
 
 // Prompt tokens the instance does not hold: prompt - effective hits (GPU hits plus the credit
 // of its lower-tier run, tiers::effectiveHits), at least 0.
-double uncached(const RouteRequest& r, const InstanceSnapshot& s, const TierCreditConfig& tiers);
+// Inline: decide() runs it per instance (1,024 of them on a large cluster).
+double uncachedWithRun(const RouteRequest& r, const InstanceSnapshot& s,
+                       const TierCreditConfig& tiers);
+inline double uncached(const RouteRequest& r, const InstanceSnapshot& s,
+                       const TierCreditConfig& tiers) {
+  if (s.cpu_tokens == 0 && s.disk_tokens == 0) [[likely]] {
+    return static_cast<double>(std::max<int64_t>(0, r.prompt_tokens - s.matched_tokens));
+  }
+  return uncachedWithRun(r, s, tiers);
+}
 
 // Argmin over healthy instances of (score, secondary); remaining ties go to the first index at
 // or after `cursor` modulo the instance count (rotating), so equal instances share work
@@ -28,6 +38,11 @@ int argmin(std::span<const InstanceSnapshot> inst, const std::vector<double>& sc
 // predicted cached tokens (the chosen instance's own hits, at most the prompt) and class.
 Decision finish(const RouteRequest& r, std::span<const InstanceSnapshot> inst, int chosen,
                 std::string_view reason, std::vector<double> scores, const ClassifyConfig& cc);
+
+// The same for scores whose unhealthy instances are NaN already.
+Decision finishMarked(const RouteRequest& r, std::span<const InstanceSnapshot> inst, int chosen,
+                      std::string_view reason, std::vector<double> scores,
+                      const ClassifyConfig& cc);
 
 // Average `running` over healthy instances (0 when none is).
 double averageRunning(std::span<const InstanceSnapshot> inst);

@@ -137,6 +137,7 @@ void parseExperiment(config::ConfigMap& root, ExperimentConfig* out, const std::
     if (auto r = a.raw("router")) {
       if (checkRouterSection(a, *r)) arm.router = *r;
     }
+    a.get("routers", &arm.routers, 1, 64);
     a.get("kv_connector", &arm.kv_connector);
     if (arm.kv_connector != "kvfabric" && arm.kv_connector != "nixl") {
       a.fail("kv_connector", "must be kvfabric or nixl");

@@ -49,6 +49,11 @@ struct ArmConfig {
   // or "nixl" (vLLM's NixlConnector: the holder's first leg, then the target reads). Written
   // into every engine's worker config and every router instance. `run` only.
   std::string kv_connector = "kvfabric";
+  // kvf-router replicas in front of the engines (`run` only). Above 1, each gets a `replicas:`
+  // block (id r<k>, its own publish port, the others as peers; settings such as
+  // sync_interval_ms from the arm's router.replicas) and the replay deals requests to them in
+  // turn (client-side round robin).
+  int routers = 1;
 };
 
 struct ExperimentConfig {

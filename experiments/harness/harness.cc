@@ -213,9 +213,13 @@ absl::Status writeEngineConfig(const ClusterConfig& cluster, const ArmConfig& ar
   return out ? absl::OkStatus() : absl::InternalError(strCat("cannot write ", out_path));
 }
 
+// Writes replica `replica`'s router config to `path`. With several routers (`publish` holds one
+// ZMQ port per replica) each gets a replicas: block naming the others as peers, over the arm's
+// own router.replicas settings, and all share one worker token (it keys their messages).
 absl::Status writeRouterConfig(const ExperimentConfig& config, const ArmConfig& arm, uint16_t port,
-                               const std::vector<EnginePorts>& engines, const std::string& rep_dir,
-                               const std::string& worker_token) {
+                               const std::vector<EnginePorts>& engines, const std::string& path,
+                               const std::string& decision_log, const std::string& worker_token,
+                               const std::vector<uint16_t>& publish, size_t replica) {
   YAML::Node root = armRouter(config, arm);
   if (!worker_token.empty()) root["worker_token"] = worker_token;
   root["listen"]["host"] = "127.0.0.1";
@@ -232,11 +236,21 @@ absl::Status writeRouterConfig(const ExperimentConfig& config, const ArmConfig& 
     }
     root["instances"].push_back(instance);
   }
+  if (publish.size() > 1) {
+    YAML::Node replicas = root["replicas"];
+    replicas["id"] = strCat("r", replica);
+    replicas["publish"] = strCat("tcp://127.0.0.1:", publish[replica]);
+    YAML::Node peers(YAML::NodeType::Sequence);
+    for (size_t p = 0; p < publish.size(); ++p) {
+      if (p != replica) peers.push_back(strCat("tcp://127.0.0.1:", publish[p]));
+    }
+    replicas["peers"] = peers;
+  }
   root["policy"] = arm.policy;
-  root["decision_log"] = rep_dir + "/decisions.jsonl";
-  std::ofstream out(rep_dir + "/router.yaml");
+  root["decision_log"] = decision_log;
+  std::ofstream out(path);
   out << root << "\n";
-  return out ? absl::OkStatus() : absl::InternalError("cannot write router.yaml");
+  return out ? absl::OkStatus() : absl::InternalError(strCat("cannot write ", path));
 }
 
 // A child's options: stdout and stderr appended to `log_path`; its own process group, dying with
@@ -285,10 +299,18 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
       KVF_ASSIGN_OR_RETURN(p.worker, pickFreePort());
     }
   }
-  KVF_ASSIGN_OR_RETURN(uint16_t router_port, pickFreePort());
+  const size_t routers = static_cast<size_t>(arm.routers);
+  std::vector<uint16_t> router_ports(routers), publish_ports(routers > 1 ? routers : 0);
+  for (auto& p : router_ports) {
+    KVF_ASSIGN_OR_RETURN(p, pickFreePort());
+  }
+  for (auto& p : publish_ports) {
+    KVF_ASSIGN_OR_RETURN(p, pickFreePort());
+  }
   std::string worker_token;
   KVF_RETURN_IF_ERROR(
       writeEngineConfig(config_.cluster, arm, rep_dir + "/engine.yaml", &worker_token));
+  if (routers > 1 && worker_token.empty()) worker_token = protocol::randomNonce();
 
   std::vector<std::unique_ptr<Process>> engines;
   for (size_t i = 0; i < ports.size(); ++i) {
@@ -319,29 +341,48 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
     KVF_RETURN_IF_ERROR(writeFile(strCat(rep_dir, "/engine_", i, ".before.prom"), before));
     KVF_RETURN_IF_ERROR(checkCold(before, strCat("engine ", i)));
   }
-  KVF_RETURN_IF_ERROR(writeRouterConfig(config_, arm, router_port, ports, rep_dir, worker_token));
-  KVF_ASSIGN_OR_RETURN(
-      auto router, Process::spawn({bin_dir_ + "/kvf-router", "--config", rep_dir + "/router.yaml"},
-                                  logTo(rep_dir + "/logs/router.log")));
-  KVF_RETURN_IF_ERROR(waitHealthy(*router, router_port, config_.cluster.startup_timeout_s,
-                                  rep_dir + "/logs/router.log"));
+  // One router: router.yaml, decisions.jsonl, router.prom. Replica k > 0: the same names with
+  // "-r<k>" (replica 0 keeps the plain names, so reports read it as before).
+  auto named = [&](size_t k, const std::string& stem, const std::string& ext) {
+    return strCat(rep_dir, "/", stem, k == 0 ? "" : strCat("-r", k), ext);
+  };
+  std::vector<std::unique_ptr<Process>> router_processes;
+  std::vector<EndpointAddress> endpoints;
+  for (size_t k = 0; k < routers; ++k) {
+    KVF_RETURN_IF_ERROR(
+        writeRouterConfig(config_, arm, router_ports[k], ports, named(k, "router", ".yaml"),
+                          named(k, "decisions", ".jsonl"), worker_token, publish_ports, k));
+    KVF_ASSIGN_OR_RETURN(auto router, Process::spawn({bin_dir_ + "/kvf-router", "--config",
+                                                      named(k, "router", ".yaml")},
+                                                     logTo(named(k, "logs/router", ".log"))));
+    router_processes.push_back(std::move(router));
+    endpoints.push_back(
+        {strCat("http://127.0.0.1:", router_ports[k]), "127.0.0.1", router_ports[k]});
+  }
+  for (size_t k = 0; k < routers; ++k) {
+    KVF_RETURN_IF_ERROR(waitHealthy(*router_processes[k], router_ports[k],
+                                    config_.cluster.startup_timeout_s,
+                                    named(k, "logs/router", ".log")));
+  }
 
-  log::info("replaying", "arm", arm.name, "rep", rep, "requests", requests_.size());
+  log::info("replaying", "arm", arm.name, "rep", rep, "requests", requests_.size(), "routers",
+            routers);
   KVF_ASSIGN_OR_RETURN(auto log, ResultLog::open(rep_dir + "/results.jsonl", false));
   trace::TokenSynthOptions synth_options;
   synth_options.salt = config_.salt;
-  KVF_RETURN_IF_ERROR(
-      replayTrace(requests_, "127.0.0.1", router_port, config_.replay, synth_options, log.get()));
+  KVF_RETURN_IF_ERROR(replayTrace(requests_, endpoints, config_.replay, synth_options, log.get()));
 
   for (size_t i = 0; i < ports.size(); ++i) {
     KVF_ASSIGN_OR_RETURN(std::string after,
                          httpGet(ports[i].http, "/metrics", std::chrono::seconds(5)));
     KVF_RETURN_IF_ERROR(writeFile(strCat(rep_dir, "/engine_", i, ".metrics"), after));
   }
-  if (auto m = httpGet(router_port, "/metrics", std::chrono::seconds(5)); m.ok()) {
-    KVF_RETURN_IF_ERROR(writeFile(rep_dir + "/router.prom", *m));
+  for (size_t k = 0; k < routers; ++k) {
+    if (auto m = httpGet(router_ports[k], "/metrics", std::chrono::seconds(5)); m.ok()) {
+      KVF_RETURN_IF_ERROR(writeFile(named(k, "router", ".prom"), *m));
+    }
   }
-  router->stop();
+  for (auto& router : router_processes) router->stop();
   for (auto& e : engines) e->stop();
   return writeFile(rep_dir + "/DONE", "");
 }

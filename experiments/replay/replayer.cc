@@ -2,7 +2,7 @@
 
 #include <unistd.h>
 #include <algorithm>
-
+#include <charconv>
 #include <cstdio>
 #include <map>
 #include <unordered_map>
@@ -26,9 +26,44 @@ namespace {
 constexpr auto kPoll = std::chrono::milliseconds(5);
 }
 
+absl::StatusOr<std::vector<EndpointAddress>> parseEndpointList(std::string_view urls) {
+  std::vector<EndpointAddress> out;
+  size_t start = 0;
+  while (start <= urls.size()) {
+    size_t comma = std::min(urls.find(',', start), urls.size());
+    std::string url(urls.substr(start, comma - start));
+    start = comma + 1;
+    url.erase(0, url.find_first_not_of(' '));
+    url.erase(url.find_last_not_of(' ') + 1);
+    while (!url.empty() && url.back() == '/') url.pop_back();
+    std::string rest = url.rfind("http://", 0) == 0 ? url.substr(7) : url;
+    size_t colon = rest.rfind(':');
+    if (url.empty() || colon == std::string::npos || colon == 0 ||
+        rest.find('/') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          strCat("--url: URL ", out.size() + 1, " must be http://host:port, got '", url, "'"));
+    }
+    int port = 0;
+    auto [end, ec] = std::from_chars(rest.data() + colon + 1, rest.data() + rest.size(), port);
+    if (ec != std::errc() || end != rest.data() + rest.size() || port <= 0 || port > 65535) {
+      return absl::InvalidArgumentError(strCat("--url: bad port in '", url, "'"));
+    }
+    for (const auto& e : out) {
+      if (e.url == url) return absl::InvalidArgumentError(strCat("--url: '", url, "' given twice"));
+    }
+    out.push_back({url, rest.substr(0, colon), static_cast<uint16_t>(port)});
+  }
+  return out;
+}
+
 Replayer::Replayer(std::shared_ptr<http::HttpClient> client, ReplayOptions options,
                    PromptBuilder prompt, ResultLog* log)
-    : client_(std::move(client)),
+    : Replayer(std::vector<ReplayEndpoint>{{"", std::move(client)}}, std::move(options),
+               std::move(prompt), log) {}
+
+Replayer::Replayer(std::vector<ReplayEndpoint> endpoints, ReplayOptions options,
+                   PromptBuilder prompt, ResultLog* log)
+    : endpoints_(std::move(endpoints)),
       options_(std::move(options)),
       prompt_(std::move(prompt)),
       log_(log) {}
@@ -64,15 +99,17 @@ asio::awaitable<void> Replayer::sendOne(const trace::Request& request, Nanos sen
   call.prompt = prompt_(request);
   call.max_tokens = std::max<int64_t>(request.output_length, 1);
   call.timeout = options_.timeout;
+  const ReplayEndpoint& endpoint = endpoints_[next_endpoint_++ % endpoints_.size()];
   ++progress_.in_flight;
-  CompletionOutcome outcome = co_await runCompletion(*client_, call);
+  CompletionOutcome outcome = co_await runCompletion(*endpoint.client, call);
   --progress_.in_flight;
   ++progress_.done;
   if (!outcome.ok) {
     ++progress_.errors;
-    log::warn("request failed", "id", request.id, "error", outcome.error);
+    log::warn("request failed", "id", request.id, "endpoint", endpoint.url, "error", outcome.error);
   }
   RequestResult result;
+  result.endpoint = endpoint.url;
   result.request_id = request.id;
   result.session_id = request.session_id;
   result.turn = request.turn;
@@ -126,15 +163,36 @@ asio::awaitable<void> Replayer::reportProgress() {
   if (options_.progress && tty) std::fprintf(stderr, "\n");
 }
 
+asio::awaitable<absl::Status> Replayer::checkEndpoints() {
+  // One endpoint: asked only when the model is not given (as before). Several: every one is
+  // asked, so a dead or mistyped replica URL stops the replay before it sends anything instead
+  // of failing every n-th request.
+  if (endpoints_.size() == 1 && !options_.model.empty()) co_return absl::OkStatus();
+  for (size_t i = 0; i < endpoints_.size(); ++i) {
+    auto model = co_await discoverModel(*endpoints_[i].client);
+    if (!model.ok()) {
+      if (endpoints_.size() == 1)
+        co_return annotate(model.status(), "discovering the served model");
+      co_return absl::UnavailableError(
+          strCat("endpoint ", i + 1, " of ", endpoints_.size(), " (", endpoints_[i].url,
+                 ") does not answer GET /v1/models: ", std::string(model.status().message())));
+    }
+    if (options_.model.empty()) options_.model = *model;
+  }
+  co_return absl::OkStatus();
+}
+
 void assignMissingIds(std::vector<trace::Request>* requests) {
   for (size_t i = 0; i < requests->size(); ++i) {
     if ((*requests)[i].id.empty()) (*requests)[i].id = strCat("r", i);
   }
 }
 
-absl::Status replayTrace(const std::vector<trace::Request>& requests, const std::string& host,
-                         uint16_t port, const ReplayOptions& options,
+absl::Status replayTrace(const std::vector<trace::Request>& requests,
+                         const std::vector<EndpointAddress>& addresses,
+                         const ReplayOptions& options,
                          const trace::TokenSynthOptions& synth_options, ResultLog* log) {
+  if (addresses.empty()) return absl::InvalidArgumentError("replay: no endpoint");
   KVF_ASSIGN_OR_RETURN(trace::TokenSynthesizer synth,
                        trace::TokenSynthesizer::create(synth_options));
   std::unordered_map<std::string, uint64_t> index;
@@ -144,8 +202,14 @@ absl::Status replayTrace(const std::vector<trace::Request>& requests, const std:
   http::ClientOptions client_options;
   client_options.max_idle_connections = 4096;
   client_options.read_timeout = options.timeout;
-  auto client = http::HttpClient::create(ioc.get_executor(), host, port, client_options);
-  Replayer replayer(client, options, prompt, log);
+  std::vector<ReplayEndpoint> endpoints;
+  for (const auto& a : addresses) {
+    // One endpoint keeps its results as they were (no endpoint field).
+    endpoints.push_back(
+        {addresses.size() > 1 ? a.url : "",
+         http::HttpClient::create(ioc.get_executor(), a.host, a.port, client_options)});
+  }
+  Replayer replayer(std::move(endpoints), options, prompt, log);
   auto done = asio::co_spawn(ioc, replayer.run(requests), asio::use_future);
   ioc.run();
   return done.get();
@@ -167,10 +231,9 @@ asio::awaitable<absl::Status> Replayer::run(std::vector<trace::Request> requests
     }
   }
   progress_.total = static_cast<int64_t>(todo.size());
-  if (options_.model.empty() && !todo.empty()) {
-    auto model = co_await discoverModel(*client_);
-    if (!model.ok()) co_return annotate(model.status(), "discovering the served model");
-    options_.model = *model;
+  if (!todo.empty()) {
+    absl::Status reachable = co_await checkEndpoints();
+    if (!reachable.ok()) co_return reachable;
   }
   start_wall_ = now();
   trace_origin_ = todo.empty() ? 0 : todo.front()->arrival;

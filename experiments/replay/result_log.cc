@@ -159,6 +159,7 @@ std::string RequestResult::toJsonLine() const {
   line.field("decision", o.decision);
   line.field("reason", o.reason);
   line.field("predicted_cached_tokens", o.predicted_cached_tokens);
+  if (!endpoint.empty()) line.field("endpoint", endpoint);  // several endpoints only
   line.finish();
   return text;
 }
@@ -202,6 +203,7 @@ absl::StatusOr<RequestResult> RequestResult::fromJsonLine(std::string_view text)
   out.decision = str("decision");
   out.reason = str("reason");
   out.predicted_cached_tokens = integer("predicted_cached_tokens", -1);
+  r.endpoint = str("endpoint");
   return r;
 }
 

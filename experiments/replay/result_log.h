@@ -26,6 +26,7 @@ struct RequestResult {
   double sent_s = 0;     // when it was sent, relative to the replay start
   int64_t input_length = 0;
   int64_t output_length = 0;  // requested
+  std::string endpoint;       // the URL it was sent to, when the replay had several (else empty)
   CompletionOutcome outcome;
 
   // Prompt tokens not served from cache (falls back to the input length when unknown).

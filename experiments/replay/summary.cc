@@ -37,6 +37,11 @@ ReplaySummary summarize(const std::vector<RequestResult>& results, double warmup
     ++s.requests;
     ++row.requests;
     const CompletionOutcome& o = r.outcome;
+    if (!r.endpoint.empty()) {
+      auto& e = s.by_endpoint[r.endpoint];
+      ++e.requests;
+      e.errors += o.ok ? 0 : 1;
+    }
     if (!o.ok) {
       ++s.errors;
       ++row.errors;
@@ -99,6 +104,9 @@ std::string formatSummary(const ReplaySummary& s) {
     out += row("  TTFT", it->second.ttft);
     out += row("  TPOT", it->second.tpot);
     out += row("  E2E", it->second.e2e);
+  }
+  for (const auto& [url, e] : s.by_endpoint) {
+    out += fmt::format("endpoint {}: {} requests, {} errors\n", url, e.requests, e.errors);
   }
   return out;
 }

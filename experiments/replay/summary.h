@@ -31,6 +31,10 @@ struct ReplaySummary {
     Distribution ttft, tpot, e2e;
   };
   std::map<std::string, ClassRow> by_class;  // "WARM", "MEDIUM", "HEAVY"
+  struct EndpointRow {
+    size_t requests = 0, errors = 0;
+  };
+  std::map<std::string, EndpointRow> by_endpoint;  // replays over several endpoints only
 };
 
 // Summarises results; requests whose trace arrival is before `warmup_s` are left out.

@@ -1,8 +1,9 @@
 #!/usr/bin/python3
-"""Router replicas against one router, from `kvf-experiment sim` result directories: per arm,
-the token hit ratio (cached / prompt tokens over the requests) and TTFT p90 of each repetition,
-their mean, and the difference from the baseline arm (the first in arms.txt) paired by
-repetition (the same seed and jitter draws), with a 95% t-interval over the repetitions.
+"""Router replicas against one router, from `kvf-experiment sim` or `run` result directories:
+per arm, the token hit ratio (cached / prompt tokens over the requests) and TTFT p90 of each
+finished repetition (one with a DONE marker), their mean, and the difference from the baseline
+arm (the first in arms.txt) paired by repetition (sim: the same seed and jitter draws; run: the
+arms alternate repetition by repetition), with a 95% t-interval over the repetitions.
 
 usage: replica_summary.py DIR [DIR ...]     (each DIR: experiments/results/<name>)
 """
@@ -48,7 +49,8 @@ def summarize(d):
     figures = {}
     for arm in arms:
         reps = sorted(r for r in os.listdir(os.path.join(d, "arms", arm))
-                      if os.path.isdir(os.path.join(d, "arms", arm, r)))
+                      if os.path.isdir(os.path.join(d, "arms", arm, r)) and
+                      os.path.exists(os.path.join(d, "arms", arm, r, "DONE")))
         figures[arm] = [rep_figures(os.path.join(d, "arms", arm, r, "results.jsonl")) for r in reps]
     base = figures[arms[0]]
     print(f"## {d}")

@@ -21,6 +21,7 @@
 
 #include "common/http_server.h"
 #include "common/json.h"
+#include "common/process.h"
 #include "experiments/replay/replayer.h"
 #include "experiments/replay/summary.h"
 #include "tests/testing/io_thread.h"
@@ -272,6 +273,92 @@ TEST_F(ReplayTest, ResumeAfterCrashNeitherLosesNorDuplicates) {
   std::map<std::string, int> seen;
   for (const auto& r : *loaded) seen[r.request_id]++;
   EXPECT_EQ(seen, (std::map<std::string, int>{{"a", 1}, {"b", 1}, {"c", 1}}));
+}
+
+// Client-side round robin over router replicas: requests are dealt to the endpoints in turn,
+// each result names the one it went to (also after a round trip through the file), and the
+// summary counts per endpoint.
+TEST_F(ReplayTest, SeveralEndpointsAreDealtRequestsInTurn) {
+  ScriptedEndpoint second(io_.context());
+  std::vector<ReplayEndpoint> endpoints = {
+      {"http://127.0.0.1:1",
+       http::HttpClient::create(io_.executor(), "127.0.0.1", endpoint_->port())},
+      {"http://127.0.0.1:2", http::HttpClient::create(io_.executor(), "127.0.0.1", second.port())}};
+  std::string path = (dir_ / "r.jsonl").string();
+  auto log = ResultLog::open(path, false);
+  ASSERT_TRUE(log.ok());
+  ReplayOptions options;
+  options.progress = false;
+  std::vector<trace::Request> requests;
+  for (int i = 0; i < 6; ++i)
+    requests.push_back(makeRequest(fmt::format("q{}", i), i * 0.01, 10, 1));
+  Replayer replayer(std::move(endpoints), options, fakePrompt, log->get());
+  ASSERT_TRUE(
+      io_.run([&]() -> asio::awaitable<absl::Status> { co_return co_await replayer.run(requests); },
+              60s)
+          .ok());
+  // Dispatched in arrival order: even requests to the first, odd ones to the second.
+  auto first = endpoint_->calls(), other = second.calls();
+  EXPECT_EQ(first, (std::map<std::string, int>{{"q0", 1}, {"q2", 1}, {"q4", 1}}));
+  EXPECT_EQ(other, (std::map<std::string, int>{{"q1", 1}, {"q3", 1}, {"q5", 1}}));
+  log->reset();
+  auto loaded = loadResults(path);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(loaded->size(), 6u);
+  for (const auto& r : *loaded) {
+    int i = r.request_id[1] - '0';
+    EXPECT_EQ(r.endpoint, i % 2 == 0 ? "http://127.0.0.1:1" : "http://127.0.0.1:2") << r.request_id;
+  }
+  ReplaySummary summary = summarize(*loaded);
+  ASSERT_EQ(summary.by_endpoint.size(), 2u);
+  EXPECT_EQ(summary.by_endpoint["http://127.0.0.1:1"].requests, 3u);
+  EXPECT_EQ(summary.by_endpoint["http://127.0.0.1:2"].errors, 0u);
+  EXPECT_NE(formatSummary(summary).find("endpoint http://127.0.0.1:2: 3 requests, 0 errors"),
+            std::string::npos);
+}
+
+// A replica URL that nobody answers stops the replay before any request is sent, with an error
+// naming that URL, instead of failing every other request.
+TEST_F(ReplayTest, DeadEndpointIsReportedBeforeAnyRequest) {
+  auto picked = pickFreePort();  // free, nobody listens: connecting to it is refused
+  ASSERT_TRUE(picked.ok());
+  const uint16_t dead = *picked;
+  auto addresses = parseEndpointList(
+      fmt::format("http://127.0.0.1:{},http://127.0.0.1:{}/", endpoint_->port(), dead));
+  ASSERT_TRUE(addresses.ok()) << addresses.status();
+  ASSERT_EQ(addresses->size(), 2u);
+  EXPECT_EQ((*addresses)[1].url, fmt::format("http://127.0.0.1:{}", dead));
+  auto log = ResultLog::open((dir_ / "r.jsonl").string(), false);
+  ASSERT_TRUE(log.ok());
+  ReplayOptions options;
+  options.progress = false;
+  options.timeout = 5s;
+  trace::TokenSynthOptions synth;
+  absl::Status s = replayTrace({makeRequest("a", 0, 10, 1), makeRequest("b", 0.01, 10, 1)},
+                               *addresses, options, synth, log->get());
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_NE(s.message().find(fmt::format("endpoint 2 of 2 (http://127.0.0.1:{})", dead)),
+            std::string::npos)
+      << s;
+  EXPECT_TRUE(endpoint_->calls().empty());
+  EXPECT_TRUE((*log)->results().empty());
+}
+
+TEST(EndpointList, ParsesAndNamesTheBadEntry) {
+  auto one = parseEndpointList("http://127.0.0.1:8000");
+  ASSERT_TRUE(one.ok());
+  EXPECT_EQ((*one)[0].host, "127.0.0.1");
+  EXPECT_EQ((*one)[0].port, 8000);
+  auto two = parseEndpointList("http://a:1, b:2");
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ((*two)[1].url, "b:2");
+  EXPECT_EQ((*two)[1].port, 2);
+  for (const char* bad : {"", "http://a:1,", "http://a:0", "http://a:1,http://b", "http://a:1/v1",
+                          "http://a:99999", "http://a:1,http://a:1", "http://a:1x"}) {
+    auto r = parseEndpointList(bad);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find("--url"), std::string::npos) << bad;
+  }
 }
 
 // The result line is written field by field: the same bytes boost::json::serialize prints for

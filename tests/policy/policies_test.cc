@@ -3,12 +3,16 @@
 // redirect, and the hybrid's > 50% cache gate with deterministic ties and hysteresis.
 #include "policy/holder_set.h"
 #include "policy/policy.h"
+#include "policy/policy_support.h"
 #include "policy/registry.h"
 #include "tests/policy/parse_policy.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <map>
+#include <random>
+#include <string>
 
 #include "common/config.h"
 
@@ -333,6 +337,127 @@ TEST(LargeClusterTest, EveryPolicyDecidesAmong1024Instances) {
   std::vector<int> picks;
   for (int i = 0; i < 3; ++i) picks.push_back(rr->decide(request(10), inst, 0).instance);
   EXPECT_EQ(picks, (std::vector<int>{70, kMaxInstances - 1, 70}));
+}
+
+// hybrid decides in one pass over the snapshots; this reference is the multi-pass form it
+// replaced (lmetric's scores, the average, the gate over every instance, the rotating argmin),
+// written from docs/policies.md. On random clusters (unhealthy instances, tied scores, lower-tier
+// runs, sessions that come back, every gate setting) both must pick the same instance for the
+// same reason with the same scores, decision after decision.
+struct ReferenceHybrid {
+  double gate_fraction = 0.5, overload_factor = 2.0, hysteresis = 0.1, gate_cost_factor = 0;
+  int64_t overload_min_running = 4;
+  TierCreditConfig tiers;
+  size_t cursor = 0;
+  std::map<std::string, int, std::less<>> sessions;
+
+  std::pair<int, std::string_view> decide(const RouteRequest& r,
+                                          const std::vector<InstanceSnapshot>& inst) {
+    const size_t n = inst.size();
+    std::vector<double> score(n), uncached(n);
+    for (size_t i = 0; i < n; ++i) {
+      uncached[i] = support::uncached(r, inst[i], tiers);
+      score[i] = (static_cast<double>(inst[i].pending_prefill_tokens) + uncached[i]) *
+                 static_cast<double>(inst[i].running);
+    }
+    std::string_view reason;
+    int chosen = -1;
+    if (r.prompt_tokens > 0) {
+      const double average = support::averageRunning(inst);
+      double least_work = -1;
+      if (gate_cost_factor > 0) {
+        for (size_t i = 0; i < n; ++i) {
+          const double w = static_cast<double>(inst[i].pending_prefill_tokens) + uncached[i];
+          if (inst[i].healthy && (least_work < 0 || w < least_work)) least_work = w;
+        }
+      }
+      double best_hits = 0;
+      bool overloaded = false, costly = false;
+      for (size_t i = 0; i < n; ++i) {
+        if (!inst[i].healthy) continue;
+        const double hits = tiers::effectiveHits(r, inst[i], tiers);
+        if (hits <= gate_fraction * static_cast<double>(r.prompt_tokens)) continue;
+        if (support::overloaded(inst[i].running, average, overload_factor, overload_min_running)) {
+          overloaded = true;
+          continue;
+        }
+        const double w = static_cast<double>(inst[i].pending_prefill_tokens) + uncached[i];
+        if (least_work >= 0 && w > gate_cost_factor * least_work) {
+          costly = true;
+          continue;
+        }
+        if (chosen < 0 || hits > best_hits || (hits == best_hits && score[i] < score[chosen])) {
+          chosen = static_cast<int>(i);
+          best_hits = hits;
+        }
+      }
+      reason = chosen >= 0  ? "cache_gate"
+               : overloaded ? "gate_overloaded"
+               : costly     ? "gate_costly"
+                            : "";
+    }
+    if (chosen < 0 && n > 0) {
+      chosen = support::argmin(inst, score, uncached, cursor);
+      if (reason.empty()) reason = "lmetric_score";
+      auto last = sessions.find(r.session);
+      if (chosen >= 0 && last != sessions.end() && last->second != chosen &&
+          inst[last->second].healthy && score[last->second] <= score[chosen] * (1.0 + hysteresis)) {
+        chosen = last->second;
+        reason = "hysteresis";
+      }
+    }
+    if (chosen >= 0) {
+      cursor = static_cast<size_t>(chosen) + 1;
+      sessions[std::string(r.session)] = chosen;
+    }
+    return {chosen, chosen < 0 ? std::string_view("no_healthy_instance") : reason};
+  }
+};
+
+TEST(HybridTest, OnePassDecidesAsTheMultiPassReference) {
+  std::mt19937_64 rng(7);
+  const std::vector<double> cost_factors = {0, 1.5, 4};
+  for (double cost_factor : cost_factors) {
+    for (int trial = 0; trial < 40; ++trial) {
+      const int n = trial % 4 == 0 ? 1 + static_cast<int>(rng() % 8)
+                                   : 1 + static_cast<int>(rng() % kMaxInstances);
+      auto policy = createPolicy(parsePolicy(
+          "kind: hybrid\nhybrid: {gate_cost_factor: " + std::to_string(cost_factor) + "}"));
+      ReferenceHybrid ref;
+      ref.gate_cost_factor = cost_factor;
+      ref.tiers = configFor("hybrid").tiers;
+      std::vector<InstanceSnapshot> inst(static_cast<size_t>(n));
+      for (int step = 0; step < 30; ++step) {
+        const int64_t prompt = rng() % 4 == 0 ? 0 : 1 + static_cast<int64_t>(rng() % 40000);
+        for (auto& s : inst) {
+          s.healthy = rng() % 10 != 0;
+          s.running = static_cast<int64_t>(rng() % 6);  // small ranges: many ties
+          s.pending_prefill_tokens = static_cast<int64_t>(rng() % 3) * 4096;
+          s.matched_tokens = rng() % 3 == 0 ? static_cast<int64_t>(rng() % 4) * prompt / 3 : 0;
+          s.cpu_tokens = rng() % 8 == 0 ? static_cast<int64_t>(rng() % 8192) : 0;
+          s.disk_tokens = rng() % 16 == 0 ? static_cast<int64_t>(rng() % 8192) : 0;
+        }
+        RouteRequest r;
+        r.prompt_tokens = prompt;
+        const std::string session = "s" + std::to_string(rng() % 5);
+        r.session = session;
+        auto want = ref.decide(r, inst);
+        auto got = policy->decide(r, inst, step);
+        ASSERT_EQ(got.instance, want.first) << "n=" << n << " step=" << step;
+        ASSERT_EQ(got.reason, want.second) << "n=" << n << " step=" << step;
+        ASSERT_EQ(got.scores.size(), inst.size());
+        for (size_t i = 0; i < inst.size(); ++i) {
+          if (!inst[i].healthy) {
+            ASSERT_TRUE(std::isnan(got.scores[i]));
+          } else {
+            ASSERT_EQ(got.scores[i], (static_cast<double>(inst[i].pending_prefill_tokens) +
+                                      support::uncached(r, inst[i], ref.tiers)) *
+                                         static_cast<double>(inst[i].running));
+          }
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
