@@ -96,10 +96,9 @@ struct HolderPins {
 
 // One put of a push: consecutive blocks that come from one registered region.
 struct PushSegment {
+  // The pool's, the host tier's or the bounce region: which one says where the blocks came from.
   std::shared_ptr<transport::MemoryRegion> source;
   std::vector<transport::BlockCopy> blocks;
-  TierId tier = TierId::kHost;
-  bool pool = false;  // from the engine's pool (tier unused)
 };
 
 }  // namespace agent_internal

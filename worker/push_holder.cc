@@ -117,22 +117,18 @@ std::vector<agent_internal::PushSegment> WorkerAgent::Impl::planPush(
     const agent_internal::TierReads& reads) const {
   std::vector<agent_internal::PushSegment> segments;
   const uint64_t bytes = geometry.block_bytes;
-  auto add = [&](const std::shared_ptr<kt::MemoryRegion>& source, uint64_t offset, size_t i,
-                 TierId tier, bool pool) {
-    if (segments.empty() || segments.back().source != source) {
-      segments.push_back({source, {}, tier, pool});
-    }
+  auto add = [&](const std::shared_ptr<kt::MemoryRegion>& source, uint64_t offset, size_t i) {
+    if (segments.empty() || segments.back().source != source) segments.push_back({source, {}});
     segments.back().blocks.push_back({offset, req.block_addrs[i], bytes});
   };
   const size_t k = std::min(pins.pool.size(), req.block_hashes.size());
-  for (size_t i = 0; i < k; ++i) add(pool_region, pins.pool[i] * bytes, i, TierId::kHost, true);
+  for (size_t i = 0; i < k; ++i) add(pool_region, pins.pool[i] * bytes, i);
   for (size_t j = 0; j < pins.tier_served; ++j) {
     const TierPushBlock& b = pins.tier.blocks[j];
     if (b.tier == TierId::kHost) {
-      add(tier_region, b.offset, k + j, TierId::kHost, false);
+      add(tier_region, b.offset, k + j);
     } else {
-      add(bounce_region, uint64_t{reads.slots[b.offset]} * bounce_stride, k + j, TierId::kDisk,
-          false);
+      add(bounce_region, uint64_t{reads.slots[b.offset]} * bounce_stride, k + j);
     }
   }
   return segments;
@@ -261,8 +257,8 @@ asio::awaitable<absl::StatusOr<protocol::PushResponse>> WorkerAgent::Impl::serve
     out.pushed_bytes = result->bytes;
     out.checksums = result->checksums;
     for (const agent_internal::PushSegment& s : segments) {
-      metrics::Counter* c = s.pool                    ? m.pushed_gpu
-                            : s.tier == TierId::kHost ? m.pushed_cpu
+      metrics::Counter* c = s.source == pool_region   ? m.pushed_gpu
+                            : s.source == tier_region ? m.pushed_cpu
                                                       : m.pushed_disk;
       c->inc(static_cast<double>(s.blocks.size()));
     }
