@@ -43,6 +43,31 @@ std::vector<std::string_view> transferCodings(const Headers& headers) {
   return codings;
 }
 
+// What Beast waits for when it took none of `rest` (the bytes after the chunk data it took)
+// and asked for more.
+enum class ChunkWait {
+  kLineEnd,   // the end of a chunk line
+  kTrailers,  // the empty line that ends the trailer section (it holds the last chunk's line)
+  kNothing,   // a quoted extension runs on past its line's end: Beast can only refuse it
+};
+
+ChunkWait chunkWait(std::string_view rest) {
+  const size_t start = rest.starts_with("\r\n") ? 2 : 0;  // the CRLF after the chunk data
+  const size_t cr = rest.find("\r\n", start);
+  if (cr == std::string_view::npos) return ChunkWait::kLineEnd;
+  // A whole line Beast did not take: the last chunk's (size zero), or one whose extension Beast
+  // reads on past the line's end (a quoted string lasts until its closing quote, wherever that
+  // is), which fails as soon as Beast sees where the string ends.
+  size_t zeros = start;
+  while (zeros < cr && rest[zeros] == '0') ++zeros;
+  const auto hex = [](char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+  };
+  const bool last = zeros > start && !hex(rest[zeros]);
+  if (last && rest.find("\r\n\r\n", cr) == std::string_view::npos) return ChunkWait::kTrailers;
+  return ChunkWait::kNothing;
+}
+
 }  // namespace
 
 RequestParser::RequestParser(const RequestLimits& limits, std::string spare_body)
@@ -221,16 +246,56 @@ std::string RequestParser::takeBodyMemory() {
   return std::move(spare_body_);
 }
 
+bool RequestParser::chunkedMayProgress(std::string_view window) {
+  // Beast answers "need more" until a chunk line's CR has a byte after it (the line ends, or its
+  // ending is malformed) or, once it holds the last chunk's line, until the trailer section ends
+  // with an empty line; in a line's first bytes it can also fail on the CRLF that must follow
+  // the previous chunk's data. Beast keeps its own scan position for most of this, but holding
+  // the last chunk it rescans that line on every call (a long last-chunk line and trailers
+  // trickled a byte at a time cost quadratic time), and each call is shown the whole unconsumed
+  // window: bytes that cannot let it go on are only scanned here, once each.
+  constexpr size_t kLineStart = 8;  // covers "\r\n" + the first bytes of a line
+  if (chunk_seen_ < kLineStart || chunk_seen_ > window.size() ||
+      window.size() == limits_.max_header_bytes) {
+    return true;
+  }
+  const size_t from = chunk_seen_ - 1;  // a CR seen last time may now have its next byte
+  bytes_scanned_ += window.size() - from;
+  bool may = false;
+  if (awaiting_trailers_) {
+    for (size_t i = chunk_seen_; i < window.size() && !may; ++i) {
+      may = window[i] == '\n' && window.substr(i - 3, 4) == "\r\n\r\n";
+    }
+  } else {
+    // A CR with a byte after it: the line ends there, or its ending is malformed.
+    size_t cr = window.find('\r', from);
+    may = cr != std::string_view::npos && cr + 1 < window.size();
+  }
+  if (!may) chunk_seen_ = window.size();
+  return may;
+}
+
 size_t RequestParser::putChunked(std::string_view bytes) {
   // Beast takes chunk data as it comes but waits for a whole chunk line or trailer section,
   // however long. Showing it at most a header's worth at a time bounds what it waits for, and
   // the outcome does not depend on how the bytes arrived (a long line fails the same way
   // whether it came in one read or many).
   std::string_view window = bytes.substr(0, limits_.max_header_bytes);
+  if (!chunkedMayProgress(window)) return 0;
+  bytes_scanned_ += window.size();
   boost::system::error_code ec;
   size_t used = parser_.put(boost::asio::const_buffer(window.data(), window.size()), ec);
   chunked_wire_bytes_ += used;
-  if (ec == bhttp::error::need_more) ec = {};
+  chunk_seen_ = 0;
+  ChunkWait wait = ChunkWait::kLineEnd;
+  if (ec == bhttp::error::need_more) {
+    ec = {};
+    std::string_view rest = window.substr(used);
+    bytes_scanned_ += rest.size();
+    wait = chunkWait(rest);
+    chunk_seen_ = rest.size();
+    awaiting_trailers_ = wait == ChunkWait::kTrailers;
+  }
   if (ec) {
     failFromParser(ec);
   } else if (chunked_wire_bytes_ > limits_.max_body_bytes) {
@@ -240,6 +305,10 @@ size_t RequestParser::putChunked(std::string_view bytes) {
   } else if (parser_.is_done()) {
     request_.body = std::move(parser_.get().body());
     state_ = State::kDone;
+  } else if (wait == ChunkWait::kNothing) {
+    // Refused now, not when the string's end arrives, so the outcome does not depend on
+    // whether it arrives before the header limit or the peer's close.
+    failFromParser(bhttp::error::bad_chunk_extension);
   } else if (used == 0 && window.size() == limits_.max_header_bytes) {
     fail(431,
          strCat("chunk line or trailer section longer than ", limits_.max_header_bytes, " bytes"));
