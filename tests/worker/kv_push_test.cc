@@ -32,6 +32,8 @@ namespace fs = std::filesystem;
 namespace bj = boost::json;
 using Clock = std::chrono::steady_clock;
 
+constexpr int kAmpleDeadlineMs = 20'000;
+
 struct Engine {
   std::unique_ptr<Process> proc;
   int port = 0;
@@ -168,9 +170,13 @@ class KvPushTest : public ::testing::Test {
     for (int i = 0; i < n; ++i) s += (i ? "," : "") + std::to_string(1000 + (i * 7 + salt) % 9000);
     return s + "]";
   }
-  static std::string source(const Engine& c, int deadline_ms = 0) {
-    std::string d = deadline_ms > 0 ? R"(, "deadline_ms": )" + std::to_string(deadline_ms) : "";
-    return R"(, "kv_transfer_params": {"source": ")" + c.workerUrl() + "\"" + d + "}";
+  // kv_transfer_params naming `c` as the source. The default deadline is long enough for a
+  // loaded machine (the engine's own default, the modelled transfer + 100 ms, is not: a first
+  // push between two engines also learns the peer and opens its endpoint): a test that checks
+  // what moves must not fall back because the machine is busy. Tests of the deadline pass one.
+  static std::string source(const Engine& c, int deadline_ms = kAmpleDeadlineMs) {
+    return R"(, "kv_transfer_params": {"source": ")" + c.workerUrl() + R"(", "deadline_ms": )" +
+           std::to_string(deadline_ms) + "}";
   }
   static int64_t cached(bj::object& o) {
     return o["usage"].as_object()["prompt_tokens_details"].as_object()["cached_tokens"].as_int64();
@@ -533,18 +539,21 @@ TEST_F(KvPushTest, CorruptedBlocksAreRejected) {
   complete(c, prompt, "");
   complete(c2, prompt2, "");
   double seconds = 0;
-  bj::object r = complete(d, prompt, source(c, 500), &seconds);
+  // The damage, not the deadline, ends each fetch: the reason names it, and the request is
+  // answered long before the deadline (with a deadline a loaded machine cannot miss, the
+  // completion notice that carries the checksums always arrives).
+  bj::object r = complete(d, prompt, source(c), &seconds);
   EXPECT_EQ(std::string(result(r)["status"].as_string()), "fallback") << r;
   EXPECT_NE(std::string(result(r)["reason"].as_string()).find("checksum mismatch"),
             std::string::npos)
       << r;
-  EXPECT_LT(seconds, 0.7);
-  bj::object r2 = complete(d, prompt2, source(c2, 500), &seconds);
+  EXPECT_LT(seconds, kAmpleDeadlineMs / 2000.0);
+  bj::object r2 = complete(d, prompt2, source(c2), &seconds);
   EXPECT_EQ(std::string(result(r2)["status"].as_string()), "fallback") << r2;
   EXPECT_NE(std::string(result(r2)["reason"].as_string()).find("does not match its hash"),
             std::string::npos)
       << r2;
-  EXPECT_LT(seconds, 0.7);
+  EXPECT_LT(seconds, kAmpleDeadlineMs / 2000.0);
   // Nothing damaged entered D's cache: D now serves the prompt to E, which verifies it.
   Engine& e = start("E");
   bj::object r3 = complete(e, prompt, source(d));
