@@ -5,7 +5,9 @@
 // notice naming the landing) without involving the engine's scheduler, then unpins them (and
 // releases the lease the request names) on the engine thread.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <utility>
 
 #include "common/log.h"
 #include "common/status.h"
@@ -43,6 +45,27 @@ absl::StatusOr<std::shared_ptr<kt::MemoryRegion>> corruptCopy(kt::TransportConte
   return scratch;
 }
 
+// One push's share of the agent's count of disk reads that may still write into its bounce
+// region, which the agent's destruction waits to see at zero. Released once the reads are
+// reported, or when whoever holds it is destroyed without reporting: the engine's pin task
+// dropped unrun (an engine thread stopped before the agent), or the store's callback dropped
+// uncalled. Held by one thread at a time.
+class TierReadsClaim {
+ public:
+  explicit TierReadsClaim(std::shared_ptr<std::atomic<int64_t>> count) : count_(std::move(count)) {
+    if (count_ != nullptr) count_->fetch_add(1);
+  }
+  TierReadsClaim(TierReadsClaim&&) noexcept = default;
+  TierReadsClaim& operator=(TierReadsClaim&&) = delete;
+  ~TierReadsClaim() { release(); }
+  void release() {
+    if (count_ != nullptr) std::exchange(count_, nullptr)->fetch_sub(1);
+  }
+
+ private:
+  std::shared_ptr<std::atomic<int64_t>> count_;
+};
+
 }  // namespace
 
 asio::awaitable<agent_internal::HolderPins> WorkerAgent::Impl::pinForPush(
@@ -64,20 +87,22 @@ asio::awaitable<agent_internal::HolderPins> WorkerAgent::Impl::pinForPush(
     buffers.emplace_back(base + uint64_t{slot} * bounce_stride, geometry.block_bytes);
   }
   const bool tiers = tier_region != nullptr;
-  if (tiers) tier_reads_in_flight->fetch_add(1);
+  TierReadsClaim claim(tiers ? tier_reads_in_flight : nullptr);
   // Named: GCC 12 mishandles temporaries inside co_await.
   auto pin = [this, tiers, hashes = req.block_hashes, buffers = std::move(buffers), reads,
-              in_flight = tier_reads_in_flight]() mutable {
+              claim = std::move(claim)]() mutable {
     agent_internal::HolderPins p;
     p.pool = adapter.pinLeadingRun(hashes);
     if (!tiers) return p;
-    auto on_read = [this, reads, in_flight](size_t intact) mutable {
-      asio::post(ioc, [reads = std::move(reads), intact] {
+    // Runs on the store's thread, possibly after the agent is gone (its destruction stops
+    // waiting after a while): it reaches the io_context, never the agent.
+    auto on_read = [io = &ioc, reads, claim = std::move(claim)](size_t intact) mutable {
+      asio::post(*io, [reads = std::move(reads), intact] {
         reads->done = true;
         reads->intact = intact;
         if (reads->waiter != nullptr) reads->waiter->cancel();
       });
-      in_flight->fetch_sub(1);  // last: the agent may go once nothing reads into its memory
+      claim.release();  // last: the agent may go once nothing reads into its memory
     };
     const size_t k = std::min(p.pool.size(), hashes.size());
     if (k < hashes.size()) {

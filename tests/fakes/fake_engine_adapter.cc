@@ -130,7 +130,15 @@ worker::PayloadRegion FakeEngineAdapter::payloadRegion() const {
 Nanos FakeEngineAdapter::now() const { return clock_.load(); }
 
 void FakeEngineAdapter::post(absl::AnyInvocable<void() &&> fn) {
+  posted_.fetch_add(1);
   boost::asio::post(engine_.context(), [fn = std::move(fn)]() mutable { std::move(fn)(); });
+}
+
+void FakeEngineAdapter::haltWhen(std::shared_future<void> resume) {
+  boost::asio::post(engine_.context(), [this, resume] {
+    resume.wait();
+    engine_.context().stop();
+  });
 }
 
 void FakeEngineAdapter::onEngineThreadCheck(const char* what) {

@@ -6,8 +6,10 @@
 // got back, so a write arriving after the release shows up in markersIntact().
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <future>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -53,6 +55,12 @@ class FakeEngineAdapter final : public worker::EngineAdapter {
   // `store` (which must outlive the adapter), as an engine with lower tiers does.
   void attachTiers(worker::TieredStore& store);
   size_t pinnedTierRuns();
+  // Test thread: the engine thread stops once `resume` is ready, as an engine that shut down
+  // before its agent: what is posted after this call never runs (it goes with the adapter), and
+  // onEngine() must not be called any more.
+  void haltWhen(std::shared_future<void> resume);
+  // Any thread: the tasks the agent posted to the engine thread so far.
+  size_t postedTasks() const { return posted_.load(); }
   // Runs `fn` on the engine thread and waits for it.
   template <class Fn>
   auto onEngine(Fn fn) {
@@ -90,6 +98,7 @@ class FakeEngineAdapter final : public worker::EngineAdapter {
   std::vector<worker::BlockIndex> released_blocks_;  // marker must survive
   std::vector<std::pair<worker::BlockHash, worker::BlockIndex>> taken_;
   std::atomic<Nanos> clock_{0};
+  std::atomic<size_t> posted_{0};
   std::thread::id engine_thread_;
   std::unique_ptr<worker::TierPushSource> tier_push_;  // engine thread, once attached
   testing::IoThread engine_;

@@ -9,8 +9,10 @@
 
 #include <atomic>
 #include <filesystem>
+#include <future>
 #include <thread>
 
+#include "tests/testing/poll.h"
 #include "tests/testing/temp_dir.h"
 #include "tests/worker/agent_fixture.h"
 #include "worker/block_payload.h"
@@ -213,6 +215,55 @@ TEST_F(TierPushTest, EveryTransportOperationFailingUnpinsEveryTier) {
         return holder(3, std::move(tiers));
       },
       8, 8);  // expect, 3 x (post, write), notice
+}
+
+// Teardown in the order every owner uses (stop the agent, stop the agent thread, stop the
+// engine thread, destroy the agent, then the io_context and the memory) with a push in flight
+// whose pin of the disk blocks the engine thread never ran, a lease open and the receiver's
+// fetch waiting. The agent's destruction waits for disk reads still writing into its bounce
+// region; a pin dropped unrun starts none, so it must not wait (it gives up only after 5 s).
+// Run under the asan/tsan lanes, the same rounds check that nothing outlives what it uses.
+TEST_F(TierPushTest, AnAgentWhoseEngineStoppedMidPushGoesAtOnce) {
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    teardown();
+    fabric_ = std::make_unique<FakeFabric>();
+    io_ = std::make_unique<testing::IoThread>();
+    auto tiers = tierStore(2, kvf::testing::freshTempDir("tier_push_teardown"));
+    offload(*tiers, {4, 5, 6, 7, 100, 101});
+    // Lease expiry checks would post to the engine thread too: hourly, so that what is posted
+    // below is the push's pin.
+    Node& c = node("C", "s3cret", std::chrono::hours(1), std::move(tiers));
+    holdOn(c, 4);
+    Node& d = node("D");
+    const std::vector<BlockHash> leased = hashes(4);
+    EXPECT_EQ(
+        c.engine->onEngine([&] { return c.agent->holdLease("l1", leased, kNanosPerSecond * 600); })
+            .size(),
+        4u);
+    std::promise<void> resume;
+    c.engine->haltWhen(resume.get_future().share());
+    const size_t posted = c.engine->postedTasks();
+    RemoteKvFetch f;
+    f.id = "f1";
+    f.source = c.agent->url();
+    f.hashes = hashes(8);
+    for (BlockIndex b = 40; b < 48; ++b) f.blocks.push_back(b);
+    f.deadline = kAmple;
+    d.engine->expectFetch(f.id, f.hashes, f.blocks);
+    d.agent->fetch(std::move(f));
+    // C's pin of the run is queued behind the halt.
+    ASSERT_TRUE(kvf::testing::eventually([&] { return c.engine->postedTasks() > posted; }, kAmple));
+    resume.set_value();
+    for (auto& n : nodes_) runOnIo([&] { n->agent->stop(); });
+    io_->stop();
+    for (auto& n : nodes_) n->engine.reset();
+    const auto start = Clock::now();
+    c.agent.reset();
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    EXPECT_LT(seconds, 2.5) << "the agent waited for disk reads that never started";
+    nodes_.clear();
+  }
 }
 
 TEST(TierPushSourceTest, EvictionsRacingAPushNeverFreeAPinnedSlot) {
