@@ -9,7 +9,11 @@ kv_events/stream/frames.jsonl: every [topic, seq, payload] message two vLLM v0.2
 published), never by kvfabric: one ZMQ PUB per engine with vLLM's replay socket (ROUTER, v0.25
 framing), and a minimal HTTP face per engine (/health, and /metrics with
 vllm:cache_config_info so the router learns each engine's KV capacity). kvf-router runs on its
-defaults plus the instance list and the LoRA adapters. At each checkpoint of expected.json the
+defaults plus the instance list and the LoRA adapters. Each publisher is an XPUB socket (on the
+wire a PUB to the router's SUB) so that it can hold its first frame until the router's
+subscription has arrived: a PUB drops what it sends before then, and a router that joins a
+silent stream late only learns the missed batches on the next one, which this fixture never
+sends. At each checkpoint of expected.json the
 frames published before it are sent, the router is polled until it applied them, and every
 follow-up request goes to POST /admin/match; its prediction per engine is compared with the
 cached tokens vLLM's own prefix-cache rules give (vllm_prefix_cache.py). Exit 0 when every
@@ -41,7 +45,10 @@ class Engine:
 
     def __init__(self, ctx, name, num_gpu_blocks):
         self.name = name
-        self.pub = ctx.socket(zmq.PUB)
+        # XPUB: PUB on the wire, but the router's subscription is visible (wait_subscribed).
+        self.pub = ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.SNDHWM, 0)
+        self.subscribed = False
         self.pub_port = self.pub.bind_to_random_port("tcp://127.0.0.1")
         self.replay = ctx.socket(zmq.ROUTER)
         self.replay_port = self.replay.bind_to_random_port("tcp://127.0.0.1")
@@ -63,6 +70,13 @@ class Engine:
 
         self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def wait_subscribed(self, deadline):
+        while not self.subscribed:
+            if time.time() > deadline:
+                raise SystemExit("kvf-router never subscribed to %s's events" % self.name)
+            if self.pub.poll(50):
+                self.subscribed = self.pub.recv()[:1] == b"\x01"
 
     def publish(self, topic, seq, payload):
         with self.lock:
@@ -161,6 +175,7 @@ def main():
             while next_frame < len(frames) and any(published[n] < want[n] for n in want):
                 fr = frames[next_frame]
                 next_frame += 1
+                engines[fr["engine"]].wait_subscribed(deadline)
                 engines[fr["engine"]].publish(bytes.fromhex(fr["topic_hex"]),
                                               bytes.fromhex(fr["seq_hex"]),
                                               bytes.fromhex(fr["payload_hex"]))
