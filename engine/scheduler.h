@@ -201,6 +201,11 @@ class Scheduler {
   void scheduleRunning(std::vector<Scheduled>& scheduled, int64_t& budget, int& preempted,
                        StepResult& result);
   void admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget, StepResult& result);
+  // Requests back from an onboard or a remote-KV fetch wait in the queue holding their blocks.
+  // With nothing running nothing else frees a block, so a head that cannot get its blocks
+  // would wait forever: the requests behind it give theirs back (counted as preemptions) and
+  // the head tries again. Returns whether any did.
+  bool releaseWaitingHolds();
   // The part of the remote spec worth fetching after `local` cached blocks (scheduler_remote.cc).
   std::vector<BlockHash> remoteRun(const Request& r, size_t local, size_t max_blocks) const;
   // Holds `cached`, allocates landing blocks for `run` and sets r aside waiting for them; false

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 #include <variant>
@@ -423,6 +424,48 @@ TEST(TierEngineTest, UsageReportsTheTiersShareOfTheCachedTokens) {
   EXPECT_EQ(tiered["cached_tokens"].as_int64(), 320);
   EXPECT_EQ(tiered["kvf_cpu_cached_tokens"].as_int64(), 192);
   EXPECT_EQ(tiered["kvf_disk_cached_tokens"].as_int64(), 64);
+}
+
+// Three requests whose prefixes come back from host memory at once, each needing more than
+// the pool has left once the others' onboards hold their blocks: an onboarded request waiting
+// for the rest of its blocks while the others hold theirs must not stall the engine (nothing
+// runs, so nothing would ever free a block). Every request finishes, in bounded steps.
+TEST(TierEngineTest, OnboardedRequestsHoldingBlocksNeverDeadlockThePool) {
+  EngineConfig c = tierConfig("host: {capacity_mib: 1}\n");
+  auto core = accountedCore(c);
+  ASSERT_NE(core, nullptr);
+  Nanos now = 0;
+  // Prefixes of 12 blocks each, served and then evicted to host memory by a 30-block filler.
+  for (int p = 0; p < 3; ++p) serve(*core, request("p" + std::to_string(p), 12, 10 + p), now);
+  serve(*core, request("filler", 30, 99), now);
+  // Each follow-up: its 12 cached blocks plus 10 new ones (22 of the pool's 32).
+  std::vector<std::string> ids;
+  for (int p = 0; p < 3; ++p) {
+    std::vector<TokenId> prompt = promptOf(12 * kBlock, 10 + p);
+    std::vector<TokenId> more = promptOf(10 * kBlock + 5, 50 + p);
+    prompt.insert(prompt.end(), more.begin(), more.end());
+    ids.push_back("q" + std::to_string(p));
+    ASSERT_TRUE(core->add(spec(ids.back(), prompt, 2), now).ok());
+  }
+  std::set<std::string> finished;
+  int64_t onboarded = 0;
+  StepResult r;
+  for (int i = 0; i < 10'000 && finished.size() < ids.size(); ++i) {
+    if (!core->hasWork()) {
+      std::optional<Nanos> ready = core->nextOnboardReady();
+      ASSERT_TRUE(ready.has_value()) << "nothing runs and nothing is onboarding";
+      now = std::max(now, *ready);
+    }
+    core->step(now, &r);
+    now += std::max<Nanos>(r.duration, 1'000'000);
+    for (const RequestOutput& o : r.outputs) {
+      if (!o.finish) continue;
+      finished.insert(o.id);
+      onboarded += o.tier_tokens;
+    }
+  }
+  EXPECT_EQ(finished.size(), ids.size()) << "the engine stalled with requests holding blocks";
+  EXPECT_GT(onboarded, 0);
 }
 
 }  // namespace
