@@ -9,11 +9,10 @@
 
 #include <gtest/gtest.h>
 
-#include "engine/accounted_tiers.h"
 #include "engine/engine_core.h"
-#include "engine/live_tiers.h"
 #include "engine/virtual_run.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/engine/tier_test_util.h"
 #include "worker/tiers/tier_config.h"
 
 namespace kvf::engine {
@@ -41,21 +40,7 @@ EngineConfig onboardConfig(OnboardMode mode) {
 }
 
 std::unique_ptr<EngineCore> makeCore(const EngineConfig& c, bool live) {
-  std::unique_ptr<LowerTiers> tiers;
-  if (live) {
-    LiveTiersOptions o;
-    o.store = *c.tiers;
-    o.block_size = c.cache.block_size;
-    auto t = LiveTiers::create(o);
-    EXPECT_TRUE(t.ok()) << t.status();
-    if (!t.ok()) return nullptr;
-    tiers = std::move(*t);
-  } else {
-    tiers = std::make_unique<AccountedTiers>(*c.tiers);
-  }
-  auto core = EngineCore::create(c, nullptr, std::move(tiers));
-  EXPECT_TRUE(core.ok()) << core.status();
-  return core.ok() ? std::move(*core) : nullptr;
+  return live ? testing::liveCore(c, nullptr) : testing::accountedCore(c);
 }
 
 std::vector<TokenId> prefixed(int salt) {
