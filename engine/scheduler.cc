@@ -499,10 +499,11 @@ void Scheduler::step(Nanos now, StepResult* into) {
   const Nanos compute = result.duration;
   for (auto& [r, n] : scheduled) {
     if (r->kv_ready_at < 0) continue;
-    // Layer-wise push: layer l of this step needs layer l of the pushed KV, so the step ends
-    // no earlier than the last layer's arrival plus one layer's share of the compute.
-    Nanos layers = std::max(1, timing_->profile().model.num_layers);
-    result.duration = std::max(result.duration, r->kv_ready_at + compute / layers - now);
+    // Layer-wise push or onboard: the forward pass runs layer by layer over the whole batch,
+    // and layer l waits for layer l of this request's KV. Only the KV still arriving adds to
+    // the step; requests in it without such KV add their compute alone (in `compute`).
+    result.duration =
+        std::max(result.duration, timing_->layeredStepDuration(compute, now, r->kv_ready_at));
     r->kv_ready_at = -1;
   }
   const Nanos end = now + result.duration;

@@ -42,7 +42,10 @@ struct SchedulerConfig {
   int64_t vocab_size = 151936;
   int64_t eos_token_id = -1;               // -1: the profile's (set by finalizeEngineConfig)
   uint64_t hash_seed = 0x6b7666656e67ULL;  // engine-specific block-hash seed
-  KeyedBlockHasher keyed_hasher;           // not from YAML: set by a simulator
+  // When a request onboarding from the lower tiers may run (EngineCore applies it): after the
+  // whole onboard (vLLM's OffloadingConnector) or once the first layer's share is in.
+  OnboardMode onboard = OnboardMode::kWhole;
+  KeyedBlockHasher keyed_hasher;  // not from YAML: set by a simulator
   // Not from YAML: false leaves RequestOutput::id empty, for a driver that finds its requests by
   // RequestSpec::tag (a simulator: a copy of the id string per output per step saved).
   bool output_ids = true;

@@ -19,6 +19,7 @@
 #include "engine/openai_api.h"
 #include "engine/virtual_run.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/engine/tier_test_util.h"
 #include "tests/testing/temp_dir.h"
 #include "worker/block_payload.h"
 #include "worker/tiers/tier_config.h"
@@ -26,6 +27,8 @@
 namespace kvf::engine {
 namespace {
 
+using testing::accountedCore;
+using testing::liveCore;
 using testing::makeConfig;
 using testing::promptOf;
 using testing::spec;
@@ -64,26 +67,6 @@ std::string diskYaml(const std::filesystem::path& dir, int disk_mib,
          "disk: {dir: " +
          dir.string() + ", capacity_mib: " + std::to_string(disk_mib) + ", file_mib: 1" + extra +
          "}\n";
-}
-
-std::unique_ptr<EngineCore> liveCore(const EngineConfig& c, worker::KvEventSink* sink,
-                                     LiveTiers** tiers_out = nullptr) {
-  LiveTiersOptions o;
-  o.store = *c.tiers;
-  o.block_size = c.cache.block_size;
-  auto tiers = LiveTiers::create(o);
-  EXPECT_TRUE(tiers.ok()) << tiers.status();
-  if (!tiers.ok()) return nullptr;
-  if (tiers_out != nullptr) *tiers_out = tiers->get();
-  auto core = EngineCore::create(c, sink, std::move(*tiers));
-  EXPECT_TRUE(core.ok()) << core.status();
-  return core.ok() ? std::move(*core) : nullptr;
-}
-
-std::unique_ptr<EngineCore> accountedCore(const EngineConfig& c) {
-  auto core = EngineCore::create(c, nullptr, std::make_unique<AccountedTiers>(*c.tiers));
-  EXPECT_TRUE(core.ok()) << core.status();
-  return core.ok() ? std::move(*core) : nullptr;
 }
 
 // A live core over host memory (256 slots) and a disk tier in a fresh folder.
