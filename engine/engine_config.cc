@@ -28,6 +28,15 @@ void parseScheduler(config::ConfigMap& m, SchedulerConfig* s) {
   m.get("long_prefill_token_threshold", &s->long_prefill_token_threshold, 0, int64_t{1} << 24);
   m.get("hash_seed", &s->hash_seed, 0, ~uint64_t{0});
   m.get("eos_token_id", &s->eos_token_id, -1, int64_t{1} << 24);
+  std::string onboard = s->onboard == OnboardMode::kLayerwise ? "layerwise" : "whole";
+  m.get("onboard", &onboard);
+  if (onboard == "whole") {
+    s->onboard = OnboardMode::kWhole;
+  } else if (onboard == "layerwise") {
+    s->onboard = OnboardMode::kLayerwise;
+  } else {
+    m.fail("onboard", strCat("must be whole or layerwise, got '", onboard, "'"));
+  }
   m.rejectUnknownKeys();
 }
 

@@ -15,6 +15,7 @@ absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::create(const EngineConfi
                                                                std::unique_ptr<LowerTiers> tiers) {
   std::unique_ptr<EngineCore> core(new EngineCore());
   core->tiers_ = std::move(tiers);
+  core->onboard_mode_ = config.scheduler.onboard;
   core->timing_ = std::make_unique<TimingModel>(config.profile);
   KvPoolOptions pool_options;
   pool_options.block_size = config.cache.block_size;
@@ -80,8 +81,12 @@ void EngineCore::startOnboards(const StepResult& result, Nanos now) {
     dst.reserve(o.blocks.size());
     for (BlockIndex b : o.blocks) dst.push_back(pool_->payload(b));
     p.copy = tiers_->onboard(o.hashes, dst);
-    p.ready_at = now + timing_->onboardDuration(static_cast<int64_t>(o.host_blocks) * bs,
-                                                static_cast<int64_t>(o.disk_blocks) * bs);
+    const auto host = static_cast<int64_t>(o.host_blocks) * bs;
+    const auto disk = static_cast<int64_t>(o.disk_blocks) * bs;
+    p.ready_at = now + timing_->onboardReadyDuration(onboard_mode_, host, disk);
+    if (onboard_mode_ == OnboardMode::kLayerwise) {
+      p.kv_ready_at = now + timing_->onboardDuration(host, disk);
+    }
     onboards_.push_back(std::move(p));
   }
 }
@@ -116,7 +121,7 @@ void EngineCore::finishOnboards(Nanos now) {
       scheduler_->releaseRemoteKvLanding(p.id);
     } else {
       size_t good = verifiedPrefix(p);
-      absl::Status s = good > 0 ? scheduler_->completeRemoteKv(p.id, good, now)
+      absl::Status s = good > 0 ? scheduler_->completeRemoteKv(p.id, good, now, p.kv_ready_at)
                                 : scheduler_->failRemoteKv(p.id, now, false);
       (void)s;  // the request waits for exactly this onboard: it cannot be gone
     }

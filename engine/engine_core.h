@@ -42,10 +42,12 @@
 // KV tiers (optional, EngineCore::create's `tiers`): the pool offloads every cached block it
 // evicts; admission looks up the prefix past the G1 hit below and the request waits aside
 // (kWaitingForRemoteKv, not in hasWork()) while the core onboards it. The onboard is ready at its
-// start + TimingModel::onboardDuration (swap-in finishes before the step that needs it) and once
-// the tiers' copies are done; step() then completes it with the leading blocks that arrived
-// intact (a block that failed its check and everything after it is recomputed). A driver with no
-// other work steps again at nextOnboardReady().
+// start + TimingModel::onboardReadyDuration of the config's scheduler.onboard mode (kWhole: the
+// whole onboard, swap-in finishes before the step that needs it; kLayerwise: its first layer,
+// and the first step computing the request then ends no earlier than the whole onboard plus one
+// layer's share of the step) and once the tiers' copies are done; step() then completes it with
+// the leading blocks that arrived intact (a block that failed its check and everything after it
+// is recomputed). A driver with no other work steps again at nextOnboardReady().
 //
 // KV push, holder side: pinLeadingRun() / unpin() keep blocks from eviction during a push
 // without involving the scheduler.
@@ -144,8 +146,9 @@ class EngineCore {
     std::vector<BlockHash> hashes;
     std::vector<BlockIndex> blocks;
     std::unique_ptr<TierOnboard> copy;
-    Nanos ready_at = 0;
-    bool aborted = false;  // its landing blocks are quarantined until the copy is done
+    Nanos ready_at = 0;      // when the request may run
+    Nanos kv_ready_at = -1;  // layer-wise: when its KV is complete (-1: at ready_at)
+    bool aborted = false;    // its landing blocks are quarantined until the copy is done
   };
   void startOnboards(const StepResult& result, Nanos now);
   void finishOnboards(Nanos now);
@@ -155,6 +158,7 @@ class EngineCore {
   std::unique_ptr<LowerTiers> tiers_;  // declared first: the pool refers to it until destroyed
   std::vector<PendingOnboard> onboards_;
   uint64_t onboard_payload_mismatches_ = 0;
+  OnboardMode onboard_mode_ = OnboardMode::kWhole;
   std::unique_ptr<TimingModel> timing_;
   std::unique_ptr<KvPool> pool_;
   std::unique_ptr<Scheduler> scheduler_;

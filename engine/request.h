@@ -119,8 +119,9 @@ struct Request {
   std::vector<worker::TierId> onboard_tiers;  // per landing block, where the lookup found it
   int64_t tier_tokens = 0;                    // tokens onboarded from the lower tiers
   int64_t tier_disk_tokens = 0;               // of tier_tokens, those read from disk
-  // Layer-wise push: the pushed KV is complete at this engine time (-1: already there); the
-  // first step computing this request cannot end before it plus one layer's share of the step.
+  // Layer-wise push or onboard: the KV landing layer by layer is complete at this engine time
+  // (-1: already there); the first step computing this request cannot end before it plus one
+  // layer's share of the step (TimingModel::layeredStepDuration).
   Nanos kv_ready_at = -1;
   std::optional<Nanos> remote_decode_lease;
   Nanos remote_decode_lease_cap = 0;

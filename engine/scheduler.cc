@@ -199,6 +199,25 @@ void Scheduler::preempt(Request& r, std::vector<Scheduled>& scheduled, int64_t& 
   waiting_.push_front(&r);
 }
 
+bool Scheduler::releaseWaitingHolds() {
+  bool released = false;
+  for (size_t i = 1; i < waiting_.size(); ++i) {
+    Request& r = *waiting_[i];
+    if (r.blocks.empty()) continue;
+    std::reverse(r.blocks.begin(), r.blocks.end());
+    pool_->release(r.blocks);  // landed blocks stay cached: its admission may find them again
+    r.blocks.clear();
+    r.num_computed_tokens = 0;
+    r.num_cached_blocks = 0;
+    r.local_hit_tokens = 0;
+    r.kv_ready_at = -1;
+    ++r.num_preemptions;
+    ++stats_.num_preemptions;
+    released = true;
+  }
+  return released;
+}
+
 void Scheduler::scheduleRunning(std::vector<Scheduled>& scheduled, int64_t& budget, int& preempted,
                                 StepResult& result) {
   std::vector<Request*>& order = order_;
@@ -461,6 +480,9 @@ void Scheduler::step(Nanos now, StepResult* into) {
   expireLeases(now);
   scheduleRunning(scheduled, budget, preempted, result);
   if (preempted == 0) admitWaiting(scheduled, budget, result);
+  if (running_.empty() && !waiting_.empty() && releaseWaitingHolds()) {
+    admitWaiting(scheduled, budget, result);
+  }
   if (scheduled.empty()) return;
 
   std::vector<BatchEntry>& batch = batch_;
@@ -477,10 +499,11 @@ void Scheduler::step(Nanos now, StepResult* into) {
   const Nanos compute = result.duration;
   for (auto& [r, n] : scheduled) {
     if (r->kv_ready_at < 0) continue;
-    // Layer-wise push: layer l of this step needs layer l of the pushed KV, so the step ends
-    // no earlier than the last layer's arrival plus one layer's share of the compute.
-    Nanos layers = std::max(1, timing_->profile().model.num_layers);
-    result.duration = std::max(result.duration, r->kv_ready_at + compute / layers - now);
+    // Layer-wise push or onboard: the forward pass runs layer by layer over the whole batch,
+    // and layer l waits for layer l of this request's KV. Only the KV still arriving adds to
+    // the step; requests in it without such KV add their compute alone (in `compute`).
+    result.duration =
+        std::max(result.duration, timing_->layeredStepDuration(compute, now, r->kv_ready_at));
     r->kv_ready_at = -1;
   }
   const Nanos end = now + result.duration;

@@ -42,7 +42,10 @@ struct SchedulerConfig {
   int64_t vocab_size = 151936;
   int64_t eos_token_id = -1;               // -1: the profile's (set by finalizeEngineConfig)
   uint64_t hash_seed = 0x6b7666656e67ULL;  // engine-specific block-hash seed
-  KeyedBlockHasher keyed_hasher;           // not from YAML: set by a simulator
+  // When a request onboarding from the lower tiers may run (EngineCore applies it): after the
+  // whole onboard (vLLM's OffloadingConnector) or once the first layer's share is in.
+  OnboardMode onboard = OnboardMode::kWhole;
+  KeyedBlockHasher keyed_hasher;  // not from YAML: set by a simulator
   // Not from YAML: false leaves RequestOutput::id empty, for a driver that finds its requests by
   // RequestSpec::tag (a simulator: a copy of the id string per output per step saved).
   bool output_ids = true;
@@ -201,6 +204,11 @@ class Scheduler {
   void scheduleRunning(std::vector<Scheduled>& scheduled, int64_t& budget, int& preempted,
                        StepResult& result);
   void admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget, StepResult& result);
+  // Requests back from an onboard or a remote-KV fetch wait in the queue holding their blocks.
+  // With nothing running nothing else frees a block, so a head that cannot get its blocks
+  // would wait forever: the requests behind it give theirs back (counted as preemptions) and
+  // the head tries again. Returns whether any did.
+  bool releaseWaitingHolds();
   // The part of the remote spec worth fetching after `local` cached blocks (scheduler_remote.cc).
   std::vector<BlockHash> remoteRun(const Request& r, size_t local, size_t max_blocks) const;
   // Holds `cached`, allocates landing blocks for `run` and sets r aside waiting for them; false

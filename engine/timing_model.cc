@@ -93,6 +93,7 @@ absl::StatusOr<Profile> loadProfile(const std::string& path) {
 TimingModel::TimingModel(Profile profile) : profile_(std::move(profile)) {
   const ModelShape& m = profile_.model;
   kv_bytes_per_token_ = 2.0 * m.num_layers * m.num_kv_heads * m.head_dim * m.dtype_bytes;
+  layers_ = std::max(1, m.num_layers);
   if (m.num_experts > 0 && m.experts_per_token < m.num_experts) {
     // active = dense + expert * k/E and total = dense + expert.
     double share = static_cast<double>(m.experts_per_token) / m.num_experts;
@@ -184,6 +185,35 @@ double TimingModel::onboardSeconds(int64_t host_tokens, int64_t disk_tokens) con
 
 Nanos TimingModel::onboardDuration(int64_t host_tokens, int64_t disk_tokens) const {
   return secondsToNanosRounded(onboardSeconds(host_tokens, disk_tokens));
+}
+
+double TimingModel::onboardReadySeconds(OnboardMode mode, int64_t host_tokens,
+                                        int64_t disk_tokens) const {
+  double whole = onboardSeconds(host_tokens, disk_tokens);
+  if (mode == OnboardMode::kWhole || whole == 0) return whole;
+  const double overhead = profile_.pcie.overhead_us * 1e-6;
+  return overhead + (whole - overhead) / layers_;
+}
+
+Nanos TimingModel::onboardReadyDuration(OnboardMode mode, int64_t host_tokens,
+                                        int64_t disk_tokens) const {
+  return secondsToNanosRounded(onboardReadySeconds(mode, host_tokens, disk_tokens));
+}
+
+Nanos TimingModel::layeredStepDuration(Nanos compute, Nanos start, Nanos kv_ready_at) const {
+  // Layer l's KV is in at start + l * Lk' (Lk' the rest of the load per layer); its compute ends
+  // at max(the previous layer's end, that arrival) + Ck. Both are linear in l, so the last
+  // layer ends at the larger of the two ends of that range: start + C or kv_ready_at + Ck.
+  return std::max(compute, kv_ready_at + compute / layers_ - start);
+}
+
+double TimingModel::onboardedStepSeconds(OnboardMode mode, int64_t host_tokens, int64_t disk_tokens,
+                                         double compute_s) const {
+  double whole = onboardSeconds(host_tokens, disk_tokens);
+  if (mode == OnboardMode::kWhole || whole == 0) return whole + compute_s;
+  const double overhead = profile_.pcie.overhead_us * 1e-6;
+  const double load_s = whole - overhead;
+  return overhead + std::max(compute_s, load_s) + std::min(compute_s, load_s) / layers_;
 }
 
 }  // namespace kvf::engine

@@ -71,6 +71,17 @@ struct DiskFigures {
   double write_gbps = 32;
 };
 
+// How an onboard from the lower tiers meets the prefill step that needs it (engine config
+// `scheduler.onboard`, docs/engine.md "Onboarding: whole or layer-wise").
+enum class OnboardMode {
+  // The request's whole onboard finishes before its first step (vLLM's OffloadingConnector: the
+  // request waits in WAITING_FOR_REMOTE_KVS and wait_for_layer_load() does nothing).
+  kWhole,
+  // The KV lands layer by layer (LMCache's layer-wise mode): the step starts once the first
+  // layer's share is in, and layer l's compute waits only for layer l's KV.
+  kLayerwise,
+};
+
 struct Profile {
   std::string name;
   ModelShape model;
@@ -115,14 +126,34 @@ class TimingModel {
   Nanos transferDuration(int64_t tokens) const;
 
   // Modelled time to onboard KV into the pool: `host_tokens` from host memory and `disk_tokens`
-  // from disk. Swap-in must finish before the step that needs it (seeds/002_*), so the request
-  // waits this long; 0 when both are 0.
+  // from disk: the fixed overhead plus the bytes' transfer (PCIe, with disk reads pipelined;
+  // the slower sets the pace); 0 when both are 0.
   double onboardSeconds(int64_t host_tokens, int64_t disk_tokens) const;
   Nanos onboardDuration(int64_t host_tokens, int64_t disk_tokens) const;
+  // How long after its start an onboard lets the request's step begin: the whole onboard
+  // (kWhole: swap-in finishes before the step that needs it, seeds/002_*), or the overhead plus
+  // the first layer's share of the transfer (kLayerwise); 0 when both token counts are 0.
+  double onboardReadySeconds(OnboardMode mode, int64_t host_tokens, int64_t disk_tokens) const;
+  Nanos onboardReadyDuration(OnboardMode mode, int64_t host_tokens, int64_t disk_tokens) const;
+
+  // Layers the KV arrives in, layer by layer (the model's num_layers, at least 1).
+  int layers() const { return layers_; }
+  // A step of `compute` that starts at `start` while the KV it needs arrives layer by layer,
+  // evenly, and is complete at `kv_ready_at`: layer l's compute (compute / layers, the whole
+  // batch's) waits for layer l's KV, so the step ends at max(start + compute, kv_ready_at +
+  // compute / layers). Its duration from `start`; `compute` when kv_ready_at <= start.
+  Nanos layeredStepDuration(Nanos compute, Nanos start, Nanos kv_ready_at) const;
+  // From an onboard's start to the end of the first step that uses it, when that step (of
+  // `compute_s` alone) starts as soon as the mode allows. kWhole: O + C. kLayerwise, with
+  // transfer L = O - overhead, per-layer Lk = L / layers and Ck = C / layers: overhead +
+  // Lk + Ck + (layers - 1) * max(Lk, Ck) = overhead + max(C, L) + min(Ck, Lk).
+  double onboardedStepSeconds(OnboardMode mode, int64_t host_tokens, int64_t disk_tokens,
+                              double compute_s) const;
 
  private:
   Profile profile_;
   double kv_bytes_per_token_ = 0;
+  int layers_ = 1;
   double dense_params_ = 0;   // weights every token reads
   double expert_params_ = 0;  // routed-expert weights (all experts)
   // MoE: pow(1 - experts_per_token / num_experts, k) for step token counts k below its size

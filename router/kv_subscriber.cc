@@ -152,6 +152,18 @@ void KvSubscriber::run() {
     sub.set(zmq::sockopt::subscribe, config_.topic);
     sub.connect(config_.endpoint);
     Sequencer seq(&stats_, options_, sink_);
+    // First contact: what the engine still buffers comes from the replay socket at once, so a
+    // router (re)started in front of a quiet engine does not wait for its next batch to learn
+    // what it caches. Batches the subscription brought meanwhile (queued by the time the
+    // replay ends) up to that point are duplicates; past a second, a sequence that goes back is
+    // a restart again.
+    std::optional<uint64_t> caught_up_to;
+    std::chrono::steady_clock::time_point duplicates_until;
+    if (!config_.replay_endpoint.empty()) {
+      replay(*context_, config_.replay_endpoint, 0, kReplayEndSeq, seq, stats_, options_, stop_);
+      caught_up_to = seq.last();
+      duplicates_until = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+    }
     while (!stop_.load()) {
       zmq::pollitem_t item{sub.handle(), 0, ZMQ_POLLIN, 0};
       zmq::poll(&item, 1, std::chrono::milliseconds(100));
@@ -163,6 +175,11 @@ void KvSubscriber::run() {
         ++stats_.decode_errors;
         continue;
       }
+      if (caught_up_to && *s <= *caught_up_to &&
+          std::chrono::steady_clock::now() < duplicates_until) {
+        continue;  // applied from the catch-up replay
+      }
+      caught_up_to.reset();
       // A restarted engine's first batches may have gone out before the subscription reached
       // it: seen as a restart first, they are then recovered like any history below.
       seq.restartIfBack(*s);

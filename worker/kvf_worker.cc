@@ -1,6 +1,7 @@
 // The C ABI (worker/kvf_worker.h) over WorkerAgent: an EngineAdapter whose engine thread is
-// whichever thread calls kvf_worker_poll() (posted work waits in a queue until then), an agent
-// thread of its own, and the KV-event publisher. Exceptions and statuses stop at this boundary.
+// whichever thread calls kvf_worker_poll() (posted work waits in a queue until then; its tier
+// methods go to worker/kvf_worker_tiers.h), an agent thread of its own, and the KV-event
+// publisher. Exceptions and statuses stop at this boundary.
 #include "worker/kvf_worker.h"
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "common/strings.h"
 #include "worker/agent.h"
 #include "worker/kv_event_publisher.h"
+#include "worker/kvf_worker_tiers.h"
 
 namespace kvf::worker {
 namespace {
@@ -69,11 +71,15 @@ std::vector<BlockHash> toHashes(const uint64_t* raw, size_t n) {
   return std::vector<BlockHash>(raw, raw + n);
 }
 
-// The engine seen through its callbacks; its engine thread is the caller of poll().
+// The engine seen through its callbacks (and its tier table, when it has one); its engine
+// thread is the caller of poll().
 class CallbackAdapter final : public EngineAdapter {
  public:
-  CallbackAdapter(const kvf_worker_callbacks& cb, BlockGeometry g, PayloadRegion r)
-      : cb_(cb), geometry_(g), region_(r) {}
+  CallbackAdapter(const kvf_worker_callbacks& cb, BlockGeometry g, PayloadRegion r,
+                  const std::optional<kvf_worker_tiers>& tiers)
+      : cb_(cb), geometry_(g), region_(r) {
+    if (tiers.has_value()) tiers_ = std::make_unique<CTierSource>(*tiers, g.block_bytes);
+  }
 
   BlockGeometry geometry() const override { return geometry_; }
   PayloadRegion payloadRegion() const override { return region_; }
@@ -118,6 +124,25 @@ class CallbackAdapter final : public EngineAdapter {
   void unpin(std::span<const BlockHash> hashes) override {
     cb_.unpin(cb_.user, protocol::rawHashes(hashes).data(), hashes.size());
   }
+  PayloadRegion tierRegion() const override { return tiers_ ? tiers_->region() : PayloadRegion{}; }
+  TierPushRun pinTierRun(std::span<const BlockHash> hashes,
+                         std::span<const std::span<std::byte>> disk_buffers,
+                         absl::AnyInvocable<void(size_t) &&> on_disk_read) override {
+    if (!tiers_) return EngineAdapter::pinTierRun(hashes, disk_buffers, std::move(on_disk_read));
+    return tiers_->pin(hashes, disk_buffers, std::move(on_disk_read));
+  }
+  void unpinTierRun(uint64_t id) override {
+    if (tiers_) tiers_->unpin(id);
+  }
+  absl::Status tierReadDone(uint64_t read_id, size_t intact) {
+    if (!tiers_) return absl::NotFoundError("read_id: this worker has no tiers (config.tiers)");
+    return tiers_->readDone(read_id, intact);
+  }
+  // The agent is gone: reads it waited for are dropped.
+  void dropTierReads() {
+    if (tiers_) tiers_->dropReads();
+  }
+
   void completeRemoteKv(const RemoteKvOutcome& o) override { done(o); }
   void failRemoteKv(const RemoteKvOutcome& o) override { done(o); }
   void releaseLanding(const std::string& id) override { cb_.release_landing(cb_.user, id.c_str()); }
@@ -138,34 +163,12 @@ class CallbackAdapter final : public EngineAdapter {
   kvf_worker_callbacks cb_;
   BlockGeometry geometry_;
   PayloadRegion region_;
+  std::unique_ptr<CTierSource> tiers_;  // null: no tiers below the pool
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<absl::AnyInvocable<void() &&>> queue_;
   bool closed_ = false;
 };
-
-// The caller's config as this library's struct: a caller built against an older header
-// passes a smaller struct_size, and the fields past it keep their defaults (zero); a newer
-// caller's extra fields are accepted only while they are unset (zero bytes).
-absl::StatusOr<kvf_worker_config> fullConfig(const kvf_worker_config* c) {
-  if (c == nullptr) return absl::InvalidArgumentError("config: NULL");
-  const size_t size = c->struct_size;
-  if (size < KVF_WORKER_CONFIG_SIZE_V1) {
-    return absl::InvalidArgumentError(strCat(
-        "config.struct_size: ", size, ", this library needs at least ", KVF_WORKER_CONFIG_SIZE_V1));
-  }
-  const auto* bytes = reinterpret_cast<const unsigned char*>(c);
-  if (size > sizeof(kvf_worker_config) &&
-      std::any_of(bytes + sizeof(kvf_worker_config), bytes + size,
-                  [](unsigned char b) { return b != 0; })) {
-    return absl::InvalidArgumentError(strCat("config.struct_size: ", size,
-                                             ", fields past this library's ",
-                                             sizeof(kvf_worker_config), " bytes are set"));
-  }
-  kvf_worker_config full{};
-  std::memcpy(&full, c, std::min(size, sizeof(kvf_worker_config)));
-  return full;
-}
 
 absl::Status validate(const kvf_worker_config* c, const kvf_worker_callbacks* cb) {
   if (cb == nullptr || cb->pin_leading_run == nullptr || cb->unpin == nullptr ||
@@ -254,15 +257,17 @@ kvf_status kvf_worker_create(const kvf_worker_config* config, const kvf_worker_c
   try {
     if (out == nullptr) return report(absl::InvalidArgumentError("out: NULL"), err, err_len);
     *out = nullptr;
-    auto full = kw::fullConfig(config);
+    auto full = kw::fullCStruct(config, KVF_WORKER_CONFIG_SIZE_V1, "config");
     if (!full.ok()) return report(full.status(), err, err_len);
     const kvf_worker_config* c = &*full;
     if (absl::Status s = kw::validate(c, cb); !s.ok()) return report(s, err, err_len);
+    auto tiers = kw::tierTable(c->tiers, c->block_bytes);
+    if (!tiers.ok()) return report(tiers.status(), err, err_len);
     auto w = std::make_unique<kvf_worker>();
     CWorker& cw = w->impl;
     kw::BlockGeometry g{c->block_size, c->block_bytes, c->num_blocks};
     kw::PayloadRegion region{static_cast<std::byte*>(c->region), c->region_bytes};
-    cw.adapter = std::make_unique<kw::CallbackAdapter>(*cb, g, region);
+    cw.adapter = std::make_unique<kw::CallbackAdapter>(*cb, g, region, *tiers);
     if (c->kv_events_endpoint != nullptr && *c->kv_events_endpoint != '\0') {
       kw::PublisherOptions po;
       po.endpoint = c->kv_events_endpoint;
@@ -281,6 +286,9 @@ kvf_status kvf_worker_create(const kvf_worker_config* config, const kvf_worker_c
     ao.advertise_url = kw::orDefault(c->advertise_url, "");
     for (size_t i = 0; i < c->num_peers; ++i) ao.peers.emplace_back(c->peers[i]);
     if (c->max_push_blocks > 0) ao.max_push_blocks = c->max_push_blocks;
+    if (tiers->has_value() && (*tiers)->disk_buffer_bytes > 0) {
+      ao.push_bounce_bytes = (*tiers)->disk_buffer_bytes;
+    }
     kvf::transport::TransportOptions to;
     to.name = ao.instance_id;
     to.transports = kw::orDefault(c->transports, "shm");
@@ -321,6 +329,7 @@ void kvf_worker_destroy(kvf_worker* w) {
     cw.thread.join();
   }
   cw.agent.reset();  // before the adapter it refers to
+  cw.adapter->dropTierReads();
   if (cw.publisher) cw.publisher->stop();
   delete w;
 }
@@ -399,6 +408,11 @@ kvf_status kvf_worker_hold_lease(kvf_worker* w, const char* lease_id, const uint
   } catch (const std::exception& e) {
     return report(absl::InternalError(e.what()), err, err_len);
   }
+}
+
+kvf_status kvf_worker_tier_read_done(kvf_worker* w, uint64_t read_id, size_t intact) {
+  if (w == nullptr) return KVF_ERR_INVALID_ARGUMENT;
+  return kvf::worker::toCode(w->impl.adapter->tierReadDone(read_id, intact));
 }
 
 static kvf_status publishChecked(kvf_worker* w, std::vector<kvf::worker::KvEvent> events, char* err,

@@ -2,16 +2,17 @@
  *
  * The engine owns its KV payload memory: one region of num_blocks fixed-size blocks, block i at
  * region + i * block_bytes. The agent registers that region with UCX, serves pushes out of it to
- * peers (GET /kv/info, POST /kv/push on its control server), fetches blocks from peers into
- * landing blocks the engine reserved, keeps remote-decode leases, and publishes the engine's KV
- * events in vLLM's format (ZMQ) when asked to.
+ * peers (GET /kv/info, POST /kv/push on its control server) and, when the engine has tiers below
+ * its pool (config.tiers), the rest of a push from its host memory and disk, fetches blocks from
+ * peers into landing blocks the engine reserved, keeps remote-decode leases, and publishes the
+ * engine's KV events in vLLM's format (ZMQ) when asked to.
  *
  * Threads. The agent runs its own thread. It never calls the engine from it: every callback
  * runs inside kvf_worker_poll(), on the thread that calls it (the engine thread), so the engine
  * needs no lock around its block table. Call kvf_worker_poll() regularly (every step, or in a
  * loop with a timeout): a holder that does not poll delays the pushes peers wait for, and they
- * fall back at their deadlines. kvf_worker_fetch() and the publish functions may be called from
- * any thread; kvf_worker_hold_lease() only from the engine thread.
+ * fall back at their deadlines. kvf_worker_fetch(), kvf_worker_tier_read_done() and the publish
+ * functions may be called from any thread; kvf_worker_hold_lease() only from the engine thread.
  *
  * Errors: functions return KVF_OK or an error code, and write a message naming the field into
  * `err` (err_len bytes, always NUL-terminated; err may be NULL). */
@@ -65,6 +66,73 @@ typedef struct kvf_worker_callbacks {
   void (*release_landing)(void* user, const char* fetch_id);
 } kvf_worker_callbacks;
 
+/* The tiers below the engine's pool (host memory, local disk), optional: an engine whose pool
+ * holds only the head of a prefix serves the following blocks of the same push from them (see
+ * kvf_worker_tiers). */
+typedef enum kvf_tier {
+  KVF_TIER_HOST = 0, /* host memory: sent from its slot in kvf_worker_tiers.region, no copy */
+  KVF_TIER_DISK = 1, /* local disk: read by the engine into a disk buffer the agent gives it */
+} kvf_tier;
+
+/* One block of a tier run, in push order (the C++ agent's TierPushBlock). */
+typedef struct kvf_tier_block {
+  uint32_t tier;     /* a kvf_tier */
+  uint32_t reserved; /* 0 */
+  /* KVF_TIER_HOST: the block's byte offset in kvf_worker_tiers.region (block_bytes bytes there,
+   * pinned until unpin_tier_run). KVF_TIER_DISK: the index of the disk buffer the block is read
+   * into; disk buffers are used in order, so the run's j-th disk block has offset j. */
+  uint64_t offset;
+} kvf_tier_block;
+
+/* What pin_tier_run fills in. The library sets blocks (and zeroes the rest) before the call. */
+typedef struct kvf_tier_run {
+  kvf_tier_block* blocks; /* library-owned, room for n entries; valid during the call only */
+  size_t num_blocks;      /* the run's length: leading entries of blocks filled in */
+  /* Names the run's pins for unpin_tier_run; 0 when it pinned nothing (no unpin_tier_run then). */
+  uint64_t id;
+  /* Nonzero: the run stopped before a disk block because every disk buffer was taken. */
+  int32_t out_of_buffers;
+} kvf_tier_run;
+
+/* The engine's tiers (config.tiers; copied by kvf_worker_create). An engine without tiers
+ * passes NULL: the blocks past its pool's leading run are answered missing, as before. */
+typedef struct kvf_worker_tiers {
+  uint32_t struct_size; /* sizeof(kvf_worker_tiers) of the caller's header (ABI evolution) */
+  void* user;           /* passed to both callbacks */
+  /* The host tier's memory, registered with the transport once: host blocks are sent from
+   * their slots without a copy. Caller-owned, valid (and at this address) until
+   * kvf_worker_destroy returns. Required (region_bytes at least block_bytes). */
+  void* region;
+  uint64_t region_bytes;
+  /* Transport-registered memory the agent reads disk blocks into on their way to a receiver
+   * (the disk buffers below), shared by concurrent pushes: a push takes at most one buffer per
+   * block it asks for, and its disk blocks past the free ones are answered missing. Whole
+   * buffers of block_bytes rounded up to 4096. 0: 64 MiB; otherwise at least one buffer. */
+  uint64_t disk_buffer_bytes;
+  /* Engine thread (inside kvf_worker_poll), after pin_leading_run answered a push: hashes[0..n)
+   * are the wanted blocks after the pool's run. Fill `run` with the leading run of them that
+   * the tiers hold, in order, stopping at the first one they do not: a host block is pinned in
+   * its slot (neither evicted nor rewritten until unpin_tier_run(run->id)); a disk block takes
+   * the next of disk_buffers[0..num_disk_buffers) (block_bytes bytes each, 4096-byte aligned,
+   * O_DIRECT-ready) and the run stops before a disk block when none is left (out_of_buffers).
+   * Do not block on the disk here: start the reads and report them with
+   * kvf_worker_tier_read_done(read_id) from any thread (or call it before returning, for
+   * synchronous reads). Check each disk block against the engine's stored checksum: a corrupt
+   * block must end the intact count, never be sent. Entries from the first malformed one on (an
+   * offset outside region, a disk index out of order or past the buffers) are answered missing;
+   * unpin_tier_run still releases the whole run. */
+  void (*pin_tier_run)(void* user, const uint64_t* hashes, size_t n, void* const* disk_buffers,
+                       size_t num_disk_buffers, uint64_t read_id, kvf_tier_run* run);
+  /* Engine thread: releases the pins of run `run_id` (nonzero, from pin_tier_run). Called
+   * exactly once per run with a nonzero id, once its blocks were sent or the push gave up
+   * (kvf_worker_destroy drops the callbacks not yet run, these included). */
+  void (*unpin_tier_run)(void* user, uint64_t run_id);
+} kvf_worker_tiers;
+
+/* struct_size of a kvf_worker_tiers from its first release (up to and including
+ * unpin_tier_run); later fields are appended after it. */
+#define KVF_WORKER_TIERS_SIZE_V1 (offsetof(kvf_worker_tiers, unpin_tier_run) + sizeof(void*))
+
 typedef struct kvf_worker_config {
   uint32_t struct_size;    /* sizeof(kvf_worker_config) of the caller's header (ABI evolution) */
   const char* instance_id; /* NULL: "worker" */
@@ -99,6 +167,9 @@ typedef struct kvf_worker_config {
    * on its own worker API. The strings are copied. */
   const char* const* peers;
   size_t num_peers;
+  /* The tiers below the engine's pool that pushes are served from (kvf_worker_tiers); NULL:
+   * none, a push is served from the pool only. */
+  const kvf_worker_tiers* tiers;
 } kvf_worker_config;
 
 /* struct_size of a kvf_worker_config from the first release (up to and including insecure). */
@@ -136,6 +207,16 @@ kvf_status kvf_worker_fetch(kvf_worker* worker, const char* fetch_id, const char
 kvf_status kvf_worker_hold_lease(kvf_worker* worker, const char* lease_id, const uint64_t* hashes,
                                  size_t n, int64_t ttl_ms, size_t* pinned, char* err,
                                  size_t err_len);
+
+/* Any thread (or inside pin_tier_run): the disk reads of pin_tier_run's read_id ended, and the
+ * first `intact` disk blocks of its run are in their buffers, checksum checked (a missing or
+ * corrupt block ends the count). Call it exactly once for every run with a disk block, and
+ * after it never write to that run's buffers; a run without disk blocks needs none
+ * (KVF_ERR_NOT_FOUND, as for an unknown or already reported read_id). The push waits for it
+ * until its deadline (a disk block not reported by then is answered missing, and its buffer
+ * stays taken until the report); kvf_worker_destroy waits up to 5 s for reads not yet reported.
+ */
+kvf_status kvf_worker_tier_read_done(kvf_worker* worker, uint64_t read_id, size_t intact);
 
 /* KV events (any thread; needs kv_events_endpoint). Stored: n consecutive full blocks of one
  * chain, token_ids holding n * block_size tokens; parent is the block before the first one

@@ -38,6 +38,10 @@ ABSL_FLAG(std::string, profile, "engine/profiles/qwen3-coder-30b-a3b-h20.yaml",
 ABSL_FLAG(int64_t, prefix_tokens, 25000, "onboard mode: prefix length in tokens");
 ABSL_FLAG(std::string, suffix_tokens, "16,1024,4096",
           "onboard mode: new tokens after the prefix, comma-separated (one row group each)");
+ABSL_FLAG(std::string, onboard, "whole,layerwise",
+          "onboard mode: the engine's scheduler.onboard modes to compare, comma-separated "
+          "(whole: the onboard finishes before the first step; layerwise: the step starts at "
+          "the first layer and pipelines the rest)");
 ABSL_FLAG(uint64_t, block_kib, 0,
           "block payload in KiB (default: 2048 for host and device, 1024 for disk, 64 for loss)");
 ABSL_FLAG(uint64_t, host_mib, 1024,
@@ -353,7 +357,8 @@ int main(int argc, char** argv) {
       "               CUDA build and a device; --batch_blocks, --blocks_per_event, --in_flight).\n"
       "  --mode=onboard  modelled TTFT of a --prefix_tokens prefix served from the pool (G1),\n"
       "               host memory (G2), disk (G3, files in --dir) or recomputed, through the\n"
-      "               engine core with the live tiers on --profile, per --suffix_tokens.\n"
+      "               engine core with the live tiers on --profile, per --suffix_tokens and\n"
+      "               per --onboard mode (whole, layerwise).\n"
       "Prints markdown tables; exit status 1 when a run fails (or a block came back wrong).\n\n"
       "Usage: kvf-tier-bench --mode=host|disk|loss|device|overlap|onboard [--dir DIR] [--trace "
       "FILE] "
@@ -450,6 +455,15 @@ int main(int argc, char** argv) {
       if (!absl::SimpleAtoi(s, &v) || v < 1) kvf::bench::usage("--suffix_tokens: bad value " + s);
       o.suffix_tokens.push_back(v);
     }
+    o.modes.clear();
+    for (const std::string& m : kvf::bench::splitCommas(absl::GetFlag(FLAGS_onboard))) {
+      if (m != "whole" && m != "layerwise") {
+        kvf::bench::usage("--onboard: unknown mode '" + m + "' (whole or layerwise)");
+      }
+      o.modes.push_back(m == "whole" ? kvf::engine::OnboardMode::kWhole
+                                     : kvf::engine::OnboardMode::kLayerwise);
+    }
+    if (o.modes.empty()) kvf::bench::usage("--onboard: name at least one mode");
     return kvf::bench::runOnboard(o);
   }
   kvf::bench::usage("--mode must be host, disk, loss, device, overlap or onboard");

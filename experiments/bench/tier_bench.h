@@ -89,6 +89,7 @@ struct OnboardOptions {
   std::string dir;              // disk tier files (emptied per case)
   int64_t prefix_tokens = 25000;
   std::vector<int64_t> suffix_tokens;  // new tokens after the prefix, one table block each
+  std::vector<engine::OnboardMode> modes = {engine::OnboardMode::kWhole};  // scheduler.onboard
 };
 int runOnboard(const OnboardOptions& options);
 

@@ -59,8 +59,10 @@ struct CaseResult {
   bool bytes_ok = true;
 };
 
-absl::StatusOr<CaseResult> runCase(const OnboardOptions& o, Case c, int64_t suffix) {
+absl::StatusOr<CaseResult> runCase(const OnboardOptions& o, engine::OnboardMode mode, Case c,
+                                   int64_t suffix) {
   EngineConfig config = o.engine;
+  config.scheduler.onboard = mode;
   const int64_t bs = config.cache.block_size;
   const int64_t prefix_blocks = o.prefix_tokens / bs;
   // A pool a little larger than the request: one filler of the same size evicts the prefix.
@@ -125,24 +127,29 @@ int runOnboard(const OnboardOptions& o) {
       static_cast<long long>(o.prefix_tokens), o.engine.profile.name.c_str(),
       o.engine.profile.pcie.bandwidth_gbps, o.engine.profile.disk.read_gbps);
   std::printf(
-      "| new tokens | case | cached tokens | of them onboarded | TTFT (ms) | vs G1 hit |\n");
-  std::printf("|---|---|---|---|---|---|\n");
+      "| new tokens | onboard | case | cached tokens | of them onboarded | TTFT (ms) | vs G1 hit "
+      "|\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
   int rc = 0;
   for (int64_t suffix : o.suffix_tokens) {
-    double g1 = 0;
-    for (Case c : {Case::kG1, Case::kG2, Case::kG3, Case::kRecompute}) {
-      auto r = runCase(o, c, suffix);
-      if (!r.ok()) {
-        std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
-        return 1;
+    for (engine::OnboardMode mode : o.modes) {
+      double g1 = 0;
+      for (Case c : {Case::kG1, Case::kG2, Case::kG3, Case::kRecompute}) {
+        auto r = runCase(o, mode, c, suffix);
+        if (!r.ok()) {
+          std::fprintf(stderr, "%s\n", r.status().ToString().c_str());
+          return 1;
+        }
+        double ms = static_cast<double>(r->outcome.ttft) / 1e6;
+        if (c == Case::kG1) g1 = ms;
+        if (!r->bytes_ok) rc = 1;
+        std::printf("| %lld | %s | %s | %lld | %lld | %.1f | %.2fx |%s\n",
+                    static_cast<long long>(suffix),
+                    mode == engine::OnboardMode::kWhole ? "whole" : "layerwise", caseName(c),
+                    static_cast<long long>(r->outcome.cached_tokens),
+                    static_cast<long long>(r->outcome.tier_tokens), ms, g1 > 0 ? ms / g1 : 0.0,
+                    r->bytes_ok ? "" : " BYTES WRONG");
       }
-      double ms = static_cast<double>(r->outcome.ttft) / 1e6;
-      if (c == Case::kG1) g1 = ms;
-      if (!r->bytes_ok) rc = 1;
-      std::printf("| %lld | %s | %lld | %lld | %.1f | %.2fx |%s\n", static_cast<long long>(suffix),
-                  caseName(c), static_cast<long long>(r->outcome.cached_tokens),
-                  static_cast<long long>(r->outcome.tier_tokens), ms, g1 > 0 ? ms / g1 : 0.0,
-                  r->bytes_ok ? "" : " BYTES WRONG");
     }
   }
   return rc;

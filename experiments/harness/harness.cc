@@ -178,12 +178,22 @@ std::string tail(const std::string& path, size_t bytes = 2000) {
   return text.size() > bytes ? text.substr(text.size() - bytes) : text;
 }
 
+absl::Status writeFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  return out ? absl::OkStatus() : absl::InternalError(strCat("cannot write ", path));
+}
+
 // Copies the engine config with the time scale set and the profile path made absolute. With
 // workers, the cluster's worker token (the config's worker.token, else a fresh random one) is
 // written to it and returned in `worker_token` for the router, which signs kv_transfer_params
 // with it, and the arm's kv_connector set.
+// With a disk tier (tiers.disk), each engine gets its own copy, engine_<i>.yaml, whose disk
+// directory is <rep dir>/disk_<i> (a tier directory is locked by one process). `paths` gets
+// each engine's config file.
 absl::Status writeEngineConfig(const ClusterConfig& cluster, const ArmConfig& arm,
-                               const std::string& out_path, std::string* worker_token) {
+                               const std::string& rep_dir, std::vector<std::string>* paths,
+                               std::string* worker_token) {
   YAML::Node node;
   try {
     node = YAML::LoadFile(cluster.engine_config);
@@ -208,9 +218,16 @@ absl::Status writeEngineConfig(const ClusterConfig& cluster, const ArmConfig& ar
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(strCat(cluster.engine_config, ": ", e.what()));
   }
-  std::ofstream out(out_path);
-  out << node << "\n";
-  return out ? absl::OkStatus() : absl::InternalError(strCat("cannot write ", out_path));
+  const std::string shared = rep_dir + "/engine.yaml";
+  KVF_RETURN_IF_ERROR(writeFile(shared, strCat(YAML::Dump(node), "\n")));
+  paths->assign(static_cast<size_t>(cluster.engines), shared);
+  if (!node["tiers"] || !node["tiers"]["disk"]) return absl::OkStatus();
+  for (size_t i = 0; i < paths->size(); ++i) {
+    node["tiers"]["disk"]["dir"] = strCat(rep_dir, "/disk_", i);
+    (*paths)[i] = strCat(rep_dir, "/engine_", i, ".yaml");
+    KVF_RETURN_IF_ERROR(writeFile((*paths)[i], strCat(YAML::Dump(node), "\n")));
+  }
+  return absl::OkStatus();
 }
 
 // Writes replica `replica`'s router config to `path`. With several routers (`publish` holds one
@@ -279,12 +296,6 @@ absl::Status waitHealthy(Process& process, uint16_t port, double timeout_s,
                                             tail(log_path)));
 }
 
-absl::Status writeFile(const std::string& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  return out ? absl::OkStatus() : absl::InternalError(strCat("cannot write ", path));
-}
-
 }  // namespace
 
 absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::string& rep_dir) {
@@ -308,15 +319,29 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
     KVF_ASSIGN_OR_RETURN(p, pickFreePort());
   }
   std::string worker_token;
+  std::vector<std::string> engine_configs;
   KVF_RETURN_IF_ERROR(
-      writeEngineConfig(config_.cluster, arm, rep_dir + "/engine.yaml", &worker_token));
+      writeEngineConfig(config_.cluster, arm, rep_dir, &engine_configs, &worker_token));
+  // Disk tiers are scratch: removed once the engines (declared after, so stopped first) exit.
+  struct ScratchDirs {
+    std::vector<std::string> dirs;
+    ~ScratchDirs() {
+      std::error_code ec;
+      for (const auto& d : dirs) fs::remove_all(d, ec);
+    }
+  } disk_dirs;
+  for (size_t i = 0; i < engine_configs.size(); ++i) {
+    if (engine_configs[i] != rep_dir + "/engine.yaml") {
+      disk_dirs.dirs.push_back(strCat(rep_dir, "/disk_", i));
+    }
+  }
   if (routers > 1 && worker_token.empty()) worker_token = protocol::randomNonce();
 
   std::vector<std::unique_ptr<Process>> engines;
   for (size_t i = 0; i < ports.size(); ++i) {
     std::vector<std::string> argv = {bin_dir_ + "/kvf-engine",
                                      "--config",
-                                     rep_dir + "/engine.yaml",
+                                     engine_configs[i],
                                      "--port",
                                      std::to_string(ports[i].http),
                                      "--instance_id",

@@ -186,7 +186,20 @@ absl::StatusOr<std::vector<SimArm>> expandArms(const ExperimentConfig& config,
           strCat("arm ", arm.name, ": kv_connector ", arm.kv_connector,
                  ": the simulator models kvfabric's push only (use `kvf-experiment run`)"));
     }
-    out.push_back(base(arm));
+    SimArm sim_arm = base(arm);
+    if (arm.routers > 1) {
+      // `routers: N` is N routing cores behind client-side round robin, as sim.replicas.count
+      // models them; the two must not disagree.
+      YAML::Node replicas = sim_arm.sim["replicas"];
+      if (replicas && replicas.IsMap() && replicas["count"] &&
+          replicas["count"].as<std::string>() != std::to_string(arm.routers)) {
+        return absl::InvalidArgumentError(
+            strCat("arm ", arm.name, ": routers: ", arm.routers,
+                   " disagrees with sim.replicas.count: ", replicas["count"].as<std::string>()));
+      }
+      sim_arm.sim["replicas"]["count"] = arm.routers;
+    }
+    out.push_back(std::move(sim_arm));
     names.insert(arm.name);
   }
   for (size_t s = 0; s < sweeps.size(); ++s) {

@@ -37,6 +37,24 @@ TEST(EngineConfigTest, ErrorsNameEveryFieldAndLine) {
   EXPECT_NE(msg.find("test.yaml:2"), std::string::npos) << msg;
 }
 
+TEST(EngineConfigTest, OnboardModeIsWholeUnlessLayerwiseIsAsked) {
+  const std::string base = "profile: ../profiles/qwen3-coder-30b-a3b-h20.yaml\n";
+  auto plain = parseEngineConfig(base, "test.yaml", "engine/configs");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->scheduler.onboard, OnboardMode::kWhole);  // vLLM's OffloadingConnector
+  auto layer =
+      parseEngineConfig(base + "scheduler: {onboard: layerwise}\n", "test.yaml", "engine/configs");
+  ASSERT_TRUE(layer.ok()) << layer.status();
+  EXPECT_EQ(layer->scheduler.onboard, OnboardMode::kLayerwise);
+  auto bad =
+      parseEngineConfig(base + "scheduler:\n  onboard: per-layer\n", "test.yaml", "engine/configs");
+  ASSERT_FALSE(bad.ok());
+  std::string msg(bad.status().message());
+  EXPECT_NE(msg.find("scheduler.onboard"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("whole or layerwise"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("test.yaml:3"), std::string::npos) << msg;
+}
+
 TEST(EngineConfigTest, MembershipInEtcd) {
   std::string base = "profile: ../profiles/llama-3.1-8b-h100.yaml\n";
   auto none = parseEngineConfig(base, "t.yaml", "engine/configs");

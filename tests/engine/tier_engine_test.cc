@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <string>
 #include <thread>
 #include <variant>
@@ -18,6 +19,7 @@
 #include "engine/openai_api.h"
 #include "engine/virtual_run.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/engine/tier_test_util.h"
 #include "tests/testing/temp_dir.h"
 #include "worker/block_payload.h"
 #include "worker/tiers/tier_config.h"
@@ -25,6 +27,8 @@
 namespace kvf::engine {
 namespace {
 
+using testing::accountedCore;
+using testing::liveCore;
 using testing::makeConfig;
 using testing::promptOf;
 using testing::spec;
@@ -63,26 +67,6 @@ std::string diskYaml(const std::filesystem::path& dir, int disk_mib,
          "disk: {dir: " +
          dir.string() + ", capacity_mib: " + std::to_string(disk_mib) + ", file_mib: 1" + extra +
          "}\n";
-}
-
-std::unique_ptr<EngineCore> liveCore(const EngineConfig& c, worker::KvEventSink* sink,
-                                     LiveTiers** tiers_out = nullptr) {
-  LiveTiersOptions o;
-  o.store = *c.tiers;
-  o.block_size = c.cache.block_size;
-  auto tiers = LiveTiers::create(o);
-  EXPECT_TRUE(tiers.ok()) << tiers.status();
-  if (!tiers.ok()) return nullptr;
-  if (tiers_out != nullptr) *tiers_out = tiers->get();
-  auto core = EngineCore::create(c, sink, std::move(*tiers));
-  EXPECT_TRUE(core.ok()) << core.status();
-  return core.ok() ? std::move(*core) : nullptr;
-}
-
-std::unique_ptr<EngineCore> accountedCore(const EngineConfig& c) {
-  auto core = EngineCore::create(c, nullptr, std::make_unique<AccountedTiers>(*c.tiers));
-  EXPECT_TRUE(core.ok()) << core.status();
-  return core.ok() ? std::move(*core) : nullptr;
 }
 
 // A live core over host memory (256 slots) and a disk tier in a fresh folder.
@@ -423,6 +407,48 @@ TEST(TierEngineTest, UsageReportsTheTiersShareOfTheCachedTokens) {
   EXPECT_EQ(tiered["cached_tokens"].as_int64(), 320);
   EXPECT_EQ(tiered["kvf_cpu_cached_tokens"].as_int64(), 192);
   EXPECT_EQ(tiered["kvf_disk_cached_tokens"].as_int64(), 64);
+}
+
+// Three requests whose prefixes come back from host memory at once, each needing more than
+// the pool has left once the others' onboards hold their blocks: an onboarded request waiting
+// for the rest of its blocks while the others hold theirs must not stall the engine (nothing
+// runs, so nothing would ever free a block). Every request finishes, in bounded steps.
+TEST(TierEngineTest, OnboardedRequestsHoldingBlocksNeverDeadlockThePool) {
+  EngineConfig c = tierConfig("host: {capacity_mib: 1}\n");
+  auto core = accountedCore(c);
+  ASSERT_NE(core, nullptr);
+  Nanos now = 0;
+  // Prefixes of 12 blocks each, served and then evicted to host memory by a 30-block filler.
+  for (int p = 0; p < 3; ++p) serve(*core, request("p" + std::to_string(p), 12, 10 + p), now);
+  serve(*core, request("filler", 30, 99), now);
+  // Each follow-up: its 12 cached blocks plus 10 new ones (22 of the pool's 32).
+  std::vector<std::string> ids;
+  for (int p = 0; p < 3; ++p) {
+    std::vector<TokenId> prompt = promptOf(12 * kBlock, 10 + p);
+    std::vector<TokenId> more = promptOf(10 * kBlock + 5, 50 + p);
+    prompt.insert(prompt.end(), more.begin(), more.end());
+    ids.push_back("q" + std::to_string(p));
+    ASSERT_TRUE(core->add(spec(ids.back(), prompt, 2), now).ok());
+  }
+  std::set<std::string> finished;
+  int64_t onboarded = 0;
+  StepResult r;
+  for (int i = 0; i < 10'000 && finished.size() < ids.size(); ++i) {
+    if (!core->hasWork()) {
+      std::optional<Nanos> ready = core->nextOnboardReady();
+      ASSERT_TRUE(ready.has_value()) << "nothing runs and nothing is onboarding";
+      now = std::max(now, *ready);
+    }
+    core->step(now, &r);
+    now += std::max<Nanos>(r.duration, 1'000'000);
+    for (const RequestOutput& o : r.outputs) {
+      if (!o.finish) continue;
+      finished.insert(o.id);
+      onboarded += o.tier_tokens;
+    }
+  }
+  EXPECT_EQ(finished.size(), ids.size()) << "the engine stalled with requests holding blocks";
+  EXPECT_GT(onboarded, 0);
 }
 
 }  // namespace

@@ -164,5 +164,84 @@ gpu: {peak_flops: 1.0e12, hbm_bytes_per_s: 1.0e11}
   EXPECT_NE(std::string(unknown.status().message()).find("latency_us"), std::string::npos);
 }
 
+// Onboarding, whole and layer-wise, by hand on the Qwen/H20 profile: 96 KiB per token, 48
+// layers, PCIe 400 Gbps + 10 us, disk read 48 Gbps. 25,000 tokens = 19.6608 Gbit: 49.152 ms over
+// PCIe (1.024 ms a layer), 409.6 ms from disk (8.5333 ms a layer).
+TEST(TimingModelTest, OnboardWholeAndLayerwiseByHand) {
+  auto profile = loadProfile("engine/profiles/qwen3-coder-30b-a3b-h20.yaml");
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  TimingModel t(*profile);
+  ASSERT_EQ(t.layers(), 48);
+  constexpr auto kWhole = OnboardMode::kWhole;
+  constexpr auto kLayerwise = OnboardMode::kLayerwise;
+  EXPECT_EQ(t.onboardDuration(25000, 0), 49'152'000 + 10'000);
+  EXPECT_EQ(t.onboardDuration(0, 25000), 409'600'000 + 10'000);
+  // When the request may run: after everything, or after the first layer.
+  EXPECT_EQ(t.onboardReadyDuration(kWhole, 25000, 0), 49'162'000);
+  EXPECT_EQ(t.onboardReadyDuration(kLayerwise, 25000, 0), 10'000 + 1'024'000);
+  EXPECT_EQ(t.onboardReadyDuration(kLayerwise, 0, 25000), 10'000 + 8'533'333);
+  EXPECT_EQ(t.onboardReadyDuration(kLayerwise, 0, 0), 0);
+  // From the onboard's start to the end of a 51.2 ms step (Ck = 1.0667 ms > Lk = 1.024 ms):
+  // whole 49.162 + 51.2; layer-wise 0.01 + max(51.2, 49.152) + min(1.0667, 1.024).
+  EXPECT_NEAR(t.onboardedStepSeconds(kWhole, 25000, 0, 0.0512), 0.100362, 1e-12);
+  EXPECT_NEAR(t.onboardedStepSeconds(kLayerwise, 25000, 0, 0.0512), 0.052234, 1e-12);
+  // A 24 ms step (Ck = 0.5 ms < Lk): the load sets the pace, plus the last layer's compute.
+  EXPECT_NEAR(t.onboardedStepSeconds(kLayerwise, 25000, 0, 0.024), 0.01e-3 + 0.049152 + 0.0005,
+              1e-12);
+  // From disk: 0.01 + 409.6 + 51.2 / 48.
+  EXPECT_NEAR(t.onboardedStepSeconds(kLayerwise, 0, 25000, 0.0512), 0.4106766667, 1e-9);
+  EXPECT_NEAR(t.onboardedStepSeconds(kWhole, 0, 25000, 0.0512), 0.46081, 1e-12);
+  // Nothing to onboard: the step alone in both modes.
+  EXPECT_DOUBLE_EQ(t.onboardedStepSeconds(kLayerwise, 0, 0, 0.0512), 0.0512);
+  EXPECT_DOUBLE_EQ(t.onboardedStepSeconds(kWhole, 0, 0, 0.0512), 0.0512);
+}
+
+// The step a layer-wise load meets: 48 ms of compute (1 ms a layer) from t = 0.
+TEST(TimingModelTest, LayeredStepEndsAfterTheLastLayerByHand) {
+  auto profile = loadProfile("engine/profiles/qwen3-coder-30b-a3b-h20.yaml");
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  TimingModel t(*profile);
+  const Nanos c = 48'000'000;
+  EXPECT_EQ(t.layeredStepDuration(c, 0, -1), c);                   // KV already there
+  EXPECT_EQ(t.layeredStepDuration(c, 5'000'000, 0), c);            // complete before the step
+  EXPECT_EQ(t.layeredStepDuration(c, 0, 10'000'000), c);           // hidden under the compute
+  EXPECT_EQ(t.layeredStepDuration(c, 0, 47'000'000), c);           // just hidden: 47 + 1 = 48
+  EXPECT_EQ(t.layeredStepDuration(c, 0, 60'000'000), 61'000'000);  // the load sets the pace
+  EXPECT_EQ(t.layeredStepDuration(c, 2'000'000, 60'000'000), 59'000'000);
+}
+
+// The closed forms against the layer pipeline itself: layer l's KV is in at its arrival, its
+// compute starts when both that layer and the previous one's compute are done.
+TEST(TimingModelTest, LayerwiseFormulaIsTheLayerPipeline) {
+  auto profile = loadProfile("engine/profiles/llama-3.1-8b-h100.yaml");
+  ASSERT_TRUE(profile.ok()) << profile.status();
+  TimingModel t(*profile);
+  const int layers = t.layers();
+  ASSERT_EQ(layers, 32);
+  const double overhead = profile->pcie.overhead_us * 1e-6;
+  std::mt19937_64 rng(7);
+  for (int i = 0; i < 2000; ++i) {
+    int64_t host = static_cast<int64_t>(rng() % 200000);
+    int64_t disk = i % 3 == 0 ? static_cast<int64_t>(rng() % 20000) : 0;
+    double compute = 1e-4 * static_cast<double>(1 + rng() % 20000);
+    double load = t.onboardSeconds(host, disk) - (host + disk > 0 ? overhead : 0);
+    double lk = load / layers, ck = compute / layers;
+    double start = host + disk > 0 ? overhead + lk : 0;  // the step starts at the first layer
+    double end = start;
+    for (int l = 1; l <= layers; ++l) {
+      double arrival = host + disk > 0 ? overhead + l * lk : 0;
+      end = std::max(end, arrival) + ck;
+    }
+    EXPECT_NEAR(t.onboardedStepSeconds(OnboardMode::kLayerwise, host, disk, compute), end, 1e-12)
+        << host << " " << disk << " " << compute;
+    // The scheduler's form (absolute times, whole nanoseconds) agrees to the rounding.
+    Nanos ready = secondsToNanosRounded(start);
+    Nanos kv_ready = t.onboardDuration(host, disk);
+    Nanos step = t.layeredStepDuration(secondsToNanosRounded(compute), ready, kv_ready);
+    EXPECT_NEAR(static_cast<double>(ready + step) * 1e-9, end, 3e-9);
+    EXPECT_LE(end, t.onboardedStepSeconds(OnboardMode::kWhole, host, disk, compute) + 1e-12);
+  }
+}
+
 }  // namespace
 }  // namespace kvf::engine

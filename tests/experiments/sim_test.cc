@@ -225,6 +225,21 @@ TEST(SimReplicas, ExchangeChangesDecisionsAndOneReplicaIsOneRouter) {
   EXPECT_EQ(readFile(dir / "one" / rel), readFile(dir / "one_replica" / rel));
   EXPECT_EQ(readFile(dir / "synced" / rel), readFile(dir / "synced_again" / rel));
   EXPECT_NE(readFile(dir / "synced" / decisions), readFile(dir / "blind" / decisions));
+  // An arm's `routers: 2` is two replicas with the default exchange, as in `run`; a
+  // replica count that disagrees with it is refused.
+  std::string arm_routers = readFile(dir / "one.yaml");
+  arm_routers.replace(arm_routers.find("least_request}}"), 15, "least_request}, routers: 2}");
+  std::ofstream(dir / "arm_routers.yaml") << arm_routers;
+  ASSERT_TRUE(runSim(dir / "arm_routers.yaml", dir / "arm_routers").ok());
+  EXPECT_EQ(readFile(dir / "synced" / decisions), readFile(dir / "arm_routers" / decisions));
+  std::string clash = readFile(dir / "blind.yaml");
+  clash.replace(clash.find("least_request}}"), 15, "least_request}, routers: 3}");
+  std::ofstream(dir / "clash.yaml") << clash;
+  auto refused = runSim(dir / "clash.yaml", dir / "clash");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(std::string(refused.message()).find("disagrees with sim.replicas.count"),
+            std::string::npos)
+      << refused.message();
   for (const char* name : {"synced", "blind"}) {
     auto results = loadById(dir / name / rel);
     EXPECT_EQ(results.size(), 150u) << name;

@@ -89,4 +89,45 @@ TEST(ExperimentSmoke, TwoArmsOnRealEnginesAndRouter) {
   EXPECT_NE(readFile(dir / "run.log").find("already done, skipping"), std::string::npos);
 }
 
+// Engines with a disk tier: each gets its own config and tier directory (a tier directory is
+// locked by one process, so a shared one kept the second engine from starting), and the
+// directories are gone once the repetition ends.
+TEST(ExperimentSmoke, EnginesWithADiskTierGetTheirOwnDirectory) {
+  std::string bin = env("KVF_BIN_DIR"), src = env("KVF_SOURCE_DIR");
+  ASSERT_FALSE(bin.empty());
+  fs::path trace = fs::path(src) / "data" / "traces" / "mooncake" / "conversation_trace.jsonl";
+  fs::path dir = kvf::testing::freshTempDir("kvf_exp_tiers");
+  std::string engine = readFile(fs::path(src) / "engine/configs/engine.yaml");
+  const std::string rel = "profile: ../profiles/";
+  ASSERT_NE(engine.find(rel), std::string::npos);
+  engine.replace(engine.find(rel), rel.size(),
+                 "profile: " + (fs::path(src) / "engine/profiles").string() + "/");
+  std::ofstream(dir / "engine.yaml")
+      << engine << "\ntiers:\n  host: {capacity_mib: 8, pin: off}\n  disk: {dir: "
+      << (dir / "shared-disk").string() << ", capacity_mib: 16}\n";
+  std::ofstream(dir / "exp.yaml") << "name: tiers\noutput_dir: " << (dir / "out").string()
+                                  << "\ntrace: {path: " << trace.string() << ", limit: 6}\n"
+                                  << "replay: {time_scale: 20, timeout_s: 60}\n"
+                                  << "cluster: {engines: 2, engine_config: "
+                                  << (dir / "engine.yaml").string() << ", engine_time_scale: 20}\n"
+                                  << "arms:\n  - {name: rr, policy: {kind: round_robin}}\n";
+  std::string cmd = bin + "/kvf-experiment run " + (dir / "exp.yaml").string() +
+                    " --plots=false > " + (dir / "run.log").string() + " 2>&1";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << readFile(dir / "run.log");
+  fs::path rep = dir / "out" / "arms" / "rr" / "rep0";
+  EXPECT_TRUE(fs::exists(rep / "DONE"));
+  auto results = kvf::experiments::loadResults((rep / "results.jsonl").string());
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 6u);
+  for (const auto& r : *results)
+    EXPECT_TRUE(r.outcome.ok) << r.request_id << ": " << r.outcome.error;
+  for (int i = 0; i < 2; ++i) {
+    std::string config = readFile(rep / ("engine_" + std::to_string(i) + ".yaml"));
+    EXPECT_NE(config.find((rep / ("disk_" + std::to_string(i))).string()), std::string::npos)
+        << config;
+    EXPECT_FALSE(fs::exists(rep / ("disk_" + std::to_string(i))));
+  }
+  EXPECT_FALSE(fs::exists(dir / "shared-disk"));
+}
+
 }  // namespace

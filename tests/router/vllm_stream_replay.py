@@ -2,14 +2,20 @@
 """Replays vLLM's KV-event stream fixture through real ZMQ into kvf-router and compares the
 router's predicted cached tokens with what the engines report (the goal: 0 tokens of error).
 
-Usage: vllm_stream_replay.py --router BIN [--stream DIR] [--json OUT]
+Usage: vllm_stream_replay.py --router BIN [--stream DIR] [--json OUT] [--router_joins_late]
 
 The publishers are written here in Python from the fixture bytes (tests/fixtures/vllm/
 kv_events/stream/frames.jsonl: every [topic, seq, payload] message two vLLM v0.24 engines
 published), never by kvfabric: one ZMQ PUB per engine with vLLM's replay socket (ROUTER, v0.25
 framing), and a minimal HTTP face per engine (/health, and /metrics with
 vllm:cache_config_info so the router learns each engine's KV capacity). kvf-router runs on its
-defaults plus the instance list and the LoRA adapters. At each checkpoint of expected.json the
+defaults plus the instance list and the LoRA adapters. Each publisher is an XPUB socket (on the
+wire a PUB to the router's SUB) so that it can hold its first frame until the router's
+subscription has arrived: a PUB drops what it sends before then, and a router that joins a
+silent stream late only learns the missed batches on the next one, which this fixture never
+sends. With --router_joins_late the first checkpoint's frames are all published before the
+router starts (nobody hears them): the router must learn them from the replay sockets on first
+contact. At each checkpoint of expected.json the
 frames published before it are sent, the router is polled until it applied them, and every
 follow-up request goes to POST /admin/match; its prediction per engine is compared with the
 cached tokens vLLM's own prefix-cache rules give (vllm_prefix_cache.py). Exit 0 when every
@@ -41,7 +47,10 @@ class Engine:
 
     def __init__(self, ctx, name, num_gpu_blocks):
         self.name = name
-        self.pub = ctx.socket(zmq.PUB)
+        # XPUB: PUB on the wire, but the router's subscription is visible (wait_subscribed).
+        self.pub = ctx.socket(zmq.XPUB)
+        self.pub.setsockopt(zmq.SNDHWM, 0)
+        self.subscribed = False
         self.pub_port = self.pub.bind_to_random_port("tcp://127.0.0.1")
         self.replay = ctx.socket(zmq.ROUTER)
         self.replay_port = self.replay.bind_to_random_port("tcp://127.0.0.1")
@@ -64,16 +73,27 @@ class Engine:
         self.http = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self.http.serve_forever, daemon=True).start()
 
+    def wait_subscribed(self, deadline):
+        while not self.subscribed:
+            if time.time() > deadline:
+                raise SystemExit("kvf-router never subscribed to %s's events" % self.name)
+            if self.pub.poll(50):
+                self.subscribed = self.pub.recv()[:1] == b"\x01"
+
     def publish(self, topic, seq, payload):
         with self.lock:
             self.sent.append((topic, seq, payload))
         self.pub.send_multipart([topic, seq, payload])
 
-    def serve_replay(self):
+    def serve_replay(self, stop):
         # vLLM v0.25: one (topic, seq, payload) per buffered batch from the asked seq, then
-        # (b"", -1, b"").
-        if not self.replay.poll(0):
-            return
+        # (b"", -1, b""). Runs on its own thread (the only user of the replay socket) from before
+        # the router starts, so no request waits on the test's main loop.
+        while not stop.is_set():
+            if self.replay.poll(50):
+                self.answer_replay()
+
+    def answer_replay(self):
         frames = self.replay.recv_multipart()
         if len(frames) < 2 or len(frames[-1]) != 8:
             return
@@ -98,10 +118,9 @@ def admin(port, method, path, body=None):
         raise SystemExit("%s %s: HTTP %d %s" % (method, path, e.code, e.read().decode()))
 
 
-def wait_applied(port, engines, want_last_seq, serve):
+def wait_applied(port, want_last_seq):
     deadline = time.time() + DEADLINE_S
     while time.time() < deadline:
-        serve()
         ok = True
         for inst in admin(port, "GET", "/admin/instances")["instances"]:
             want = want_last_seq.get(inst["id"])
@@ -119,6 +138,8 @@ def main():
     ap.add_argument("--router", required=True, help="the kvf-router binary")
     ap.add_argument("--stream", default=DEFAULT_STREAM, help="the stream fixture folder")
     ap.add_argument("--json", help="also write the summary here")
+    ap.add_argument("--router_joins_late", action="store_true",
+                    help="publish the first checkpoint's frames before the router starts")
     args = ap.parse_args()
 
     expected = json.load(open(os.path.join(args.stream, "expected.json")))
@@ -138,6 +159,26 @@ def main():
             f.write("  - {id: %s, url: 'http://127.0.0.1:%d', kv_events: {endpoint: "
                     "'tcp://127.0.0.1:%d', replay_endpoint: 'tcp://127.0.0.1:%d'}}\n"
                     % (name, e.http.server_port, e.pub_port, e.replay_port))
+    published = {name: 0 for name in engines}
+    next_frame = 0
+
+    def publish_until(want, wait_for_router):
+        nonlocal next_frame
+        while next_frame < len(frames) and any(published[n] < want[n] for n in want):
+            fr = frames[next_frame]
+            next_frame += 1
+            if wait_for_router:
+                engines[fr["engine"]].wait_subscribed(time.time() + DEADLINE_S)
+            engines[fr["engine"]].publish(bytes.fromhex(fr["topic_hex"]),
+                                          bytes.fromhex(fr["seq_hex"]),
+                                          bytes.fromhex(fr["payload_hex"]))
+            published[fr["engine"]] += 1
+
+    stop = threading.Event()
+    for e in engines.values():
+        threading.Thread(target=e.serve_replay, args=(stop,), daemon=True).start()
+    if args.router_joins_late:
+        publish_until(expected["checkpoints"][0]["frames_published"], False)
     ready = os.path.join(tmp, "ready")
     router = subprocess.Popen([args.router, "--config", config, "--ready_file", ready,
                                "--log_level", "warn"])
@@ -150,23 +191,9 @@ def main():
             time.sleep(0.02)
         port = int(open(ready).read().split()[0])
 
-        def serve():
-            for e in engines.values():
-                e.serve_replay()
-
-        published = {name: 0 for name in engines}
-        next_frame = 0
         for checkpoint in expected["checkpoints"]:
-            want = checkpoint["frames_published"]
-            while next_frame < len(frames) and any(published[n] < want[n] for n in want):
-                fr = frames[next_frame]
-                next_frame += 1
-                engines[fr["engine"]].publish(bytes.fromhex(fr["topic_hex"]),
-                                              bytes.fromhex(fr["seq_hex"]),
-                                              bytes.fromhex(fr["payload_hex"]))
-                published[fr["engine"]] += 1
-                serve()
-            wait_applied(port, engines, {n: c - 1 for n, c in published.items() if c > 0}, serve)
+            publish_until(checkpoint["frames_published"], True)
+            wait_applied(port, {n: c - 1 for n, c in published.items() if c > 0})
             for f in checkpoint["followups"]:
                 body = {"model": f["model"], "prompt": f["prompt_token_ids"]}
                 if f["cache_salt"]:
@@ -181,6 +208,7 @@ def main():
     finally:
         router.terminate()
         router.wait(timeout=10)
+        stop.set()
     wrong = [r for r in results if r["error"] != 0]
     summary = {"predictions": len(results), "exact": len(results) - len(wrong),
                "abs_error_tokens_total": sum(abs(r["error"]) for r in results),

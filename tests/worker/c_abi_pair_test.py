@@ -3,7 +3,9 @@
 buffer, move KV blocks between them through libkvf_worker.so over UCX - no kvfabric executable
 on either side. The holder's KV events are checked through its replay socket.
 
-Usage: c_abi_pair_test.py LIBKVF_WORKER_SO TRANSPORTS NET_DEVICES ("-" for none)
+Usage: c_abi_pair_test.py LIBKVF_WORKER_SO TRANSPORTS NET_DEVICES ("-" for none) TIERS
+TIERS "on": the holder serves the rest of a prefix from its host and disk tiers
+(config.tiers); "off": it has the same tiers but does not hand them over (config.tiers NULL).
 """
 import os
 import select
@@ -60,7 +62,7 @@ def check_events(replay_endpoint):
 
 
 def main():
-    lib, transports, net_devices = sys.argv[1:4]
+    lib, transports, net_devices, tiers = sys.argv[1:5]
     if not os.path.exists(lib):
         print("FAIL: no library at", lib)
         return 1
@@ -71,7 +73,7 @@ def main():
         s.bind(("127.0.0.1", 0))
         receiver_port = s.getsockname()[1]
     peer_url = f"http://localhost:{receiver_port}"
-    holder = subprocess.Popen(base + ["holder", transports, net_devices, peer_url],
+    holder = subprocess.Popen(base + ["holder", transports, net_devices, tiers, peer_url],
                               stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     receiver = None
@@ -85,7 +87,7 @@ def main():
         if problem:
             print("FAIL: holder KV events:", problem)
             return 1
-        receiver = subprocess.run(base + ["receiver", transports, net_devices, url,
+        receiver = subprocess.run(base + ["receiver", transports, net_devices, tiers, url,
                                           str(receiver_port)],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=90)
         out = receiver.stdout.decode()
@@ -100,7 +102,7 @@ def main():
         if holder.returncode != 0 or b"OK holder" not in rest:
             print("FAIL: holder exited", holder.returncode)
             return 1
-        print("OK c_abi_pair", transports)
+        print("OK c_abi_pair", transports, "tiers", tiers)
         return 0
     finally:
         if holder.poll() is None:
