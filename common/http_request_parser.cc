@@ -254,19 +254,21 @@ bool RequestParser::chunkedMayProgress(std::string_view window) {
   // the last chunk it rescans that line on every call (a long last-chunk line and trailers
   // trickled a byte at a time cost quadratic time), and each call is shown the whole unconsumed
   // window: bytes that cannot let it go on are only scanned here, once each.
-  constexpr size_t kLineStart = 8;  // covers "\r\n" + the first bytes of a line
-  if (chunk_seen_ < kLineStart || chunk_seen_ > window.size() ||
-      window.size() == limits_.max_header_bytes) {
-    return true;
-  }
-  const size_t from = chunk_seen_ - 1;  // a CR seen last time may now have its next byte
-  bytes_scanned_ += window.size() - from;
+  if (chunk_seen_ > window.size() || window.size() == limits_.max_header_bytes) return true;
   bool may = false;
   if (awaiting_trailers_) {
-    for (size_t i = chunk_seen_; i < window.size() && !may; ++i) {
+    // Only the section's end lets Beast go on (and it asserts it is then shown 5 bytes or more,
+    // which a last chunk that is also the first, "0\r\n", has not before its trailers).
+    const size_t from = std::max<size_t>(chunk_seen_, 3);
+    bytes_scanned_ += window.size() - std::min(from - 3, window.size());
+    for (size_t i = from; i < window.size() && !may; ++i) {
       may = window[i] == '\n' && window.substr(i - 3, 4) == "\r\n\r\n";
     }
   } else {
+    constexpr size_t kLineStart = 8;  // covers "\r\n" + the first bytes of a line
+    if (chunk_seen_ < kLineStart) return true;
+    const size_t from = chunk_seen_ - 1;  // a CR seen last time may now have its next byte
+    bytes_scanned_ += window.size() - from;
     // A CR with a byte after it: the line ends there, or its ending is malformed.
     size_t cr = window.find('\r', from);
     may = cr != std::string_view::npos && cr + 1 < window.size();
@@ -287,6 +289,7 @@ size_t RequestParser::putChunked(std::string_view bytes) {
   size_t used = parser_.put(boost::asio::const_buffer(window.data(), window.size()), ec);
   chunked_wire_bytes_ += used;
   chunk_seen_ = 0;
+  awaiting_trailers_ = false;
   ChunkWait wait = ChunkWait::kLineEnd;
   if (ec == bhttp::error::need_more) {
     ec = {};
