@@ -197,8 +197,11 @@ class AgentTest : public ::testing::Test {
     }
   }
 
-  std::unique_ptr<FakeFabric> fabric_ = std::make_unique<FakeFabric>();
+  // The agent thread's io_context outlives the fabric: a landing still open when a test ends
+  // stays in the fabric (as a peer's write may still arrive) with the receiver's callback, which
+  // holds a timer of that io_context.
   std::unique_ptr<testing::IoThread> io_ = std::make_unique<testing::IoThread>();
+  std::unique_ptr<FakeFabric> fabric_ = std::make_unique<FakeFabric>();
   std::vector<std::unique_ptr<Node>> nodes_;
   Clock::time_point started_;
 };
