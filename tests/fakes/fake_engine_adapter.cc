@@ -74,17 +74,28 @@ void FakeEngineAdapter::expectFetch(const std::string& id, std::vector<BlockHash
   });
 }
 
-FakeEngineAdapter::FetchRecord FakeEngineAdapter::waitReleased(const std::string& id,
-                                                               std::chrono::milliseconds timeout) {
+FakeEngineAdapter::FetchRecord FakeEngineAdapter::waitFor(
+    const std::string& id, std::chrono::milliseconds timeout,
+    const std::function<bool(const FetchRecord&)>& done) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
     {
       std::lock_guard lock(mu_);
-      if (fetches_[id].released) return fetches_[id];
+      if (done(fetches_[id])) return fetches_[id];
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   return record(id);
+}
+
+FakeEngineAdapter::FetchRecord FakeEngineAdapter::waitReleased(const std::string& id,
+                                                               std::chrono::milliseconds timeout) {
+  return waitFor(id, timeout, [](const FetchRecord& r) { return r.released; });
+}
+
+FakeEngineAdapter::FetchRecord FakeEngineAdapter::waitCompleted(const std::string& id,
+                                                                std::chrono::milliseconds timeout) {
+  return waitFor(id, timeout, [](const FetchRecord& r) { return r.completed.has_value(); });
 }
 
 FakeEngineAdapter::FetchRecord FakeEngineAdapter::record(const std::string& id) {

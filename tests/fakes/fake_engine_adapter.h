@@ -9,6 +9,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <map>
 #include <mutex>
@@ -44,6 +45,8 @@ class FakeEngineAdapter final : public worker::EngineAdapter {
                    std::vector<worker::BlockIndex> blocks);
   // Waits until fetch `id` was released (or `timeout` passed); its record.
   FetchRecord waitReleased(const std::string& id, std::chrono::milliseconds timeout);
+  // Waits until the agent reported fetch `id`'s outcome (or `timeout` passed); its record.
+  FetchRecord waitCompleted(const std::string& id, std::chrono::milliseconds timeout);
   FetchRecord record(const std::string& id);
   // True when every released landing block the engine did not take over still holds its
   // marker, and every taken-over block holds its hash's content.
@@ -88,6 +91,9 @@ class FakeEngineAdapter final : public worker::EngineAdapter {
  private:
   void onEngineThreadCheck(const char* what);
   std::span<std::byte> blockBytes(worker::BlockIndex b);
+  // Polls fetch `id`'s record until `done` holds or `timeout` passed.
+  FetchRecord waitFor(const std::string& id, std::chrono::milliseconds timeout,
+                      const std::function<bool(const FetchRecord&)>& done);
 
   worker::BlockGeometry geometry_;
   std::vector<std::byte> payload_;

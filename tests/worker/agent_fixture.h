@@ -30,9 +30,12 @@ constexpr int64_t kBlockSize = 16;
 constexpr uint64_t kBlockBytes = 512;
 constexpr uint64_t kBlocks = 64;
 
-// Bounds a fetch's time only to catch one that hangs (this is no timing test): its deadline
-// plus a generous allowance for a loaded machine.
-constexpr Nanos kBound = 2'000'000'000;
+// A deadline or a wait a loaded machine (ctest -j2 beside sanitizer builds) always meets: for
+// fetches whose outcome, not their deadline, is under test, and for polls of what must happen.
+constexpr milliseconds kAmple{20'000};
+// Bounds the outcome's time of a fetch whose short deadline is under test only to catch one
+// that hangs (this is no timing test): that deadline plus several seconds for a loaded machine.
+constexpr Nanos kBound = 10'000'000'000;
 
 inline BlockHash H(uint64_t i) { return BlockHash(1000 + i); }
 
@@ -103,10 +106,11 @@ class AgentTest : public ::testing::Test {
       c.engine->store(H(i), static_cast<BlockIndex>((i * 7) % kBlocks));
   }
 
-  // D fetches hashes [0, n) from `source` into blocks 40.. and waits for the release.
+  // D fetches hashes [0, n) from `source` into blocks 40.., waits (up to its deadline plus
+  // kAmple) for the outcome and then up to `wait` for the release. A test that expects no
+  // release yet (quarantine) passes a short `wait`: load can only make it miss a premature one.
   FakeEngineAdapter::FetchRecord fetch(Node& d, const std::string& source, const std::string& id,
-                                       size_t n, milliseconds deadline,
-                                       milliseconds wait = milliseconds(5000),
+                                       size_t n, milliseconds deadline, milliseconds wait = kAmple,
                                        const std::string& lease = "") {
     RemoteKvFetch f;
     f.id = id;
@@ -118,6 +122,9 @@ class AgentTest : public ::testing::Test {
     d.engine->expectFetch(id, f.hashes, f.blocks);
     started_ = Clock::now();
     d.agent->fetch(std::move(f));
+    if (!d.engine->waitCompleted(id, deadline + kAmple).completed.has_value()) {
+      return d.engine->record(id);
+    }
     return d.engine->waitReleased(id, wait);
   }
   // C holds `n` blocks; transport operation `nth` of D's fetch of them gets `fault`.
@@ -163,20 +170,21 @@ class AgentTest : public ::testing::Test {
         Node& c = make_holder();
         Node& d = node("D");
         fabric_->resetOperations();
-        fabric_->inject(n, fault, milliseconds(400));
-        auto r = fetch(d, c.agent->url(), "f1", n_blocks, milliseconds(150), milliseconds(1500));
+        // The delay leaves the agent thread a second's lag past the 150 ms deadline before a
+        // delayed write or notice could still make the fetch succeed.
+        fabric_->inject(n, fault, milliseconds(1200));
+        auto r = fetch(d, c.agent->url(), "f1", n_blocks, milliseconds(150), milliseconds(0));
         ASSERT_TRUE(r.completed.has_value());
-        if (!r.released) {
+        if (r.completed->writes_may_arrive) {
           // Quarantined: C may still write (its put failed or its notice was lost, and it lives).
-          EXPECT_TRUE(r.completed->writes_may_arrive);
           fabric_->kill("C");
-          r = d.engine->waitReleased("f1", milliseconds(3000));
         }
+        r = d.engine->waitReleased("f1", kAmple);
         EXPECT_TRUE(r.released);
         EXPECT_LT(r.completed->elapsed, kBound) << r.completed->reason;
-        ASSERT_TRUE(fabric_->waitIdle(milliseconds(3000)));
+        ASSERT_TRUE(fabric_->waitIdle(kAmple));
         EXPECT_TRUE(d.engine->markersIntact());
-        EXPECT_TRUE(waitPinsZero(c, milliseconds(2000)));
+        EXPECT_TRUE(waitPinsZero(c, kAmple));
         expectNoViolations(d, r);
         if (fabric_->operations() < n) {  // the fault was never reached: a clean fetch
           EXPECT_FALSE(r.failed);
