@@ -33,6 +33,11 @@ namespace bj = boost::json;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kAmpleDeadlineMs = 20'000;
+// How long a poll for what must happen waits: a loaded machine always gets there by then.
+constexpr std::chrono::milliseconds kAmpleWait{kAmpleDeadlineMs};
+// The bound on a fallback whose short deadline is under test: it only catches a fetch that
+// ignores its deadline (never a timing test), so a loaded machine has several seconds past it.
+constexpr double kDeadlineSlackSeconds = 4.0;
 
 struct Engine {
   std::unique_ptr<Process> proc;
@@ -332,21 +337,22 @@ TEST_F(KvPushTest, OffloadLeaseIsPushedThenReleasedOrExpires) {
   bj::object r = complete(d, prompt, extra);
   EXPECT_EQ(std::string(result(r)["status"].as_string()), "ok") << r;
   EXPECT_EQ(cached(r), 124 * 16);  // (2000 - 1) / 16 full blocks
-  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, std::chrono::seconds(2)));
-  // Streamed, the lease rides on the final chunk.
+  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, kAmpleWait));
+  // Streamed, the lease rides on the final chunk. Each lease below lives 3 s: long enough that
+  // a loaded machine still sees it held, short enough to watch it expire.
   std::string streamed =
       R"({"prompt": )" + tokens(300, 4) +
-      R"(, "stream": true, "kv_transfer_params": {"do_remote_decode": true, "lease_ms": 1000}})";
+      R"(, "stream": true, "kv_transfer_params": {"do_remote_decode": true, "lease_ms": 3000}})";
   std::string sse = call(p.port, "POST", "/v1/completions", streamed).body;
   EXPECT_NE(sse.find("\"lease_id\""), std::string::npos) << sse;
-  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 1, std::chrono::seconds(2)));
+  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 1, kAmpleWait));
   ASSERT_EQ(call(p.port, "POST", "/reset_prefix_cache").status, 409);  // pinned by the lease
-  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, std::chrono::seconds(3)));
+  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, kAmpleWait));
   // An unused lease expires and frees the blocks.
   complete(p, tokens(800, 3),
-           R"(, "kv_transfer_params": {"do_remote_decode": true, "lease_ms": 300})");
+           R"(, "kv_transfer_params": {"do_remote_decode": true, "lease_ms": 3000})");
   EXPECT_EQ(metric(p, "kvfabric_engine_kv_push_leases"), 1);
-  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, std::chrono::seconds(3)));
+  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, kAmpleWait));
 }
 
 // A token holder asks holder C to push C's leased blocks into receiver D at address 4096 with a
@@ -472,7 +478,7 @@ TEST_F(KvPushTest, LeasesAreBoundedServerSide) {
   EXPECT_GE(metric(p, "kvfabric_engine_leases_refused_total"), 2);
   EXPECT_EQ(metric(p, "kvfabric_engine_kv_push_leases"), 2);
   // Expired leases give the capacity back.
-  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, std::chrono::seconds(8)));
+  EXPECT_TRUE(waitMetric(p, "kvfabric_engine_kv_push_leases", 0, kAmpleWait));
   EXPECT_EQ(lease(200, 25, 5000), 200);
 }
 
@@ -522,13 +528,14 @@ TEST_F(KvPushTest, EvictedOnTheHolderFallsBackAtOnce) {
   complete(c, prompt, "");
   ASSERT_EQ(call(c.port, "POST", "/reset_prefix_cache").status, 200);  // every block evicted
   double seconds = 0;
-  bj::object r = complete(d, prompt, source(c, 500), &seconds);
+  // The holder's answer, not the deadline, ends the fetch: the reason says so, and the request
+  // is answered long before the deadline.
+  bj::object r = complete(d, prompt, source(c), &seconds);
   EXPECT_EQ(std::string(result(r)["status"].as_string()), "fallback") << r;
   EXPECT_EQ(std::string(result(r)["reason"].as_string()), "source holds none of the blocks");
   EXPECT_EQ(cached(r), 0);
-  EXPECT_LT(seconds, 0.5 + 0.1 + 0.1) << "fallback took " << seconds << " s";
-  EXPECT_TRUE(
-      waitMetric(d, "kvfabric_engine_kv_push_quarantined_blocks", 0, std::chrono::seconds(1)));
+  EXPECT_LT(seconds, kAmpleDeadlineMs / 2000.0) << "fallback took " << seconds << " s";
+  EXPECT_TRUE(waitMetric(d, "kvfabric_engine_kv_push_quarantined_blocks", 0, kAmpleWait));
 }
 
 TEST_F(KvPushTest, CorruptedBlocksAreRejected) {
@@ -561,19 +568,21 @@ TEST_F(KvPushTest, CorruptedBlocksAreRejected) {
 }
 
 TEST_F(KvPushTest, StalledHolderFallsBackAndItsLatePushCorruptsNothing) {
-  Engine& c = start("C", ", fault: stall, fault_stall_ms: 1200");
+  // C stalls 6 s after D granted its claim: far past D's 300 ms deadline even when a loaded
+  // machine delays D's timer by seconds, so the deadline, not C's late write, decides.
+  Engine& c = start("C", ", fault: stall, fault_stall_ms: 6000");
   Engine& d = start("D");
   std::string prompt = tokens(3000, 6);
   complete(c, prompt, "");
   double seconds = 0;
   bj::object r = complete(d, prompt, source(c, 300), &seconds);
   EXPECT_EQ(std::string(result(r)["status"].as_string()), "fallback") << r;
+  EXPECT_NE(std::string(result(r)["reason"].as_string()).find("in time"), std::string::npos) << r;
   EXPECT_GE(seconds, 0.3);
-  EXPECT_LT(seconds, 0.3 + 0.1 + 0.1) << "fallback took " << seconds << " s";
+  EXPECT_LT(seconds, 0.3 + kDeadlineSlackSeconds) << "fallback took " << seconds << " s";
   // The landing blocks stay out of use until C's late push has landed, then come back.
   EXPECT_GT(metric(d, "kvfabric_engine_kv_push_quarantined_blocks"), 0);
-  EXPECT_TRUE(
-      waitMetric(d, "kvfabric_engine_kv_push_quarantined_blocks", 0, std::chrono::seconds(5)));
+  EXPECT_TRUE(waitMetric(d, "kvfabric_engine_kv_push_quarantined_blocks", 0, kAmpleWait));
   // D's cache is intact: a third engine pulls the prompt from D and verifies every block.
   Engine& e = start("E");
   bj::object r2 = complete(e, prompt, source(d));
@@ -594,14 +603,13 @@ TEST_F(KvPushTest, HolderKilledDuringThePushFallsBack) {
   bj::object r = complete(d, prompt, source(c, 800), &seconds);
   killer.join();
   EXPECT_EQ(std::string(result(r)["status"].as_string()), "fallback") << r;
-  EXPECT_LT(seconds, 0.8 + 0.1 + 0.1) << "fallback took " << seconds << " s";
-  // C is gone, so nothing can land any more: the blocks are back at once.
-  EXPECT_TRUE(
-      waitMetric(d, "kvfabric_engine_kv_push_quarantined_blocks", 0, std::chrono::seconds(1)));
-  // The next request to the dead source fails fast too.
-  bj::object r2 = complete(d, tokens(3000, 8), source(c, 800), &seconds);
+  EXPECT_LT(seconds, 0.8 + kDeadlineSlackSeconds) << "fallback took " << seconds << " s";
+  // C is gone, so nothing can land any more: the blocks come back without waiting for C.
+  EXPECT_TRUE(waitMetric(d, "kvfabric_engine_kv_push_quarantined_blocks", 0, kAmpleWait));
+  // The next request to the dead source fails on the refused connection, not at its deadline.
+  bj::object r2 = complete(d, tokens(3000, 8), source(c), &seconds);
   EXPECT_EQ(std::string(result(r2)["status"].as_string()), "fallback") << r2;
-  EXPECT_LT(seconds, 0.8 + 0.1 + 0.1);
+  EXPECT_LT(seconds, kAmpleDeadlineMs / 2000.0) << r2;
 }
 
 }  // namespace
