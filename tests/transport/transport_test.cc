@@ -14,6 +14,7 @@
 #include <thread>
 #include <tuple>
 
+#include "tests/testing/poll.h"
 #include "transport/asio_completion.h"
 #include "transport/base64.h"
 #include "transport/core.h"
@@ -24,6 +25,11 @@ namespace kvf::transport {
 namespace {
 
 using namespace std::chrono_literals;
+
+// How long a test waits for what must happen, and the deadline of a transfer that must succeed:
+// a loaded machine (ctest -j2 beside the sanitizer lanes) always gets there by then. Tests of a
+// deadline keep their short one.
+constexpr auto kAmple = 20s;
 
 TEST(Base64, RoundTripsEveryLength) {
   std::string bytes;
@@ -94,7 +100,7 @@ TEST_P(TransportTest, PushesThousandsOfBlocksWithVerifiedChecksums) {
   constexpr size_t kBlocks = 4096, kBlock = 4096;
   Pair p = makePair(GetParam(), kBlocks * kBlock);
   auto blocks = scatter(p, kBlocks, kBlock, true);
-  LandingSpec spec{p.sender->workerAddress(), blocks, 5000ms, true};
+  LandingSpec spec{p.sender->workerAddress(), blocks, kAmple, true};
   std::promise<absl::Status> landed;
   auto landing =
       p.receiver->expectPut(p.dst_region, spec, [&](absl::Status s) { landed.set_value(s); });
@@ -106,7 +112,7 @@ TEST_P(TransportTest, PushesThousandsOfBlocksWithVerifiedChecksums) {
   req.peer_address = p.receiver->workerAddress();
   req.peer_rkey = p.dst_region->packedRkey();
   req.blocks = blocks;
-  req.deadline = 5000ms;
+  req.deadline = kAmple;
   req.checksums = ChecksumMode::kCompute;
   req.landing_id = (*landing)->id();
   std::promise<absl::StatusOr<PutResult>> sent;
@@ -122,7 +128,7 @@ TEST_P(TransportTest, PushesThousandsOfBlocksWithVerifiedChecksums) {
   EXPECT_TRUE((*handle)->check().ok());
 
   auto lf = landed.get_future();
-  ASSERT_EQ(lf.wait_for(5s), std::future_status::ready);
+  ASSERT_EQ(lf.wait_for(kAmple), std::future_status::ready);
   EXPECT_TRUE(lf.get().ok());
   EXPECT_TRUE((*landing)->resolved());
   EXPECT_EQ(p.dst_region->activeUsers(), 0u);
@@ -134,7 +140,7 @@ TEST_P(TransportTest, PushesThousandsOfBlocksWithVerifiedChecksums) {
   req.landing_id = 0;
   auto again = p.sender->postPut(req, nullptr);
   ASSERT_TRUE(again.ok());
-  ASSERT_TRUE((*again)->waitFor(5s));
+  ASSERT_TRUE((*again)->waitFor(kAmple));
   ASSERT_TRUE((*again)->result().ok()) << (*again)->check();
   EXPECT_FALSE((*again)->result()->new_endpoint);
   EXPECT_EQ(p.sender->stats().endpoints_created, 1u);
@@ -146,7 +152,7 @@ TEST_P(TransportTest, CoalescesAdjacentBlocks) {
   PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(), blocks};
   auto handle = p.sender->postPut(req, nullptr);
   ASSERT_TRUE(handle.ok());
-  ASSERT_TRUE((*handle)->waitFor(5s));
+  ASSERT_TRUE((*handle)->waitFor(kAmple));
   auto result = (*handle)->result();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->operations, 1u);
@@ -156,7 +162,7 @@ TEST_P(TransportTest, CoalescesAdjacentBlocks) {
   req.blocks = blocks;
   handle = p.sender->postPut(req, nullptr);
   ASSERT_TRUE(handle.ok());
-  ASSERT_TRUE((*handle)->waitFor(5s));
+  ASSERT_TRUE((*handle)->waitFor(kAmple));
   ASSERT_TRUE((*handle)->result().ok());
   EXPECT_EQ((*handle)->result()->operations, 5u);
 }
@@ -169,8 +175,8 @@ TEST_P(TransportTest, DetectsACorruptedBlock) {
     sums.push_back(blockChecksum(p.src.data() + blocks[i].local_offset, blocks[i].length));
   }
   sums[17] ^= 1;  // what the receiver would see if block 17 were damaged on the way
-  auto landing =
-      p.receiver->expectPut(p.dst_region, {p.sender->workerAddress(), blocks, 5s, true}, nullptr);
+  auto landing = p.receiver->expectPut(p.dst_region,
+                                       {p.sender->workerAddress(), blocks, kAmple, true}, nullptr);
   ASSERT_TRUE(landing.ok());
   PutRequest req{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(), blocks};
   req.checksums = ChecksumMode::kProvided;
@@ -178,7 +184,7 @@ TEST_P(TransportTest, DetectsACorruptedBlock) {
   req.landing_id = (*landing)->id();
   auto handle = p.sender->postPut(req, nullptr);
   ASSERT_TRUE(handle.ok());
-  ASSERT_TRUE((*landing)->waitFor(5s));
+  ASSERT_TRUE((*landing)->waitFor(kAmple));
   absl::Status status = (*landing)->check();
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
   EXPECT_NE(std::string(status.message()).find("block 17"), std::string::npos) << status;
@@ -192,7 +198,7 @@ TEST_P(TransportTest, LandingTimesOutAndStaysQuarantinedUntilSenderCompletes) {
   auto landing =
       p.receiver->expectPut(p.dst_region, {p.sender->workerAddress(), blocks, 100ms}, nullptr);
   ASSERT_TRUE(landing.ok());
-  ASSERT_TRUE((*landing)->waitFor(2s));
+  ASSERT_TRUE((*landing)->waitFor(kAmple));
   EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_FALSE((*landing)->resolved());
   std::promise<void> released;
@@ -204,7 +210,7 @@ TEST_P(TransportTest, LandingTimesOutAndStaysQuarantinedUntilSenderCompletes) {
   req.landing_id = (*landing)->id();
   auto handle = p.sender->postPut(req, nullptr);
   ASSERT_TRUE(handle.ok());
-  EXPECT_EQ(rf.wait_for(5s), std::future_status::ready);  // the late notice resolves it
+  EXPECT_EQ(rf.wait_for(kAmple), std::future_status::ready);  // the late notice resolves it
   EXPECT_TRUE((*landing)->resolved());
   EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kDeadlineExceeded);
 }
@@ -225,7 +231,7 @@ TEST_P(TransportTest, RejectsBadRequests) {
   req.peer_address = "not an address";
   auto handle = p.sender->postPut(req, nullptr);
   ASSERT_TRUE(handle.ok());
-  ASSERT_TRUE((*handle)->waitFor(2s));
+  ASSERT_TRUE((*handle)->waitFor(kAmple));
   EXPECT_EQ((*handle)->check().code(), absl::StatusCode::kInvalidArgument);
   auto landing = p.receiver->expectPut(
       p.dst_region, {p.sender->workerAddress(), {{0, p.dst_region->base() + 65536, 1}}}, nullptr);
@@ -246,17 +252,17 @@ TEST_P(TransportTest, CancelFailsThePutAndDeliversOnTheExecutor) {
       req, onExecutor(io.get_executor(), [&](absl::StatusOr<PutResult> r) { seen = r.status(); }));
   ASSERT_TRUE(handle.ok());
   (*handle)->cancel();
-  ASSERT_TRUE((*handle)->waitFor(2s));
+  ASSERT_TRUE((*handle)->waitFor(kAmple));
   // Either the cancel won or the put finished first; both are exactly one completion.
   absl::StatusCode code = (*handle)->check().code();
   EXPECT_TRUE(code == absl::StatusCode::kCancelled || code == absl::StatusCode::kOk) << code;
   EXPECT_EQ(seen.code(), absl::StatusCode::kUnknown);  // not yet run: it waits for the executor
-  EXPECT_EQ(io.run_one_for(2s), 1u);
+  EXPECT_EQ(io.run_one_for(kAmple), 1u);
   EXPECT_EQ(seen.code(), code);
   // The endpoint stays usable for the next put.
   auto next = p.sender->postPut(req, nullptr);
   ASSERT_TRUE(next.ok());
-  ASSERT_TRUE((*next)->waitFor(5s));
+  ASSERT_TRUE((*next)->waitFor(kAmple));
   EXPECT_TRUE((*next)->check().ok()) << (*next)->check();
 }
 
@@ -270,7 +276,7 @@ GetRequest readAll(const Pair& p, const std::vector<BlockCopy>& pushes) {
     req.blocks.push_back(
         {b.remote_addr - p.dst_region->base(), p.src_region->base() + b.local_offset, b.length});
   }
-  req.deadline = 5000ms;
+  req.deadline = kAmple;
   return req;
 }
 
@@ -306,7 +312,7 @@ TEST_P(TransportTest, ReadCoalescesAdjacentBlocks) {
   GetRequest req = readAll(p, scatter(p, 64, 16384, false));
   auto handle = p.receiver->postGet(req, nullptr);
   ASSERT_TRUE(handle.ok());
-  ASSERT_TRUE((*handle)->waitFor(5s));
+  ASSERT_TRUE((*handle)->waitFor(kAmple));
   ASSERT_TRUE((*handle)->result().ok()) << (*handle)->check();
   EXPECT_EQ((*handle)->result()->operations, 1u);
   EXPECT_TRUE((*handle)->result()->checksums.empty());
@@ -323,7 +329,7 @@ TEST_P(TransportTest, ReadOfABlockThatChangedIsAChecksumMismatch) {
   p.src[pushes[17].local_offset + 5] ^= 1;  // the holder reused block 17 after publishing it
   auto handle = p.receiver->postGet(req, nullptr);
   ASSERT_TRUE(handle.ok());
-  ASSERT_TRUE((*handle)->waitFor(5s));
+  ASSERT_TRUE((*handle)->waitFor(kAmple));
   absl::Status status = (*handle)->check();
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
   EXPECT_NE(std::string(status.message()).find("block 17"), std::string::npos) << status;
@@ -371,7 +377,7 @@ TEST_P(TransportTest, ReadRejectsRangesOutsideEitherRegion) {
   EXPECT_EQ(code(r), absl::StatusCode::kInvalidArgument);
   auto handle = p.receiver->postGet(good, nullptr);  // nothing above reached UCX
   ASSERT_TRUE(handle.ok());
-  ASSERT_TRUE((*handle)->waitFor(5s));
+  ASSERT_TRUE((*handle)->waitFor(kAmple));
   EXPECT_TRUE((*handle)->check().ok()) << (*handle)->check();
   EXPECT_EQ(std::memcmp(p.src.data(), p.dst.data(), 4096), 0);
   EXPECT_EQ(p.receiver->stats().gets_refused, 6u);  // the remote ranges and keys above
@@ -385,21 +391,21 @@ TEST_P(TransportTest, MissedReadDeadlineHoldsTheDestinationUntilDrained) {
     req.deadline = std::chrono::milliseconds(1);
     auto handle = p.receiver->postGet(req, nullptr);
     ASSERT_TRUE(handle.ok());
-    ASSERT_TRUE((*handle)->waitFor(3s)) << "get stuck past its deadline";
+    ASSERT_TRUE((*handle)->waitFor(kAmple)) << "get stuck past its deadline";
     absl::StatusCode code = (*handle)->check().code();
     EXPECT_TRUE(code == absl::StatusCode::kDeadlineExceeded || code == absl::StatusCode::kOk)
         << (*handle)->check();
     expired += code == absl::StatusCode::kDeadlineExceeded;
   }
   EXPECT_GT(expired, 0);
-  req.deadline = 20s;
+  req.deadline = kAmple;
   auto handle = p.receiver->postGet(req, nullptr);
   ASSERT_TRUE(handle.ok());
-  ASSERT_TRUE((*handle)->waitFor(20s));
+  ASSERT_TRUE((*handle)->waitFor(kAmple));
   EXPECT_TRUE((*handle)->check().ok()) << (*handle)->check();
   std::promise<void> released;  // only once every abandoned read drained
   p.dst_region->release([&] { released.set_value(); });
-  EXPECT_EQ(released.get_future().wait_for(3s), std::future_status::ready);
+  EXPECT_EQ(released.get_future().wait_for(kAmple), std::future_status::ready);
   EXPECT_TRUE((*handle)->drained());
 }
 
@@ -420,21 +426,21 @@ TEST_P(TransportTest, MissedDeadlineFailsThePutAndTheContextRecovers) {
     req.deadline = std::chrono::milliseconds(1);
     auto handle = p.sender->postPut(req, nullptr);
     ASSERT_TRUE(handle.ok());
-    ASSERT_TRUE((*handle)->waitFor(3s)) << "put stuck past its deadline";
+    ASSERT_TRUE((*handle)->waitFor(kAmple)) << "put stuck past its deadline";
     absl::StatusCode code = (*handle)->check().code();
     EXPECT_TRUE(code == absl::StatusCode::kDeadlineExceeded || code == absl::StatusCode::kOk)
         << (*handle)->check();
     expired += code == absl::StatusCode::kDeadlineExceeded;
   }
   EXPECT_GT(expired, 0);
-  req.deadline = 20s;
+  req.deadline = kAmple;
   auto handle = p.sender->postPut(req, nullptr);
   ASSERT_TRUE(handle.ok());
-  ASSERT_TRUE((*handle)->waitFor(20s));
+  ASSERT_TRUE((*handle)->waitFor(kAmple));
   EXPECT_TRUE((*handle)->check().ok()) << (*handle)->check();
   std::promise<void> released;
   p.src_region->release([&] { released.set_value(); });
-  EXPECT_EQ(released.get_future().wait_for(3s), std::future_status::ready);
+  EXPECT_EQ(released.get_future().wait_for(kAmple), std::future_status::ready);
 }
 
 }  // namespace
@@ -458,8 +464,9 @@ TEST(Completion, NeverLosesTheWakeupOfAWaiterRacingTheCompleter) {
       EXPECT_TRUE(completion.complete(absl::DataLossError("x")));
     });
     auto start = std::chrono::steady_clock::now();
-    ASSERT_TRUE(completion.waitFor(5s)) << "iteration " << i;
-    EXPECT_LT(std::chrono::steady_clock::now() - start, 2s) << "iteration " << i;
+    ASSERT_TRUE(completion.waitFor(kAmple)) << "iteration " << i;
+    // A lost wakeup waits out the timeout; a loaded machine may delay a woken waiter, by far less.
+    EXPECT_LT(std::chrono::steady_clock::now() - start, kAmple / 2) << "iteration " << i;
     EXPECT_EQ(completion.value().code(), absl::StatusCode::kDataLoss);
     completer.join();
     EXPECT_FALSE(completion.complete(absl::OkStatus()));  // the first outcome stays
@@ -481,7 +488,7 @@ TEST(TransportMetrics, ExportsCountersAtScrapeTime) {
                  {{0, p.dst_region->base(), 4096}}};
   auto handle = p.sender->postPut(req, nullptr);
   ASSERT_TRUE(handle.ok());
-  ASSERT_TRUE((*handle)->waitFor(5s));
+  ASSERT_TRUE((*handle)->waitFor(kAmple));
   std::string text = registry.exposition();
   EXPECT_NE(text.find("kvfabric_transport_puts_ok_total{instance=\"a\"} 1"), std::string::npos)
       << text;
@@ -551,7 +558,7 @@ TEST(EndpointCache, EvictsTheLeastRecentlyUsedIdleEndpoint) {
                    {{0, targets[i]->base(), 4096}}};
     auto handle = (*sender)->postPut(req, nullptr);
     ASSERT_TRUE(handle.ok());
-    ASSERT_TRUE((*handle)->waitFor(5s));
+    ASSERT_TRUE((*handle)->waitFor(kAmple));
     ASSERT_TRUE((*handle)->check().ok()) << (*handle)->check();
   }
   EXPECT_EQ((*sender)->stats().endpoints_cached, 2u);
@@ -587,10 +594,11 @@ TEST(PeerIdentity, RoundTripsAndRejectsDamagedAddresses) {
 TEST(Landing, CancelKeepsTheRegionQuarantinedUntilTheSenderCompletes) {
   Pair p = makePair("shm", 1 << 16);
   auto landing = p.receiver->expectPut(
-      p.dst_region, {p.sender->workerAddress(), {{0, p.dst_region->base(), 4096}}, 10s}, nullptr);
+      p.dst_region, {p.sender->workerAddress(), {{0, p.dst_region->base(), 4096}}, kAmple},
+      nullptr);
   ASSERT_TRUE(landing.ok());
   (*landing)->cancel();
-  ASSERT_TRUE((*landing)->waitFor(2s));
+  ASSERT_TRUE((*landing)->waitFor(kAmple));
   EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kCancelled);
   EXPECT_FALSE((*landing)->resolved());
   std::promise<void> released;
@@ -608,7 +616,7 @@ TEST(Landing, CancelKeepsTheRegionQuarantinedUntilTheSenderCompletes) {
                  {{0, p.dst_region->base(), 4096}}};
   req.landing_id = (*landing)->id();
   ASSERT_TRUE(p.sender->postPut(req, nullptr).ok());
-  EXPECT_EQ(rf.wait_for(5s), std::future_status::ready);
+  EXPECT_EQ(rf.wait_for(kAmple), std::future_status::ready);
   EXPECT_TRUE((*landing)->resolved());
   EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kCancelled);  // first outcome stays
   EXPECT_TRUE(p.receiver->disconnect(p.sender->workerAddress()).ok());
@@ -617,7 +625,7 @@ TEST(Landing, CancelKeepsTheRegionQuarantinedUntilTheSenderCompletes) {
 TEST(Landing, AcceptsALeadingPrefixWhenAllowed) {
   Pair p = makePair("shm", 16 * 4096);
   auto blocks = scatter(p, 8, 4096, true);
-  LandingSpec spec{p.sender->workerAddress(), blocks, 5s, true};
+  LandingSpec spec{p.sender->workerAddress(), blocks, kAmple, true};
   spec.allow_prefix = true;
   auto landing = p.receiver->expectPut(p.dst_region, spec, nullptr);
   ASSERT_TRUE(landing.ok());
@@ -627,17 +635,17 @@ TEST(Landing, AcceptsALeadingPrefixWhenAllowed) {
   req.checksums = ChecksumMode::kCompute;
   req.landing_id = (*landing)->id();
   ASSERT_TRUE(p.sender->postPut(req, nullptr).ok());
-  ASSERT_TRUE((*landing)->waitFor(5s));
+  ASSERT_TRUE((*landing)->waitFor(kAmple));
   EXPECT_TRUE((*landing)->check().ok()) << (*landing)->check();
   EXPECT_EQ((*landing)->landedBlocks(), 3u);
   EXPECT_TRUE((*landing)->resolved());
   // Without allow_prefix the same short batch is a mismatch; a non-prefix never matches.
-  auto strict =
-      p.receiver->expectPut(p.dst_region, {p.sender->workerAddress(), blocks, 5s, true}, nullptr);
+  auto strict = p.receiver->expectPut(p.dst_region,
+                                      {p.sender->workerAddress(), blocks, kAmple, true}, nullptr);
   ASSERT_TRUE(strict.ok());
   req.landing_id = (*strict)->id();
   ASSERT_TRUE(p.sender->postPut(req, nullptr).ok());
-  ASSERT_TRUE((*strict)->waitFor(5s));
+  ASSERT_TRUE((*strict)->waitFor(kAmple));
   EXPECT_EQ((*strict)->check().code(), absl::StatusCode::kDataLoss);
   EXPECT_EQ((*strict)->landedBlocks(), 0u);
   auto shifted = p.receiver->expectPut(p.dst_region, spec, nullptr);
@@ -645,7 +653,7 @@ TEST(Landing, AcceptsALeadingPrefixWhenAllowed) {
   req.blocks = {blocks[1]};
   req.landing_id = (*shifted)->id();
   ASSERT_TRUE(p.sender->postPut(req, nullptr).ok());
-  ASSERT_TRUE((*shifted)->waitFor(5s));
+  ASSERT_TRUE((*shifted)->waitFor(kAmple));
   EXPECT_EQ((*shifted)->check().code(), absl::StatusCode::kDataLoss);
 }
 
@@ -654,15 +662,15 @@ TEST(Landing, AcceptsALeadingPrefixWhenAllowed) {
 TEST(Landing, OneNoticeCoversBlocksOfEarlierPuts) {
   Pair p = makePair("shm", 16 * 4096);
   auto blocks = scatter(p, 8, 4096, true);
-  auto landing =
-      p.receiver->expectPut(p.dst_region, {p.sender->workerAddress(), blocks, 5s, true}, nullptr);
+  auto landing = p.receiver->expectPut(p.dst_region,
+                                       {p.sender->workerAddress(), blocks, kAmple, true}, nullptr);
   ASSERT_TRUE(landing.ok());
   PutRequest first{p.src_region, p.receiver->workerAddress(), p.dst_region->packedRkey(),
                    std::vector<BlockCopy>(blocks.begin(), blocks.begin() + 5)};
   first.checksums = ChecksumMode::kCompute;
   auto handle = p.sender->postPut(first, nullptr);
   ASSERT_TRUE(handle.ok());
-  ASSERT_TRUE((*handle)->waitFor(5s));
+  ASSERT_TRUE((*handle)->waitFor(kAmple));
   ASSERT_TRUE((*handle)->result().ok());
   EXPECT_FALSE((*landing)->resolved());  // no notice yet
   std::vector<NoticeBlock> prefix;
@@ -675,7 +683,7 @@ TEST(Landing, OneNoticeCoversBlocksOfEarlierPuts) {
   rest.landing_id = (*landing)->id();
   rest.notice_prefix = prefix;
   ASSERT_TRUE(p.sender->postPut(rest, nullptr).ok());
-  ASSERT_TRUE((*landing)->waitFor(5s));
+  ASSERT_TRUE((*landing)->waitFor(kAmple));
   EXPECT_TRUE((*landing)->check().ok()) << (*landing)->check();
   EXPECT_EQ((*landing)->landedBlocks(), 8u);
   for (const auto& b : blocks) {
@@ -684,13 +692,13 @@ TEST(Landing, OneNoticeCoversBlocksOfEarlierPuts) {
               0);
   }
   // A prefix whose checksum does not match what landed is caught like any other block.
-  auto again =
-      p.receiver->expectPut(p.dst_region, {p.sender->workerAddress(), blocks, 5s, true}, nullptr);
+  auto again = p.receiver->expectPut(p.dst_region,
+                                     {p.sender->workerAddress(), blocks, kAmple, true}, nullptr);
   ASSERT_TRUE(again.ok());
   rest.landing_id = (*again)->id();
   rest.notice_prefix[2].checksum ^= 1;
   ASSERT_TRUE(p.sender->postPut(rest, nullptr).ok());
-  ASSERT_TRUE((*again)->waitFor(5s));
+  ASSERT_TRUE((*again)->waitFor(kAmple));
   EXPECT_EQ((*again)->check().code(), absl::StatusCode::kDataLoss);
   // A prefix without a landing to notify is refused at once.
   PutRequest orphan = rest;
@@ -701,13 +709,14 @@ TEST(Landing, OneNoticeCoversBlocksOfEarlierPuts) {
 TEST(Landing, DismissResolvesAtOnce) {
   Pair p = makePair("shm", 1 << 16);
   auto landing = p.receiver->expectPut(
-      p.dst_region, {p.sender->workerAddress(), {{0, p.dst_region->base(), 4096}}, 10s}, nullptr);
+      p.dst_region, {p.sender->workerAddress(), {{0, p.dst_region->base(), 4096}}, kAmple},
+      nullptr);
   ASSERT_TRUE(landing.ok());
   (*landing)->dismiss();
-  ASSERT_TRUE((*landing)->waitFor(2s));
+  ASSERT_TRUE((*landing)->waitFor(kAmple));
   EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kCancelled);
-  for (int i = 0; i < 200 && !(*landing)->resolved(); ++i) std::this_thread::sleep_for(1ms);
-  EXPECT_TRUE((*landing)->resolved());
+  // Resolved by the dismissal, well before the landing's deadline would resolve it.
+  EXPECT_TRUE(kvf::testing::eventually([&] { return (*landing)->resolved(); }, kAmple / 2, 1ms));
   EXPECT_EQ(p.dst_region->activeUsers(), 0u);
   EXPECT_TRUE(p.receiver->disconnect(p.sender->workerAddress()).ok());
 }
@@ -745,7 +754,7 @@ template <class Request>
   craft(p, req);
   auto handle = postHostile(p, req);
   if (handle.ok()) {
-    (*handle)->waitFor(2s);
+    (*handle)->waitFor(kAmple);
     std::fprintf(stderr, "accepted: %s\n", (*handle)->check().ToString().c_str());
     std::_Exit(1);
   }
@@ -876,13 +885,12 @@ TEST(MemoryRegion, ReleaseWaitsForPutsReadingIt) {
   ASSERT_TRUE(handle.ok());
   std::atomic<bool> released{false};
   p.src_region->release([&] { released = true; });
-  ASSERT_TRUE((*handle)->waitFor(10s));
+  ASSERT_TRUE((*handle)->waitFor(kAmple));
   EXPECT_TRUE((*handle)->check().ok()) << (*handle)->check();
-  for (int i = 0; i < 200 && !released; ++i) std::this_thread::sleep_for(10ms);
-  EXPECT_TRUE(released);
+  EXPECT_TRUE(kvf::testing::eventually([&] { return released.load(); }, kAmple, 10ms));
   auto late = p.sender->postPut(req, nullptr);  // a released region takes no new puts
   ASSERT_TRUE(late.ok());
-  ASSERT_TRUE((*late)->waitFor(2s));
+  ASSERT_TRUE((*late)->waitFor(kAmple));
   EXPECT_EQ((*late)->check().code(), absl::StatusCode::kFailedPrecondition);
 }
 
