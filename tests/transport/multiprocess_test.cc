@@ -21,6 +21,12 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// How long a test waits for what must happen (a child's line, its exit, a completion), and the
+// deadline of a transfer that must succeed: a loaded machine always gets there by then.
+constexpr auto kAmple = 20s;
+// Past a short deadline under test, the time a loaded machine may take to report it.
+constexpr auto kDeadlineSlack = 4s;
+
 constexpr uint64_t kBlocks = 4096;
 constexpr uint64_t kBlock = 16384;
 constexpr uint64_t kSeed = 11;
@@ -77,13 +83,13 @@ class MultiProcessTest : public ::testing::TestWithParam<std::string> {
   // Starts a receiver child and returns the put request that targets its landing.
   PutRequest connectToReceiver(Process& child) {
     PutRequest req;
-    auto addr_line = child.readUntil("ADDR", 10s);
+    auto addr_line = child.readUntil("ADDR", kAmple);
     EXPECT_TRUE(addr_line.has_value());
     if (!addr_line) return req;
     auto w = words(*addr_line);
     EXPECT_EQ(w.size(), 4u);
     EXPECT_TRUE(child.writeLine("SENDER " + base64Encode(ctx_->workerAddress())).ok());
-    auto landing_line = child.readUntil("LANDING", 10s);
+    auto landing_line = child.readUntil("LANDING", kAmple);
     EXPECT_TRUE(landing_line.has_value());
     if (!landing_line || w.size() != 4) return req;
     req.source = region_;
@@ -105,33 +111,34 @@ TEST_P(MultiProcessTest, PushesThousandsOfBlocksIntoAnotherProcess) {
   auto child = spawn("receiver", {"--deadline_ms=20000"});
   PutRequest req = connectToReceiver(*child);
   ASSERT_FALSE(req.blocks.empty());
+  req.deadline = kAmple;  // this put must succeed, however busy the machine
   auto handle = ctx_->postPut(req, nullptr);
   ASSERT_TRUE(handle.ok()) << handle.status();
-  ASSERT_TRUE((*handle)->waitFor(10s));
+  ASSERT_TRUE((*handle)->waitFor(kAmple));
   auto result = (*handle)->result();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->blocks, kBlocks);
   EXPECT_EQ(result->checksums.size(), kBlocks);
-  auto verdict = child->readUntil("RESULT", 20s);
+  auto verdict = child->readUntil("RESULT", kAmple);
   ASSERT_TRUE(verdict.has_value());
   EXPECT_EQ(*verdict, "RESULT OK ");
-  EXPECT_EQ(child->wait(5s), ExitStatus::exited(0));
+  EXPECT_EQ(child->wait(kAmple), ExitStatus::exited(0));
 }
 
 TEST_P(MultiProcessTest, ReceivesThousandsOfBlocksFromAnotherProcess) {
   auto child = spawn("sender", {"--deadline_ms=20000"});
-  auto addr_line = child->readUntil("ADDR", 10s);
+  auto addr_line = child->readUntil("ADDR", kAmple);
   ASSERT_TRUE(addr_line.has_value());
   LandingSpec spec;
   spec.sender_address = *base64Decode(words(*addr_line)[1]);
   std::memset(memory_, 0, kBlocks * kBlock);
   spec.blocks = testing::layoutBlocks(kBlocks, kBlock, kSeed, region_->base());
-  spec.deadline = 20s;
+  spec.deadline = kAmple;
   spec.verify_checksums = true;
   auto landing = ctx_->expectPut(region_, spec, nullptr);
   ASSERT_TRUE(landing.ok()) << landing.status();
   ASSERT_TRUE(child->writeLine(targetLine((*landing)->id())).ok());
-  ASSERT_TRUE((*landing)->waitFor(20s));
+  ASSERT_TRUE((*landing)->waitFor(kAmple));
   EXPECT_TRUE((*landing)->check().ok()) << (*landing)->check();
   EXPECT_TRUE((*landing)->resolved());
   std::vector<char> expected(kBlocks * kBlock);
@@ -141,25 +148,25 @@ TEST_P(MultiProcessTest, ReceivesThousandsOfBlocksFromAnotherProcess) {
                           expected.data() + b.local_offset, kBlock),
               0);
   }
-  EXPECT_EQ(child->readUntil("RESULT", 10s), "RESULT OK ");
-  EXPECT_EQ(child->wait(5s), ExitStatus::exited(0));
+  EXPECT_EQ(child->readUntil("RESULT", kAmple), "RESULT OK ");
+  EXPECT_EQ(child->wait(kAmple), ExitStatus::exited(0));
 }
 
 TEST_P(MultiProcessTest, CorruptedBlockIsAChecksumMismatch) {
   auto child = spawn("sender", {"--corrupt_block=1234", "--deadline_ms=20000"});
-  auto addr_line = child->readUntil("ADDR", 10s);
+  auto addr_line = child->readUntil("ADDR", kAmple);
   ASSERT_TRUE(addr_line.has_value());
   LandingSpec spec{*base64Decode(words(*addr_line)[1]),
-                   testing::layoutBlocks(kBlocks, kBlock, kSeed, region_->base()), 20s, true};
+                   testing::layoutBlocks(kBlocks, kBlock, kSeed, region_->base()), kAmple, true};
   auto landing = ctx_->expectPut(region_, spec, nullptr);
   ASSERT_TRUE(landing.ok());
   ASSERT_TRUE(child->writeLine(targetLine((*landing)->id())).ok());
-  ASSERT_TRUE((*landing)->waitFor(20s));
+  ASSERT_TRUE((*landing)->waitFor(kAmple));
   EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kDataLoss);
   EXPECT_NE(std::string((*landing)->check().message()).find("block 1234"), std::string::npos)
       << (*landing)->check();
   EXPECT_EQ(ctx_->stats().checksum_mismatches, 1u);
-  EXPECT_EQ(child->wait(10s),
+  EXPECT_EQ(child->wait(kAmple),
             ExitStatus::exited(0));  // the sender did its part; the receiver judged the data
 }
 
@@ -181,50 +188,51 @@ TEST_P(MultiProcessTest, ReceiverKilledMidBatchFailsTheSenderWithinItsDeadline) 
     }
     if (n > 3 && (*handle)->waitFor(3s) && !(*handle)->check().ok()) break;
   }
-  ASSERT_TRUE(child->wait(5s).has_value());
+  ASSERT_TRUE(child->wait(kAmple).has_value());
   size_t failed = 0;
   for (auto& h : handles) {
-    ASSERT_TRUE(h->waitFor(3s)) << "a put is stuck after the receiver died";
+    ASSERT_TRUE(h->waitFor(kAmple)) << "a put is stuck after the receiver died";
     if (!h->check().ok()) ++failed;
   }
   auto detect = std::chrono::steady_clock::now() - killed_at;
   EXPECT_GT(failed, 0u);
-  EXPECT_LT(detect, 2500ms);  // deadline (1 s) + scheduling slack
+  EXPECT_LT(detect, 1000ms + kDeadlineSlack);  // the puts' deadline (1 s) + a loaded machine
   EXPECT_FALSE(handles.back()->check().ok()) << "puts to a dead peer must fail";
   EXPECT_GE(ctx_->stats().peer_failures + ctx_->stats().puts_failed, 1u);
   // The source region is released once nothing reads from it any more.
   std::promise<void> released;
   region_->release([&] { released.set_value(); });
-  EXPECT_EQ(released.get_future().wait_for(3s), std::future_status::ready);
+  EXPECT_EQ(released.get_future().wait_for(kAmple), std::future_status::ready);
 }
 
 TEST_P(MultiProcessTest, SenderKilledMidBatchFailsTheLandingAndFreesTheRegion) {
   auto child = spawn("sender", {"--repeat=100000", "--deadline_ms=1000"});
-  auto addr_line = child->readUntil("ADDR", 10s);
+  auto addr_line = child->readUntil("ADDR", kAmple);
   ASSERT_TRUE(addr_line.has_value());
   LandingSpec spec{*base64Decode(words(*addr_line)[1]),
-                   testing::layoutBlocks(kBlocks, kBlock, kSeed, region_->base()), 5s, true};
+                   testing::layoutBlocks(kBlocks, kBlock, kSeed, region_->base()), kAmple, true};
   auto landing = ctx_->expectPut(region_, spec, nullptr);
   ASSERT_TRUE(landing.ok());
   ASSERT_TRUE(child->writeLine(targetLine((*landing)->id())).ok());
-  ASSERT_TRUE(child->readUntil("BATCH 2", 10s).has_value());  // writes are flowing
+  ASSERT_TRUE(child->readUntil("BATCH 2", kAmple).has_value());  // writes are flowing
   auto killed_at = std::chrono::steady_clock::now();
   child->kill();
-  ASSERT_TRUE((*landing)->waitFor(5s)) << "landing stuck after the sender died";
+  ASSERT_TRUE((*landing)->waitFor(kAmple)) << "landing stuck after the sender died";
   EXPECT_EQ((*landing)->check().code(), absl::StatusCode::kUnavailable) << (*landing)->check();
-  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 1500ms);
+  // The sender's death, not the landing's deadline, resolved it.
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, kAmple / 2);
   EXPECT_TRUE((*landing)->resolved());  // the sender is gone: nothing can land any more
   std::promise<void> released;
   region_->release([&] { released.set_value(); });
-  EXPECT_EQ(released.get_future().wait_for(2s), std::future_status::ready);
-  EXPECT_TRUE(child->wait(5s).has_value());
+  EXPECT_EQ(released.get_future().wait_for(kAmple), std::future_status::ready);
+  EXPECT_TRUE(child->wait(kAmple).has_value());
 }
 
 // Reads (one-sided gets) from a holder child: every block of its pattern lands here scattered,
 // checked against the checksums of the pattern and byte for byte.
 TEST_P(MultiProcessTest, ReadsThousandsOfBlocksFromAnotherProcess) {
   auto child = spawn("holder", {});
-  auto addr_line = child->readUntil("ADDR", 10s);
+  auto addr_line = child->readUntil("ADDR", kAmple);
   ASSERT_TRUE(addr_line.has_value());
   auto w = words(*addr_line);
   ASSERT_EQ(w.size(), 5u);
@@ -244,10 +252,10 @@ TEST_P(MultiProcessTest, ReadsThousandsOfBlocksFromAnotherProcess) {
         blockChecksum(expected.data() + (b.remote_addr - peer_base), kBlock));
   }
   std::memset(memory_, 0, kBlocks * kBlock);
-  req.deadline = 10s;
+  req.deadline = kAmple;
   auto handle = ctx_->postGet(req, nullptr);
   ASSERT_TRUE(handle.ok()) << handle.status();
-  ASSERT_TRUE((*handle)->waitFor(10s));
+  ASSERT_TRUE((*handle)->waitFor(kAmple));
   auto result = (*handle)->result();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->bytes, kBlocks * kBlock);
@@ -259,12 +267,12 @@ TEST_P(MultiProcessTest, ReadsThousandsOfBlocksFromAnotherProcess) {
   }
   EXPECT_EQ(ctx_->stats().gets_ok, 1u);
   child->closeStdin();
-  EXPECT_EQ(child->wait(5s), ExitStatus::exited(0));
+  EXPECT_EQ(child->wait(kAmple), ExitStatus::exited(0));
 }
 
 TEST_P(MultiProcessTest, HolderKilledMidReadFailsTheGetWithinItsDeadline) {
   auto child = spawn("holder", {});
-  auto addr_line = child->readUntil("ADDR", 10s);
+  auto addr_line = child->readUntil("ADDR", kAmple);
   ASSERT_TRUE(addr_line.has_value());
   auto w = words(*addr_line);
   ASSERT_EQ(w.size(), 5u);
@@ -289,15 +297,15 @@ TEST_P(MultiProcessTest, HolderKilledMidReadFailsTheGetWithinItsDeadline) {
     }
     if (n > 3 && (*handle)->waitFor(3s) && !(*handle)->check().ok()) break;
   }
-  ASSERT_TRUE(child->wait(5s).has_value());
-  for (auto& h : handles) ASSERT_TRUE(h->waitFor(3s)) << "a get is stuck after the holder died";
-  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 2500ms);  // deadline (1 s) + slack
+  ASSERT_TRUE(child->wait(kAmple).has_value());
+  for (auto& h : handles) ASSERT_TRUE(h->waitFor(kAmple)) << "a get is stuck after the holder died";
+  EXPECT_LT(std::chrono::steady_clock::now() - killed_at, 1000ms + kDeadlineSlack);  // deadline
   EXPECT_FALSE(handles.back()->check().ok()) << "reads from a dead peer must fail";
   EXPECT_GE(ctx_->stats().gets_failed, 1u);
   // The destination is released once no read can write into it any more.
   std::promise<void> released;
   region_->release([&] { released.set_value(); });
-  EXPECT_EQ(released.get_future().wait_for(3s), std::future_status::ready);
+  EXPECT_EQ(released.get_future().wait_for(kAmple), std::future_status::ready);
 }
 
 INSTANTIATE_TEST_SUITE_P(Loopback, MultiProcessTest, ::testing::Values("shm", "tcp"));
