@@ -378,8 +378,10 @@ TEST_F(ChaosTest, FaultsUnderLoadLeaveNoHungRequestNoCorruptBlockAndAConsistentI
       },
       10s, 10ms));
   const auto ejection = Clock::now() - killed_at;
-  EXPECT_LT(out_of_rotation, 2s);
-  EXPECT_LT(ejection, 2s);
+  // Two failed checks (interval 0.2 s, timeout 0.3 s) take about 1 s; the bound adds several
+  // seconds for a loaded machine and still catches checks that never eject.
+  EXPECT_LT(out_of_rotation, 5s);
+  EXPECT_LT(ejection, 5s);
   std::printf(
       "after kill -9: out of rotation in %ld ms, ejected in %ld ms\n",
       static_cast<long>(
