@@ -23,6 +23,9 @@ void parseTierCredit(config::ConfigMap& map, TierCreditConfig* out) {
     m->get("pcie_gbps", &out->pcie_gbps, 0.001, 1e6);
     m->get("disk_read_gbps", &out->disk_read_gbps, 0.001, 1e6);
     m->get("onboard_overhead_s", &out->onboard_overhead_s, 0.0, 60.0);
+    m->getEnum("onboard", &out->onboard,
+               {{"whole", TierOnboard::kWhole}, {"layerwise", TierOnboard::kLayerwise}});
+    m->get("layers", &out->layers, 1, 1000);
     m->rejectUnknownKeys();
   }
 }
@@ -40,7 +43,20 @@ double onboardSeconds(int64_t cpu_tokens, int64_t disk_tokens, const TierCreditC
          c.onboard_overhead_s;
 }
 
-double creditedTokens(int64_t cpu_tokens, int64_t disk_tokens, const TierCreditConfig& c) {
+double exposedOnboardSeconds(int64_t cpu_tokens, int64_t disk_tokens, int64_t new_tokens,
+                             const TierCreditConfig& c) {
+  const double whole = onboardSeconds(cpu_tokens, disk_tokens, c);
+  if (c.onboard == TierOnboard::kWhole || whole == 0.0) return whole;
+  const double load = whole - c.onboard_overhead_s;
+  // The last prompt token is always computed.
+  const double compute =
+      static_cast<double>(std::max<int64_t>(1, new_tokens)) / c.prefill_tokens_per_s;
+  return c.onboard_overhead_s + std::max(0.0, load - compute) +
+         std::min(compute, load) / static_cast<double>(c.layers);
+}
+
+double creditedTokens(int64_t cpu_tokens, int64_t disk_tokens, const TierCreditConfig& c,
+                      int64_t new_tokens) {
   cpu_tokens = std::max<int64_t>(0, cpu_tokens);
   disk_tokens = std::max<int64_t>(0, disk_tokens);
   const auto tokens = static_cast<double>(cpu_tokens + disk_tokens);
@@ -53,9 +69,9 @@ double creditedTokens(int64_t cpu_tokens, int64_t disk_tokens, const TierCreditC
     case TierScoring::kModelled:
       // Worth (1 - onboard_s / recompute_s) of a GPU hit each, recompute_s = t / rate: the
       // tokens net of the onboard time in prefill-token equivalents.
-      return std::clamp(
-          tokens - onboardSeconds(cpu_tokens, disk_tokens, c) * c.prefill_tokens_per_s, 0.0,
-          tokens);
+      return std::clamp(tokens - exposedOnboardSeconds(cpu_tokens, disk_tokens, new_tokens, c) *
+                                     c.prefill_tokens_per_s,
+                        0.0, tokens);
   }
   return 0.0;
 }
@@ -76,7 +92,8 @@ double effectiveHitsWithRun(const RouteRequest& r, const InstanceSnapshot& s,
   if (c.scoring == TierScoring::kOff) return gpu;
   int64_t cpu = 0, disk = 0;
   lowerRun(r, s, &cpu, &disk);
-  return gpu + creditedTokens(cpu, disk, c);
+  const int64_t new_tokens = r.prompt_tokens - static_cast<int64_t>(gpu) - cpu - disk;
+  return gpu + creditedTokens(cpu, disk, c, new_tokens);
 }
 
 int64_t reachWithRun(const RouteRequest& r, const InstanceSnapshot& s, const TierCreditConfig& c) {

@@ -20,6 +20,9 @@ struct InstanceSnapshot;
 struct RouteRequest;
 
 enum class TierScoring { kModelled, kFixed, kOff };
+// How the engines load a lower-tier run (their scheduler.onboard): all before the request's
+// first step, or layer by layer under it.
+enum class TierOnboard { kWhole, kLayerwise };
 
 struct TierCreditConfig {
   TierScoring scoring = TierScoring::kModelled;
@@ -35,6 +38,9 @@ struct TierCreditConfig {
   double pcie_gbps = 400;
   double disk_read_gbps = 48;
   double onboard_overhead_s = 0.005;
+  // The engines' onboarding (scheduler.onboard) and the model's layer count (layer-wise only).
+  TierOnboard onboard = TierOnboard::kWhole;
+  int layers = 48;
 };
 
 // Reads tier_scoring, tier_weights ({CPU: w, DISK: w}) and tier_model from the `policy:` map;
@@ -46,9 +52,17 @@ namespace tiers {
 // Seconds to bring `cpu_tokens` from host memory and `disk_tokens` from disk into GPU memory:
 // bytes x 8 / pcie, plus disk bytes x 8 / disk read, plus the overhead (0 for no tokens).
 double onboardSeconds(int64_t cpu_tokens, int64_t disk_tokens, const TierCreditConfig& c);
-// The GPU-hit tokens that `cpu_tokens` + `disk_tokens` of lower tiers are worth (0 with `off`);
-// never more than their sum, never negative.
-double creditedTokens(int64_t cpu_tokens, int64_t disk_tokens, const TierCreditConfig& c);
+// The part of onboardSeconds the request waits for beyond a GPU hit's first step, when that
+// step computes `new_tokens`: all of it (whole), or with layer-wise loading only what the
+// step's compute C = new_tokens / prefill rate does not hide: overhead + max(0, L - C) +
+// min(C, L) / layers, L the transfer (the engine's pipeline, docs/engine.md "Onboarding").
+double exposedOnboardSeconds(int64_t cpu_tokens, int64_t disk_tokens, int64_t new_tokens,
+                             const TierCreditConfig& c);
+// The GPU-hit tokens that `cpu_tokens` + `disk_tokens` of lower tiers are worth (0 with `off`)
+// for a request with `new_tokens` to compute after them; never more than their sum, never
+// negative.
+double creditedTokens(int64_t cpu_tokens, int64_t disk_tokens, const TierCreditConfig& c,
+                      int64_t new_tokens = 0);
 // The request's prefix on `s` as effective hit tokens: its GPU hits plus the credit of the
 // lower-tier run after them, within [0, prompt]. Inline for the common case of no run (every
 // policy asks it per instance and decision).

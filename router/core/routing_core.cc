@@ -432,7 +432,8 @@ void RoutingCore::fillRecord(const RequestRoute& r, DecisionRecord* out) const {
   out->tier_cpu_tokens = r.tier_cpu_tokens_;
   out->tier_disk_tokens = r.tier_disk_tokens_;
   out->tier_credited_tokens =
-      policy::tiers::creditedTokens(r.tier_cpu_tokens_, r.tier_disk_tokens_, config_.policy.tiers);
+      policy::tiers::creditedTokens(r.tier_cpu_tokens_, r.tier_disk_tokens_, config_.policy.tiers,
+                                    r.prompt_tokens - r.own_matched_tokens_ - r.tierTokens());
 }
 
 void RoutingCore::matchTiers(RequestRoute& r) {

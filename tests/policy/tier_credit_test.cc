@@ -61,6 +61,36 @@ TEST(TierCreditTest, FixedModeMatchesLlmDAndDynamoWeights) {
   EXPECT_EQ(configFor("hybrid").tiers.scoring, TierScoring::kModelled);  // the default
 }
 
+// Engines that load layer by layer hide the transfer under the first step's compute of the
+// request's new tokens: the router waits for what is left, by the engine's pipeline formula.
+TEST(TierCreditTest, LayerwiseEnginesHideTheLoadUnderTheNewTokensCompute) {
+  TierCreditConfig whole;
+  TierCreditConfig layered = parsePolicy("tier_model: {onboard: layerwise, layers: 48}").tiers;
+  ASSERT_EQ(layered.onboard, TierOnboard::kLayerwise);
+  const int64_t cpu = 25000;
+  const double load = tiers::onboardSeconds(cpu, 0, whole) - whole.onboard_overhead_s;
+  // Few new tokens: the step is shorter than the load, which mostly shows.
+  const int64_t few = 16;
+  const double c_few = few / 7000.0;
+  EXPECT_NEAR(tiers::exposedOnboardSeconds(cpu, 0, few, layered),
+              0.005 + (load - c_few) + c_few / 48, 1e-12);
+  // Many new tokens: a step longer than the load hides all of it but one layer's share.
+  const int64_t many = 20000;
+  EXPECT_NEAR(tiers::exposedOnboardSeconds(cpu, 0, many, layered), 0.005 + load / 48, 1e-12);
+  EXPECT_DOUBLE_EQ(tiers::exposedOnboardSeconds(cpu, 0, many, whole),
+                   tiers::onboardSeconds(cpu, 0, whole));
+  // So the same run is worth more with layer-wise engines, and more the more is computed.
+  EXPECT_GT(tiers::creditedTokens(cpu, 0, layered, many), tiers::creditedTokens(cpu, 0, whole));
+  EXPECT_GT(tiers::creditedTokens(cpu, 0, layered, many),
+            tiers::creditedTokens(cpu, 0, layered, few));
+  EXPECT_DOUBLE_EQ(tiers::creditedTokens(cpu, 0, whole, many),
+                   tiers::creditedTokens(cpu, 0, whole));
+  EXPECT_LE(tiers::creditedTokens(cpu, 0, layered, many), static_cast<double>(cpu));
+  auto bad = tryParsePolicy("tier_model: {onboard: chunked}");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("tier_model.onboard"), std::string::npos) << bad.status();
+}
+
 TEST(TierCreditTest, ConfigErrorsNameTheField) {
   auto bad = tryParsePolicy("tier_scoring: weighted");
   ASSERT_FALSE(bad.ok());
