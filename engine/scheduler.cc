@@ -178,6 +178,14 @@ bool Scheduler::allocateSlots(Request& r, int64_t n, std::span<const BlockIndex>
   return true;
 }
 
+void Scheduler::releaseBlocks(Request& r) {
+  std::reverse(r.blocks.begin(), r.blocks.end());  // tail blocks are evicted first
+  pool_->release(r.blocks);
+  r.blocks.clear();
+  r.num_computed_tokens = 0;
+  r.num_cached_blocks = 0;
+}
+
 void Scheduler::preempt(Request& r, std::vector<Scheduled>& scheduled, int64_t& budget) {
   running_.erase(std::remove(running_.begin(), running_.end(), &r), running_.end());
   for (auto it = scheduled.begin(); it != scheduled.end(); ++it) {
@@ -187,11 +195,7 @@ void Scheduler::preempt(Request& r, std::vector<Scheduled>& scheduled, int64_t& 
       break;
     }
   }
-  std::reverse(r.blocks.begin(), r.blocks.end());
-  pool_->release(r.blocks);
-  r.blocks.clear();
-  r.num_computed_tokens = 0;
-  r.num_cached_blocks = 0;
+  releaseBlocks(r);
   r.kv_ready_at = -1;
   r.status = RequestStatus::kPreempted;
   ++r.num_preemptions;
@@ -204,11 +208,7 @@ bool Scheduler::releaseWaitingHolds() {
   for (size_t i = 1; i < waiting_.size(); ++i) {
     Request& r = *waiting_[i];
     if (r.blocks.empty()) continue;
-    std::reverse(r.blocks.begin(), r.blocks.end());
-    pool_->release(r.blocks);  // landed blocks stay cached: its admission may find them again
-    r.blocks.clear();
-    r.num_computed_tokens = 0;
-    r.num_cached_blocks = 0;
+    releaseBlocks(r);  // landed blocks stay cached: its admission may find them again
     r.local_hit_tokens = 0;
     r.kv_ready_at = -1;
     ++r.num_preemptions;

@@ -209,6 +209,9 @@ class Scheduler {
   // would wait forever: the requests behind it give theirs back (counted as preemptions) and
   // the head tries again. Returns whether any did.
   bool releaseWaitingHolds();
+  // Gives r's blocks back to the pool (tail first, so it is evicted first) and forgets what was
+  // computed in them: preemption, a failed fetch, a hold released.
+  void releaseBlocks(Request& r);
   // The part of the remote spec worth fetching after `local` cached blocks (scheduler_remote.cc).
   std::vector<BlockHash> remoteRun(const Request& r, size_t local, size_t max_blocks) const;
   // Holds `cached`, allocates landing blocks for `run` and sets r aside waiting for them; false

@@ -146,13 +146,9 @@ absl::Status Scheduler::failRemoteKv(const std::string& id, Nanos /*now*/, bool 
     pool_->release(r.landing_blocks);
   }
   // Fall back to a plain admission: the local hits are found again unless evicted meanwhile.
-  std::reverse(r.blocks.begin(), r.blocks.end());
-  pool_->release(r.blocks);
-  r.blocks.clear();
+  releaseBlocks(r);
   r.landing_blocks.clear();
   r.landing_hashes.clear();
-  r.num_computed_tokens = 0;
-  r.num_cached_blocks = 0;
   r.remote_kv.reset();
   r.status = RequestStatus::kWaiting;
   waiting_.push_front(&r);
