@@ -190,10 +190,10 @@ absl::Status writeFile(const std::string& path, const std::string& text) {
 // with it, and the arm's kv_connector set.
 // With a disk tier (tiers.disk), each engine gets its own copy, engine_<i>.yaml, whose disk
 // directory is <rep dir>/disk_<i> (a tier directory is locked by one process). `paths` gets
-// each engine's config file.
+// each engine's config file, `disk_dirs` those directories (none without a disk tier).
 absl::Status writeEngineConfig(const ClusterConfig& cluster, const ArmConfig& arm,
                                const std::string& rep_dir, std::vector<std::string>* paths,
-                               std::string* worker_token) {
+                               std::vector<std::string>* disk_dirs, std::string* worker_token) {
   YAML::Node node;
   try {
     node = YAML::LoadFile(cluster.engine_config);
@@ -223,7 +223,8 @@ absl::Status writeEngineConfig(const ClusterConfig& cluster, const ArmConfig& ar
   paths->assign(static_cast<size_t>(cluster.engines), shared);
   if (!node["tiers"] || !node["tiers"]["disk"]) return absl::OkStatus();
   for (size_t i = 0; i < paths->size(); ++i) {
-    node["tiers"]["disk"]["dir"] = strCat(rep_dir, "/disk_", i);
+    disk_dirs->push_back(strCat(rep_dir, "/disk_", i));
+    node["tiers"]["disk"]["dir"] = disk_dirs->back();
     (*paths)[i] = strCat(rep_dir, "/engine_", i, ".yaml");
     KVF_RETURN_IF_ERROR(writeFile((*paths)[i], strCat(YAML::Dump(node), "\n")));
   }
@@ -265,9 +266,7 @@ absl::Status writeRouterConfig(const ExperimentConfig& config, const ArmConfig& 
   }
   root["policy"] = arm.policy;
   root["decision_log"] = decision_log;
-  std::ofstream out(path);
-  out << root << "\n";
-  return out ? absl::OkStatus() : absl::InternalError(strCat("cannot write ", path));
+  return writeFile(path, strCat(YAML::Dump(root), "\n"));
 }
 
 // A child's options: stdout and stderr appended to `log_path`; its own process group, dying with
@@ -320,8 +319,6 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
   }
   std::string worker_token;
   std::vector<std::string> engine_configs;
-  KVF_RETURN_IF_ERROR(
-      writeEngineConfig(config_.cluster, arm, rep_dir, &engine_configs, &worker_token));
   // Disk tiers are scratch: removed once the engines (declared after, so stopped first) exit.
   struct ScratchDirs {
     std::vector<std::string> dirs;
@@ -330,11 +327,8 @@ absl::Status Harness::runRepetition(const ArmConfig& arm, int rep, const std::st
       for (const auto& d : dirs) fs::remove_all(d, ec);
     }
   } disk_dirs;
-  for (size_t i = 0; i < engine_configs.size(); ++i) {
-    if (engine_configs[i] != rep_dir + "/engine.yaml") {
-      disk_dirs.dirs.push_back(strCat(rep_dir, "/disk_", i));
-    }
-  }
+  KVF_RETURN_IF_ERROR(writeEngineConfig(config_.cluster, arm, rep_dir, &engine_configs,
+                                        &disk_dirs.dirs, &worker_token));
   if (routers > 1 && worker_token.empty()) worker_token = protocol::randomNonce();
 
   std::vector<std::unique_ptr<Process>> engines;
