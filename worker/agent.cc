@@ -90,9 +90,7 @@ absl::Status WorkerAgent::Impl::prepareTierPush() {
   if (tiers.data == nullptr || tiers.length == 0) return absl::OkStatus();
   KVF_ASSIGN_OR_RETURN(tier_region, transport->registerMemory(tiers.data, tiers.length));
   bounce = std::make_shared<agent_internal::BouncePool>();
-  // Sector-aligned blocks: the disk tier reads straight into them with O_DIRECT.
-  constexpr uint64_t kSector = 4096;
-  bounce_stride = (geometry.block_bytes + kSector - 1) / kSector * kSector;
+  bounce_stride = tierPushBufferStride(geometry.block_bytes);
   const uint64_t blocks = std::min<uint64_t>(options.push_bounce_bytes / bounce_stride, 1 << 20);
   if (blocks == 0) return absl::OkStatus();
   KVF_ASSIGN_OR_RETURN(bounce_region, transport->allocateMemory(blocks * bounce_stride));

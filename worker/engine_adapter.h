@@ -62,6 +62,13 @@ struct TierPushBlock {
   uint64_t offset = 0;
 };
 
+// The stride of the disk buffers pinTierRun() reads blocks into: a block rounded up to whole
+// 4 KiB sectors, so the disk tier reads straight into them with O_DIRECT.
+constexpr uint64_t tierPushBufferStride(uint64_t block_bytes) {
+  constexpr uint64_t kSector = 4096;
+  return (block_bytes + kSector - 1) / kSector * kSector;
+}
+
 // The leading run of a push's remaining blocks that the engine's lower tiers serve, in order.
 struct TierPushRun {
   uint64_t id = 0;  // for unpinTierRun(); 0 when nothing is pinned

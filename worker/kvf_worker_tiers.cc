@@ -16,7 +16,7 @@ absl::StatusOr<std::optional<kvf_worker_tiers>> tierTable(const kvf_worker_tiers
     return absl::InvalidArgumentError(strCat("config.tiers.region_bytes: ", t->region_bytes,
                                              ", less than one block of ", block_bytes, " bytes"));
   }
-  const uint64_t buffer = (block_bytes + 4095) / 4096 * 4096;  // the agent's bounce stride
+  const uint64_t buffer = tierPushBufferStride(block_bytes);
   if (t->disk_buffer_bytes != 0 && t->disk_buffer_bytes < buffer) {
     return absl::InvalidArgumentError(
         strCat("config.tiers.disk_buffer_bytes: ", t->disk_buffer_bytes,
