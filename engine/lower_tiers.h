@@ -57,6 +57,9 @@ class LowerTiers {
   virtual std::unique_ptr<TierOnboard> onboard(
       std::span<const worker::BlockHash> hashes,
       std::span<const std::span<std::byte>> destinations) = 0;
+  // Retires the tiers' completed asynchronous work (device copies); never blocks. The engine
+  // calls it once per step.
+  virtual void poll() {}
   // The KV events of the tiers since the last call (BlockStored / BlockRemoved with medium
   // "CPU" or "DISK", as vLLM's OffloadingConnector writes them), in the order they happened.
   virtual std::vector<worker::KvEvent> takeEvents() = 0;
