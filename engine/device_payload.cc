@@ -24,11 +24,11 @@ absl::Status cudaCheck(cudaError_t error, std::string_view what) {
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<DevicePayload>> DevicePayload::create(size_t bytes,
-                                                                      size_t block_bytes) {
+                                                                     size_t block_bytes) {
   if (bytes == 0 || block_bytes == 0 || bytes % block_bytes != 0) {
-    return absl::InvalidArgumentError(
-        strCat("device payload: ", bytes, " bytes is not a whole number of ", block_bytes,
-               "-byte blocks"));
+    return absl::InvalidArgumentError(strCat("device payload: ", bytes,
+                                             " bytes is not a whole number of ", block_bytes,
+                                             "-byte blocks"));
   }
   int devices = 0;
   cudaError_t error = cudaGetDeviceCount(&devices);
@@ -47,15 +47,17 @@ absl::StatusOr<std::shared_ptr<DevicePayload>> DevicePayload::create(size_t byte
 
 absl::Status DevicePayload::init() {
   KVF_RETURN_IF_ERROR(cudaCheck(cudaSetDevice(0), "cudaSetDevice"));
-  KVF_RETURN_IF_ERROR(cudaCheck(cudaMalloc(reinterpret_cast<void**>(&base_), bytes_), strCat("cudaMalloc ", bytes_)));
+  KVF_RETURN_IF_ERROR(cudaCheck(cudaMalloc(reinterpret_cast<void**>(&base_), bytes_),
+                                strCat("cudaMalloc ", bytes_)));
   KVF_RETURN_IF_ERROR(cudaCheck(cudaMemset(base_, 0, bytes_), "cudaMemset"));
   KVF_RETURN_IF_ERROR(
       cudaCheck(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
   const size_t slots = std::clamp<size_t>(kStagingBytes / block_bytes_, 2, kStagingSlots);
   KVF_RETURN_IF_ERROR(
-      cudaCheck(cudaMallocHost(reinterpret_cast<void**>(&staging_), slots * block_bytes_), "cudaMallocHost staging"));
-  KVF_RETURN_IF_ERROR(
-      cudaCheck(cudaMallocHost(reinterpret_cast<void**>(&readback_), block_bytes_), "cudaMallocHost readback"));
+      cudaCheck(cudaMallocHost(reinterpret_cast<void**>(&staging_), slots * block_bytes_),
+                "cudaMallocHost staging"));
+  KVF_RETURN_IF_ERROR(cudaCheck(cudaMallocHost(reinterpret_cast<void**>(&readback_), block_bytes_),
+                                "cudaMallocHost readback"));
   done_.assign(slots, nullptr);
   queued_.assign(slots, false);
   for (cudaEvent_t& e : done_) {
@@ -90,10 +92,10 @@ void DevicePayload::write(std::span<std::byte> block, worker::BlockHash hash) {
   }
   std::span<std::byte> staged(staging_ + slot * block_bytes_, block_bytes_);
   worker::fillBlockPayload(hash, staged);
-  absl::Status s = cudaCheck(
-      cudaMemcpyAsync(block.data(), staged.data(), std::min(block.size(), block_bytes_),
-                      cudaMemcpyHostToDevice, stream_),
-      "cudaMemcpyAsync");
+  absl::Status s =
+      cudaCheck(cudaMemcpyAsync(block.data(), staged.data(), std::min(block.size(), block_bytes_),
+                                cudaMemcpyHostToDevice, stream_),
+                "cudaMemcpyAsync");
   if (s.ok()) s = cudaCheck(cudaEventRecord(done_[slot], stream_), "cudaEventRecord");
   queued_[slot] = s.ok();
   if (!s.ok()) {
@@ -106,9 +108,9 @@ void DevicePayload::write(std::span<std::byte> block, worker::BlockHash hash) {
 bool DevicePayload::verify(std::span<const std::byte> block, worker::BlockHash hash) {
   ++stats_.verifies;
   if (block.size() > block_bytes_) return false;
-  absl::Status s = cudaCheck(cudaMemcpyAsync(readback_, block.data(), block.size(),
-                                             cudaMemcpyDeviceToHost, stream_),
-                             "cudaMemcpyAsync");
+  absl::Status s = cudaCheck(
+      cudaMemcpyAsync(readback_, block.data(), block.size(), cudaMemcpyDeviceToHost, stream_),
+      "cudaMemcpyAsync");
   if (s.ok()) s = cudaCheck(cudaStreamSynchronize(stream_), "cudaStreamSynchronize");
   if (!s.ok()) {
     log::error("device payload read failed", "hash", hash.value(), "error",

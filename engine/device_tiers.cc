@@ -56,7 +56,7 @@ class DeviceTierOnboard final : public TierOnboard {
     cudaEvent_t event;
   };
   mutable std::vector<Copied> copies_;
-  mutable size_t issued_ = 0;      // tail blocks whose copy is queued
+  mutable size_t issued_ = 0;       // tail blocks whose copy is queued
   mutable size_t copies_done_ = 0;  // leading copies_ whose event fired
   mutable bool failed_ = false;     // a copy could not be queued: the tail stops there
 };
@@ -131,9 +131,9 @@ absl::StatusOr<std::unique_ptr<DeviceTiers>> DeviceTiers::create(
     DeviceTiersOptions options, std::shared_ptr<DevicePayload> memory) {
   if (memory == nullptr) return absl::InvalidArgumentError("device tiers: no device pool");
   if (options.live.store.host.block_bytes != memory->blockBytes()) {
-    return absl::InvalidArgumentError(
-        strCat("device tiers: host blocks of ", options.live.store.host.block_bytes,
-               " bytes for pool blocks of ", memory->blockBytes()));
+    return absl::InvalidArgumentError(strCat("device tiers: host blocks of ",
+                                             options.live.store.host.block_bytes,
+                                             " bytes for pool blocks of ", memory->blockBytes()));
   }
   std::unique_ptr<DeviceTiers> tiers(new DeviceTiers(std::move(options), std::move(memory)));
   KVF_RETURN_IF_ERROR(tiers->init());
@@ -145,13 +145,13 @@ absl::Status DeviceTiers::init() {
   KVF_ASSIGN_OR_RETURN(copier_, worker::DeviceCopier::create(live_->store(), options_.copier));
   const size_t block = memory_->blockBytes();
   if (options_.bounce_blocks > 0) {
-    KVF_RETURN_IF_ERROR(
-        cudaCheck(cudaMallocHost(reinterpret_cast<void**>(&bounce_), options_.bounce_blocks * block),
-                  "cudaMallocHost bounce"));
+    KVF_RETURN_IF_ERROR(cudaCheck(
+        cudaMallocHost(reinterpret_cast<void**>(&bounce_), options_.bounce_blocks * block),
+        "cudaMallocHost bounce"));
   }
   for (uint32_t i = options_.bounce_blocks; i > 0; --i) free_bounce_.push_back(i - 1);
-  KVF_RETURN_IF_ERROR(cudaCheck(cudaEventCreateWithFlags(&offloaded_, cudaEventDisableTiming),
-                                "cudaEventCreate"));
+  KVF_RETURN_IF_ERROR(
+      cudaCheck(cudaEventCreateWithFlags(&offloaded_, cudaEventDisableTiming), "cudaEventCreate"));
   return cudaCheck(cudaEventCreateWithFlags(&compute_mark_, cudaEventDisableTiming),
                    "cudaEventCreate");
 }
@@ -184,8 +184,8 @@ void DeviceTiers::offload(std::span<const worker::BlockHash> hashes,
   if (batch.ok()) {
     taken = (*batch)->accepted();
     // The pool reuses these blocks now: its next writes wait on the device for the copy.
-    absl::Status s = cudaCheck(cudaEventRecord(offloaded_, copier_->offloadStream()),
-                               "cudaEventRecord");
+    absl::Status s =
+        cudaCheck(cudaEventRecord(offloaded_, copier_->offloadStream()), "cudaEventRecord");
     if (s.ok()) s = cudaCheck(cudaStreamWaitEvent(compute, offloaded_, 0), "cudaStreamWaitEvent");
     if (!s.ok()) {
       // Without the device-side order the bytes must be safe before the blocks are reused.
@@ -194,8 +194,7 @@ void DeviceTiers::offload(std::span<const worker::BlockHash> hashes,
     }
   } else {
     ++stats_.offload_copy_errors;
-    log::warn("device tiers: offload copy refused", "error",
-              std::string(batch.status().message()));
+    log::warn("device tiers: offload copy refused", "error", std::string(batch.status().message()));
   }
   if (taken < keys.size()) offloadThroughHost(hashes.subspan(taken), payloads.subspan(taken));
 }
@@ -271,6 +270,14 @@ std::unique_ptr<TierOnboard> DeviceTiers::onboard(
 }
 
 std::vector<worker::KvEvent> DeviceTiers::takeEvents() {
+  // The offloads queued so far (this step's evictions) complete first, so their CPU stores go out
+  // ahead of the step's GPU removals (putTierEventsFirst): a router resolves a token-free CPU
+  // store only through the GPU entry it still holds. The wait is the copy of one step's evicted
+  // blocks; offloads already done cost nothing.
+  if (cudaEventQuery(offloaded_) == cudaErrorNotReady) {
+    ++stats_.event_waits;
+    cudaEventSynchronize(offloaded_);
+  }
   copier_->poll();
   return live_->takeEvents();
 }

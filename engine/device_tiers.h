@@ -6,8 +6,10 @@
 // after an event of the compute stream (the step that wrote them), and the compute stream then
 // waits, on the device, for an event recorded after that copy. So the pool reuses an evicted
 // block at once and no later write can reach it before the copy has read it: the engine thread
-// never waits. The host copy becomes visible (lookup, BlockStored CPU) when poll() sees the copy
-// complete; until then a lookup misses it (a recompute, never a wrong byte). Blocks the host
+// never waits during the step. The host copy becomes visible (lookup, BlockStored CPU) when
+// poll() sees the copy complete; until then a lookup misses it (a recompute, never a wrong
+// byte). takeEvents(), once per step when the events are published, waits for the step's copies
+// so its CPU stores precede its GPU removals. Blocks the host
 // tier cannot take now (every slot waits for the disk) are read back to the host and handed to
 // LiveTiers::offload, which waits for room (bounded, counted): backpressure, never loss.
 //
@@ -50,14 +52,15 @@ struct DeviceTiersStats {
   uint64_t onboard_copier_blocks = 0;  // host -> device by DeviceCopier::onboard
   uint64_t onboard_bounce_blocks = 0;  // store -> bounce slot -> device
   uint64_t onboard_no_bounce = 0;      // blocks not onboarded for want of a bounce slot
+  uint64_t event_waits = 0;  // takeEvents() waited for queued offload copies (event order)
 };
 
 class DeviceTiers final : public LowerTiers {
  public:
   // `memory` is the pool's (the copies' endpoints and the compute stream). FailedPrecondition
   // without a usable device.
-  static absl::StatusOr<std::unique_ptr<DeviceTiers>> create(
-      DeviceTiersOptions options, std::shared_ptr<DevicePayload> memory);
+  static absl::StatusOr<std::unique_ptr<DeviceTiers>> create(DeviceTiersOptions options,
+                                                             std::shared_ptr<DevicePayload> memory);
   // Drains the copier (completed offloads are committed), then frees the bounce slots.
   ~DeviceTiers() override;
 
@@ -67,7 +70,8 @@ class DeviceTiers final : public LowerTiers {
   std::unique_ptr<TierOnboard> onboard(std::span<const worker::BlockHash> hashes,
                                        std::span<const std::span<std::byte>> destinations) override;
   void poll() override { copier_->poll(); }
-  // poll() first: the offloads that completed since the last call are in.
+  // Waits for the offload copies queued so far, then poll(): a step's CPU stores come before
+  // its GPU removals, as with LiveTiers.
   std::vector<worker::KvEvent> takeEvents() override;
 
   LiveTiers& live() { return *live_; }
@@ -95,7 +99,7 @@ class DeviceTiers final : public LowerTiers {
   std::vector<uint32_t> free_bounce_;
   cudaEvent_t offloaded_ = nullptr;  // recorded after each offload copy; the compute stream waits
   cudaEvent_t compute_mark_ = nullptr;  // onboards' copies wait for the compute stream's work
-  std::vector<std::byte> readback_;  // offloadThroughHost's landing
+  std::vector<std::byte> readback_;     // offloadThroughHost's landing
   DeviceTiersStats stats_;
 };
 

@@ -165,7 +165,8 @@ double EngineCoreSide::latenessQuantile(double q) const {
 
 void EngineCoreSide::publishEvents() {
   std::vector<worker::KvEvent> events = step_events_.take();
-  if (tiers_ != nullptr) putTierEventsFirst(*tiers_, events);
+  // The core's tiers (a device pool's wrap the store's): their takeEvents retires copies first.
+  if (LowerTiers* tiers = core_->lowerTiers()) putTierEventsFirst(*tiers, events);
   if (publisher_ != nullptr && !events.empty())
     publisher_->publish(std::move(events), unixSeconds());
 }

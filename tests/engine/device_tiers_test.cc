@@ -175,7 +175,8 @@ TEST(DeviceTiersTest, AnEvictedPrefixComesBackFromHostMemoryThroughTheCopier) {
   // Every block the pool evicted reached host memory (one CPU store per GPU removal).
   size_t gpu_removed = 0;
   for (const worker::KvEvent& e : pool_events.events()) {
-    if (const auto* r = std::get_if<worker::BlockRemoved>(&e)) gpu_removed += r->block_hashes.size();
+    if (const auto* r = std::get_if<worker::BlockRemoved>(&e))
+      gpu_removed += r->block_hashes.size();
   }
   size_t cpu_stored = 0;
   for (const worker::KvEvent& e : d.tiers->takeEvents()) {
@@ -186,6 +187,31 @@ TEST(DeviceTiersTest, AnEvictedPrefixComesBackFromHostMemoryThroughTheCopier) {
   }
   EXPECT_GT(gpu_removed, 0u);
   EXPECT_EQ(cpu_stored, gpu_removed);
+}
+
+TEST(DeviceTiersTest, TheCpuStoresOfEvictedBlocksGoOutWithTheirGpuRemovals) {
+  SKIP_WITHOUT_DEVICE();
+  worker::VectorEventSink pool_events;
+  DeviceCore d(deviceConfig("host: {capacity_mib: 4}\n"), &pool_events);
+  ASSERT_NE(d.core, nullptr);
+  d.serve("a1", 10, 1);
+  // No drain: taking the tiers' events (as the engine does after each step) is enough.
+  size_t cpu_stored = 0;
+  for (int i = 0; i < 4; ++i) {
+    d.serve("f" + std::to_string(i), 20, 100 + i);
+    for (const worker::KvEvent& e : d.tiers->takeEvents()) {
+      if (const auto* s = std::get_if<worker::BlockStored>(&e))
+        cpu_stored += s->block_hashes.size();
+    }
+    size_t gpu_removed = 0;
+    for (const worker::KvEvent& e : pool_events.events()) {
+      if (const auto* r = std::get_if<worker::BlockRemoved>(&e)) {
+        gpu_removed += r->block_hashes.size();
+      }
+    }
+    EXPECT_EQ(cpu_stored, gpu_removed) << "after filler " << i;
+  }
+  EXPECT_GT(cpu_stored, 0u);
 }
 
 TEST(DeviceTiersTest, ADamagedHostSlotIsCaughtOnTheDeviceAndRecomputed) {
@@ -210,7 +236,7 @@ TEST(DeviceTiersTest, ASmallHostBudgetOverADiskLosesNothing) {
   // 256 host slots under 16 fillers of 20 blocks: host memory turns over, A is on disk only.
   worker::VectorEventSink pool_events;
   DeviceCore d(deviceConfig("host: {capacity_mib: 1}\ndisk: {dir: " + dir.string() +
-                                ", capacity_mib: 64, file_mib: 1}\n"),
+                            ", capacity_mib: 64, file_mib: 1}\n"),
                &pool_events);
   ASSERT_NE(d.core, nullptr);
   VirtualOutcome again = evictAndRepeat(d, 16);
@@ -229,7 +255,8 @@ TEST(DeviceTiersTest, ASmallHostBudgetOverADiskLosesNothing) {
   // copier or, while every slot waited for the disk, read back and offloaded with backpressure.
   size_t gpu_removed = 0;
   for (const worker::KvEvent& e : pool_events.events()) {
-    if (const auto* r = std::get_if<worker::BlockRemoved>(&e)) gpu_removed += r->block_hashes.size();
+    if (const auto* r = std::get_if<worker::BlockRemoved>(&e))
+      gpu_removed += r->block_hashes.size();
   }
   EXPECT_GT(gpu_removed, 256u);
   EXPECT_EQ(st.host_stored, gpu_removed);
