@@ -18,13 +18,6 @@ absl::Status cudaCheck(cudaError_t error, std::string_view what) {
   return worker::cudaStatus(error, strCat("device tiers: ", what));
 }
 
-std::vector<worker::BlockKey> keysOf(std::span<const worker::BlockHash> hashes) {
-  std::vector<worker::BlockKey> keys;
-  keys.reserve(hashes.size());
-  for (worker::BlockHash h : hashes) keys.push_back(h.value());
-  return keys;
-}
-
 }  // namespace
 
 // One onboard into the device pool: a head copied by the DeviceCopier straight from host slots,

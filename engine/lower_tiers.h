@@ -65,6 +65,14 @@ class LowerTiers {
   virtual std::vector<worker::KvEvent> takeEvents() = 0;
 };
 
+// The store's keys of engine block hashes (the same 64-bit values).
+inline std::vector<worker::BlockKey> keysOf(std::span<const worker::BlockHash> hashes) {
+  std::vector<worker::BlockKey> keys;
+  keys.reserve(hashes.size());
+  for (worker::BlockHash h : hashes) keys.push_back(h.value());
+  return keys;
+}
+
 // Puts the tiers' events since the last call in front of a step's events, the order the live
 // engine and the simulator publish in: a block the step evicted enters CPU before it leaves GPU,
 // so a router that knows the block by its GPU entry (vLLM's tier events carry no tokens) can
