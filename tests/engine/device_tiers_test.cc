@@ -19,6 +19,7 @@
 #include "engine/engine_core.h"
 #include "engine/virtual_run.h"
 #include "tests/engine/engine_test_util.h"
+#include "tests/testing/cuda_device.h"
 #include "tests/testing/temp_dir.h"
 #include "worker/tiers/tier_config.h"
 #include "worker/tiers/tiered_store.h"
@@ -33,19 +34,6 @@ using testing::spec;
 constexpr int kBlock = 16;
 constexpr int64_t kPoolBlocks = 32;
 constexpr size_t kPayload = 4096;
-
-std::string whyNoDevice() {
-  int devices = 0;
-  cudaError_t error = cudaGetDeviceCount(&devices);
-  if (error != cudaSuccess) {
-    cudaGetLastError();
-    return cudaGetErrorString(error);
-  }
-  return devices > 0 ? "" : "no CUDA device";
-}
-
-#define SKIP_WITHOUT_DEVICE() \
-  if (std::string why = whyNoDevice(); !why.empty()) GTEST_SKIP() << why
 
 EngineConfig deviceConfig(const std::string& tiers_yaml) {
   EngineConfig c = makeConfig(kBlock, kPoolBlocks, 8192);
@@ -111,7 +99,7 @@ VirtualOutcome evictAndRepeat(DeviceCore& d, int fillers) {
 }
 
 TEST(DeviceTiersTest, WithoutADeviceTheDevicePoolIsAClearError) {
-  if (whyNoDevice().empty()) GTEST_SKIP() << "a device is present";
+  if (kvf::testing::whyNoCudaDevice().empty()) GTEST_SKIP() << "a device is present";
   auto m = DevicePayload::create(kPayload * 4, kPayload);
   ASSERT_FALSE(m.ok());
   EXPECT_EQ(m.status().code(), absl::StatusCode::kFailedPrecondition) << m.status();
@@ -119,7 +107,7 @@ TEST(DeviceTiersTest, WithoutADeviceTheDevicePoolIsAClearError) {
 }
 
 TEST(DeviceTiersTest, TheDevicePoolWritesAndChecksItsBlocksOnTheDevice) {
-  SKIP_WITHOUT_DEVICE();
+  KVF_SKIP_WITHOUT_CUDA_DEVICE();
   DeviceCore d(deviceConfig(""));
   ASSERT_NE(d.core, nullptr);
   VirtualOutcome first = d.serve("a1", 10, 1);
@@ -143,7 +131,7 @@ TEST(DeviceTiersTest, TheDevicePoolWritesAndChecksItsBlocksOnTheDevice) {
 }
 
 TEST(DeviceTiersTest, AnEvictedPrefixComesBackFromHostMemoryThroughTheCopier) {
-  SKIP_WITHOUT_DEVICE();
+  KVF_SKIP_WITHOUT_CUDA_DEVICE();
   worker::VectorEventSink pool_events;
   DeviceCore d(deviceConfig("host: {capacity_mib: 4}\n"), &pool_events);
   ASSERT_NE(d.core, nullptr);
@@ -190,7 +178,7 @@ TEST(DeviceTiersTest, AnEvictedPrefixComesBackFromHostMemoryThroughTheCopier) {
 }
 
 TEST(DeviceTiersTest, TheCpuStoresOfEvictedBlocksGoOutWithTheirGpuRemovals) {
-  SKIP_WITHOUT_DEVICE();
+  KVF_SKIP_WITHOUT_CUDA_DEVICE();
   worker::VectorEventSink pool_events;
   DeviceCore d(deviceConfig("host: {capacity_mib: 4}\n"), &pool_events);
   ASSERT_NE(d.core, nullptr);
@@ -215,7 +203,7 @@ TEST(DeviceTiersTest, TheCpuStoresOfEvictedBlocksGoOutWithTheirGpuRemovals) {
 }
 
 TEST(DeviceTiersTest, ADamagedHostSlotIsCaughtOnTheDeviceAndRecomputed) {
-  SKIP_WITHOUT_DEVICE();
+  KVF_SKIP_WITHOUT_CUDA_DEVICE();
   DeviceCore d(deviceConfig("host: {capacity_mib: 4}\n"));
   ASSERT_NE(d.core, nullptr);
   d.serve("a1", 10, 1);
@@ -231,7 +219,7 @@ TEST(DeviceTiersTest, ADamagedHostSlotIsCaughtOnTheDeviceAndRecomputed) {
 }
 
 TEST(DeviceTiersTest, ASmallHostBudgetOverADiskLosesNothing) {
-  SKIP_WITHOUT_DEVICE();
+  KVF_SKIP_WITHOUT_CUDA_DEVICE();
   std::filesystem::path dir = kvf::testing::freshTempDir("device-tiers-disk");
   // 256 host slots under 16 fillers of 20 blocks: host memory turns over, A is on disk only.
   worker::VectorEventSink pool_events;
