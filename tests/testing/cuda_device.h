@@ -23,6 +23,6 @@ inline std::string whyNoCudaDevice() {
 
 }  // namespace kvf::testing
 
-#define KVF_SKIP_WITHOUT_CUDA_DEVICE()                                              \
+#define KVF_SKIP_WITHOUT_CUDA_DEVICE()                                             \
   if (std::string kvf_why_ = ::kvf::testing::whyNoCudaDevice(); !kvf_why_.empty()) \
   GTEST_SKIP() << kvf_why_
