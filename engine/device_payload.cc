@@ -6,8 +6,8 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "transport/cuda_status.h"
 #include "worker/block_payload.h"
-#include "worker/tiers/cuda_status.h"
 
 namespace kvf::engine {
 namespace {
@@ -18,7 +18,7 @@ constexpr size_t kStagingSlots = 256;
 constexpr size_t kStagingBytes = size_t{64} << 20;
 
 absl::Status cudaCheck(cudaError_t error, std::string_view what) {
-  return worker::cudaStatus(error, strCat("device payload: ", what));
+  return transport::cudaStatus(error, strCat("device payload: ", what));
 }
 
 }  // namespace

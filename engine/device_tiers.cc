@@ -8,14 +8,14 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
-#include "worker/tiers/cuda_status.h"
+#include "transport/cuda_status.h"
 #include "worker/tiers/tiered_store.h"
 
 namespace kvf::engine {
 namespace {
 
 absl::Status cudaCheck(cudaError_t error, std::string_view what) {
-  return worker::cudaStatus(error, strCat("device tiers: ", what));
+  return transport::cudaStatus(error, strCat("device tiers: ", what));
 }
 
 }  // namespace

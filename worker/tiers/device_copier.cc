@@ -6,7 +6,7 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
-#include "worker/tiers/cuda_status.h"
+#include "transport/cuda_status.h"
 #include "worker/tiers/tiered_store.h"
 
 namespace kvf::worker {
@@ -15,7 +15,7 @@ namespace {
 // The copier's errors name it (the conversion itself is cudaStatus's).
 absl::Status cudaToStatus(cudaError_t error, std::string_view what) {
   if (error == cudaSuccess) return absl::OkStatus();
-  return cudaStatus(error, strCat("device copier: ", what));
+  return transport::cudaStatus(error, strCat("device copier: ", what));
 }
 
 // The driver answers a batched copy it cannot do with one of these: fall back, do not fail.

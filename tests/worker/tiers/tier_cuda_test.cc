@@ -10,7 +10,7 @@
 
 #include "tests/testing/cuda_device.h"
 #include "tests/worker/tiers/tier_test_util.h"
-#include "worker/tiers/cuda_status.h"
+#include "transport/cuda_status.h"
 #include "worker/tiers/tiered_store.h"
 
 namespace kvf::worker {
@@ -58,11 +58,12 @@ TEST(TierCuda, BlocksRoundTripHostTierToDeviceAndBackByDma) {
   constexpr BlockKey kBack = 1000;
   for (BlockKey k = 0; k < kBlocks; ++k) {
     absl::Status st = s.offloadInto(kBack + k, [&](std::span<std::byte> slot) {
-      absl::Status copied = cudaStatus(cudaMemcpyAsync(slot.data(), device_bytes + k * kBlock,
-                                                       kBlock, cudaMemcpyDeviceToHost, stream),
-                                       "cudaMemcpyAsync");
+      absl::Status copied =
+          transport::cudaStatus(cudaMemcpyAsync(slot.data(), device_bytes + k * kBlock, kBlock,
+                                                cudaMemcpyDeviceToHost, stream),
+                                "cudaMemcpyAsync");
       if (!copied.ok()) return copied;
-      return cudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      return transport::cudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     });
     ASSERT_TRUE(st.ok()) << st;
   }

@@ -1,5 +1,6 @@
-// The one conversion from cudaError_t to absl::Status, for every CUDA user in the tiers and the
-// engine's device pool. Compiled only with CUDA (KVF_WITH_CUDA); stateless, any thread.
+// The one conversion from cudaError_t to absl::Status, for every CUDA user: the transport's
+// staging, the tiers and the engine's device pool. Compiled only with CUDA (KVF_WITH_CUDA);
+// stateless, any thread.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,11 +9,11 @@
 
 #include "absl/status/status.h"
 
-namespace kvf::worker {
+namespace kvf::transport {
 
 // OK for cudaSuccess; otherwise "<what>: <CUDA's message>" with a code by kind: out of memory
 // ResourceExhausted, bad values or pointers InvalidArgument, no usable device (none, a driver
 // older than the runtime) FailedPrecondition, the rest Internal.
 absl::Status cudaStatus(cudaError_t error, std::string_view what);
 
-}  // namespace kvf::worker
+}  // namespace kvf::transport

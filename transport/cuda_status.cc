@@ -1,10 +1,10 @@
-#include "worker/tiers/cuda_status.h"
+#include "transport/cuda_status.h"
 
 #include <string>
 
 #include "common/strings.h"
 
-namespace kvf::worker {
+namespace kvf::transport {
 
 absl::Status cudaStatus(cudaError_t error, std::string_view what) {
   if (error == cudaSuccess) return absl::OkStatus();
@@ -20,4 +20,4 @@ absl::Status cudaStatus(cudaError_t error, std::string_view what) {
   return absl::InternalError(message);
 }
 
-}  // namespace kvf::worker
+}  // namespace kvf::transport
