@@ -328,6 +328,7 @@ size_t DeviceCopier::poll() {
       log::error("device copier: onboard copy failed", "error", cudaGetErrorString(error));
     }
     batch.readyPrefix();
+    if (error == cudaSuccess) store_.countHostOnboards(batch.pins_.size());
     for (const auto& pin : batch.pins_) store_.host().unpin(pin);
     batch.retired_ = true;
     onboards_.pop_front();

@@ -146,6 +146,10 @@ class TieredStore {
   // Writes every dirty host block to disk (write-back included) and waits; false on timeout.
   bool flush(std::chrono::nanoseconds timeout);
 
+  // Counts blocks a caller onboarded itself from pinned host slots (a device copier's DMA), so
+  // the host tier's onboard counter means the same with or without one.
+  void countHostOnboards(uint64_t blocks) { bump(counters_.host_onboarded, blocks); }
+
   TierStats stats() const;
   uint64_t blockBytes() const { return host_->blockBytes(); }
   PinKind hostPinKind() const { return host_->pinKind(); }

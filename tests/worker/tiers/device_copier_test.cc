@@ -185,6 +185,7 @@ TEST_P(DeviceCopierPathTest, BlocksRoundTripByteForByte) {
   EXPECT_TRUE((*on)->done());
   EXPECT_EQ(copier_->onboardsInFlight(), 0u);
   EXPECT_EQ(store_->host().usage().evictable, store_->host().usage().resident);  // unpinned
+  EXPECT_EQ(store_->stats().host_onboarded, kN);  // the host tier's counter sees the DMA
 }
 
 INSTANTIATE_TEST_SUITE_P(BatchedAndPerBlock, DeviceCopierPathTest, ::testing::Bool());
