@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 namespace kvf::engine {
 
@@ -9,8 +10,6 @@ const char* prefetchSkipName(PrefetchSkip reason) {
   switch (reason) {
     case PrefetchSkip::kBudget:
       return "budget";
-    case PrefetchSkip::kReadsInFlight:
-      return "reads_in_flight";
     case PrefetchSkip::kHostFull:
       return "host_full";
   }
@@ -31,12 +30,9 @@ void QueuedPrefetch::onQueued(std::span<const BlockHash> past_g1, Nanos now,
                               std::vector<BlockHash>* held) {
   TierRun run = tiers_->lookup(past_g1);
   if (run.size() == 0) return;
-  const HostRoom capacity = tiers_->hostRoom();
+  const size_t capacity = tiers_->hostRoom().capacity;
   const auto budget =
-      static_cast<size_t>(std::floor(options_.budget_fraction * static_cast<double>(capacity.capacity)));
-  const auto margin =
-      static_cast<size_t>(std::ceil(options_.margin_fraction * static_cast<double>(capacity.capacity)));
-  while (!reads_.empty() && reads_.front() <= now) reads_.pop_front();
+      static_cast<size_t>(std::floor(options_.budget_fraction * static_cast<double>(capacity)));
   touch_.clear();
   for (size_t i = 0; i < run.size(); ++i) {
     const BlockHash h = past_g1[i];
@@ -54,43 +50,62 @@ void QueuedPrefetch::onQueued(std::span<const BlockHash> past_g1, Nanos now,
       skipRest(run, i, PrefetchSkip::kBudget);
       break;
     }
-    if (std::max(reads_.size(), tiers_->promotionsInFlight()) >= options_.max_reads_in_flight) {
-      skipRest(run, i, PrefetchSkip::kReadsInFlight);
-      break;
-    }
-    if (tiers_->hostRoom().available <= margin) {
-      skipRest(run, i, PrefetchSkip::kHostFull);
-      break;
-    }
-    PromoteOutcome outcome = tiers_->promote(h);
-    if (outcome == PromoteOutcome::kInHost) {
-      if (touch_.size() < budget) touch_.push_back(h);
-      continue;
-    }
-    if (outcome == PromoteOutcome::kNoRoom) {
-      skipRest(run, i, PrefetchSkip::kHostFull);
-      break;
-    }
-    if (outcome == PromoteOutcome::kNotOnDisk) break;  // gone since the lookup: the run ends
-    disk_free_at_ = std::max(now, disk_free_at_) + block_read_;
-    reads_.push_back(disk_free_at_);
-    entries_.emplace(h.value(), Entry{disk_free_at_, 1, false});
+    entries_.emplace(h.value(), Entry{0, 1, false, false});
+    waiting_.push_back(h);
     held->push_back(h);
-    ++stats_.promoted;
   }
   if (!touch_.empty()) {
     tiers_->touch(touch_);
     stats_.touched += touch_.size();
   }
+  pump(now);
 }
 
-void QueuedPrefetch::adjustRun(std::span<const BlockHash> hashes, TierRun& run,
-                               Nanos now) const {
+void QueuedPrefetch::pump(Nanos now) {
+  while (!reads_.empty() && reads_.front() <= now) reads_.pop_front();
+  if (waiting_.empty()) return;
+  const HostRoom room = tiers_->hostRoom();
+  const auto margin =
+      static_cast<size_t>(std::ceil(options_.margin_fraction * static_cast<double>(room.capacity)));
+  size_t available = room.available;
+  while (!waiting_.empty() &&
+         std::max(reads_.size(), tiers_->promotionsInFlight()) < options_.max_reads_in_flight) {
+    auto it = entries_.find(waiting_.front().value());
+    if (it == entries_.end() || it->second.started) {  // released (or started) meanwhile
+      waiting_.pop_front();
+      continue;
+    }
+    if (available <= margin) break;  // room frees as the LRU's dirty blocks reach the disk
+    PromoteOutcome outcome = tiers_->promote(waiting_.front());
+    if (outcome == PromoteOutcome::kNoRoom) {
+      ++stats_.skipped[static_cast<size_t>(PrefetchSkip::kHostFull)];
+      break;
+    }
+    waiting_.pop_front();
+    Entry& e = it->second;
+    e.started = true;
+    if (outcome == PromoteOutcome::kInHost) {
+      e.ready_at = now;  // host memory has it (an offload came first): nothing to read
+      continue;
+    }
+    if (outcome == PromoteOutcome::kNotOnDisk) {
+      e.ready_at = std::numeric_limits<Nanos>::max();  // gone: the admission finds it or not
+      continue;
+    }
+    --available;
+    disk_free_at_ = std::max(now, disk_free_at_) + block_read_;
+    reads_.push_back(disk_free_at_);
+    e.ready_at = disk_free_at_;
+    ++stats_.promoted;
+  }
+}
+
+void QueuedPrefetch::adjustRun(std::span<const BlockHash> hashes, TierRun& run, Nanos now) const {
   if (entries_.empty()) return;
   for (size_t i = 0; i < run.size() && i < hashes.size(); ++i) {
     if (run.tiers[i] != worker::TierId::kHost) continue;
     auto it = entries_.find(hashes[i].value());
-    if (it == entries_.end() || it->second.ready_at <= now) continue;
+    if (it == entries_.end() || (it->second.started && it->second.ready_at <= now)) continue;
     // The modelled read is not done: the onboard pays for the disk, as without prefetch.
     run.tiers[i] = worker::TierId::kDisk;
     --run.host;

@@ -6,7 +6,8 @@
 // the profile's read bandwidth, and a block counts as in host memory at admission only once its
 // modelled promotion is done (else it is charged as a disk block, as without prefetch).
 // Bounded: promoted blocks not yet used by an admitted request (budget_fraction of the host
-// slots), reads in flight, and host slots left free or cleanly evictable (margin_fraction).
+// slots), reads in flight (the rest wait in order and start as reads finish, at the next
+// onQueued or pump), and host slots left free or cleanly evictable (margin_fraction).
 // Owned by the Scheduler; its thread only.
 #pragma once
 
@@ -27,11 +28,10 @@ using worker::BlockHash;
 
 // Why a disk block of a queued request was not promoted.
 enum class PrefetchSkip : uint8_t {
-  kBudget,         // promoted blocks awaiting use fill the budget
-  kReadsInFlight,  // max_reads_in_flight promotion reads are under way
-  kHostFull,       // host memory keeps its margin: no free or cleanly evictable slot to spare
+  kBudget,    // promoted blocks awaiting use fill the budget
+  kHostFull,  // host memory keeps its margin: no free or cleanly evictable slot to spare
 };
-inline constexpr size_t kPrefetchSkipCount = 3;
+inline constexpr size_t kPrefetchSkipCount = 2;
 const char* prefetchSkipName(PrefetchSkip reason);
 
 struct PrefetchStats {
@@ -58,6 +58,8 @@ class QueuedPrefetch {
   // Admission at `now` found `run` below the pool for `hashes` (its leading run): a host block
   // whose modelled promotion is not done yet becomes a disk block in `run`.
   void adjustRun(std::span<const BlockHash> hashes, TierRun& run, Nanos now) const;
+  // Starts waiting promotions while reads in flight stay under the bound (every step).
+  void pump(Nanos now);
   // An onboard of `hashes` from `tiers` (adjustRun's) started: counts promotions used and late.
   void onOnboard(std::span<const BlockHash> hashes, std::span<const worker::TierId> tiers);
   // The request left the queue (admitted or aborted): its blocks no longer count against the
@@ -69,8 +71,9 @@ class QueuedPrefetch {
 
  private:
   struct Entry {
-    Nanos ready_at = 0;  // when the modelled promotion is done
+    Nanos ready_at = 0;  // when the modelled promotion is done (once started)
     uint32_t refs = 0;   // waiting requests that hold it
+    bool started = false;
     bool used = false;
   };
   // Skips the rest of a run's disk blocks from index `from` on.
@@ -78,9 +81,10 @@ class QueuedPrefetch {
 
   worker::TierPrefetchOptions options_;
   LowerTiers* tiers_;
-  Nanos block_read_;          // modelled disk read of one block
-  Nanos disk_free_at_ = 0;    // the modelled read channel's next free moment
-  std::deque<Nanos> reads_;   // modelled ends of the reads issued, oldest first
+  Nanos block_read_;               // modelled disk read of one block
+  Nanos disk_free_at_ = 0;         // the modelled read channel's next free moment
+  std::deque<Nanos> reads_;        // modelled ends of the reads issued, oldest first
+  std::deque<BlockHash> waiting_;  // promotions not started yet, in order (entries may be gone)
   absl::flat_hash_map<uint64_t, Entry> entries_;
   std::vector<BlockHash> touch_;  // scratch
   PrefetchStats stats_;

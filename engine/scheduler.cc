@@ -88,9 +88,11 @@ absl::Status Scheduler::add(RequestSpec spec, Nanos now) {
   Request& queued = *r;
   waiting_.push_back(r.get());
   requests_.emplace(queued.id, std::move(r));
-  // A request alone in the queue is admitted at the next step: a promotion would race its own
-  // onboard. Behind others, it waits, and its disk blocks can be read into host memory meanwhile.
-  if (prefetch_ != nullptr && waiting_.size() > 1 && !queued.remote_kv) prefetchQueued(queued, now);
+  // An idle engine admits the request at once: a promotion would race its own onboard. Behind
+  // a step in progress or other waiting requests it waits at least until the step ends, and its
+  // disk blocks can be read into host memory meanwhile.
+  const bool waits = !running_.empty() || waiting_.size() > 1;
+  if (prefetch_ != nullptr && waits && !queued.remote_kv) prefetchQueued(queued, now);
   return absl::OkStatus();
 }
 
@@ -500,6 +502,7 @@ void Scheduler::step(Nanos now, StepResult* into) {
   int preempted = 0;
   prefetchRunning();
   expireLeases(now);
+  if (prefetch_ != nullptr) prefetch_->pump(now);
   scheduleRunning(scheduled, budget, preempted, result);
   if (preempted == 0) admitWaiting(scheduled, budget, result);
   if (running_.empty() && !waiting_.empty() && releaseWaitingHolds()) {
