@@ -338,8 +338,8 @@ TEST(QueuedPrefetchTest, PrefetchConfigIsValidated) {
   EXPECT_NE(bad.status().message().find("prefetch.mode"), std::string::npos)
       << bad.status().message();
   EXPECT_NE(bad.status().message().find("prefetch.budget_fraction"), std::string::npos);
-  auto no_disk = worker::parseTierConfigText(
-      "host: {capacity_mib: 1}\nprefetch: {mode: queued}\n", "tiers");
+  auto no_disk =
+      worker::parseTierConfigText("host: {capacity_mib: 1}\nprefetch: {mode: queued}\n", "tiers");
   ASSERT_FALSE(no_disk.ok());
   EXPECT_NE(no_disk.status().message().find("prefetch"), std::string::npos);
 }
