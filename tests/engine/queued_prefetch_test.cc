@@ -219,15 +219,7 @@ TEST(QueuedPrefetchTest, ACorruptDiskBlockIsNeverPromotedAndTheRequestRecomputes
   ASSERT_NE(live.core, nullptr);
   placePrefix(*live.core, 16, live.now);
   ASSERT_TRUE(live.tiers->store().flush(std::chrono::seconds(10)));
-  for (const auto& entry : std::filesystem::directory_iterator(live.dir)) {
-    if (entry.path().extension() != ".kvf") continue;
-    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
-    std::string junk(4096, '\xab');
-    for (size_t off = 0; off < std::filesystem::file_size(entry.path()); off += junk.size()) {
-      f.seekp(static_cast<std::streamoff>(off));
-      f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
-    }
-  }
+  testing::corruptSlabFiles(live.dir);
   queueBehindBlockers(*live.core, live.now);
   waitPromotions(*live.tiers);
   EXPECT_EQ(live.tiers->store().stats().disk_promoted, 0u);
@@ -316,6 +308,14 @@ TEST(QueuedPrefetchTest, SimulatedTtftOfAQueuedDiskPrefixDropsWithPrefetchButNot
   EXPECT_GE(queued, host_hit);
   EXPECT_EQ(queued_stats.promoted, static_cast<uint64_t>(kPrefixBlocks));
   EXPECT_EQ(queued_stats.used, static_cast<uint64_t>(kPrefixBlocks));
+}
+
+TEST(QueuedPrefetchTest, AQueuedHostPrefixIsTouchedNotPromoted) {
+  PrefetchStats stats;
+  const Nanos queued = simulatedTtft(3, "{mode: queued}", 0, &stats);
+  EXPECT_EQ(queued, simulatedTtft(3, "{mode: admission}"));
+  EXPECT_EQ(stats.touched, static_cast<uint64_t>(kPrefixBlocks));
+  EXPECT_EQ(stats.promoted, 0u);
 }
 
 TEST(QueuedPrefetchTest, APromotionStillRunningAtAdmissionIsChargedAsADiskRead) {
