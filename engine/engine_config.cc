@@ -18,6 +18,15 @@ void parseCache(config::ConfigMap& m, CacheConfig* c) {
   m.get("payload_bytes_per_block", &payload, 0, uint64_t{1} << 24);
   c->payload_bytes_per_block = payload;
   m.get("enable_prefix_caching", &c->enable_prefix_caching);
+  std::string memory = c->payload_memory == PayloadLocation::kDevice ? "device" : "host";
+  m.get("payload_memory", &memory);
+  if (memory == "host") {
+    c->payload_memory = PayloadLocation::kHost;
+  } else if (memory == "device") {
+    c->payload_memory = PayloadLocation::kDevice;
+  } else {
+    m.fail("payload_memory", strCat("must be host or device, got '", memory, "'"));
+  }
   m.rejectUnknownKeys();
 }
 
@@ -145,6 +154,22 @@ absl::StatusOr<EngineConfig> loadEngineConfig(const std::string& path) {
   return parseEngineConfig(text.str(), path, dir);
 }
 
+absl::Status checkPayloadMemory(const EngineConfig& c) {
+  if (c.cache.payload_memory != PayloadLocation::kDevice) return absl::OkStatus();
+  if (c.cache.payload_bytes_per_block == 0) {
+    return absl::InvalidArgumentError(
+        "cache.payload_memory: device needs cache.payload_bytes_per_block > 0");
+  }
+  if (c.worker.port != 0) {
+    // The agent registers the pool's region and reads and writes it from the host (the
+    // checksums, the landing checks): a device region would need its own registration path.
+    return absl::InvalidArgumentError(
+        "cache.payload_memory: device cannot serve KV push (worker.port / --worker_port): use "
+        "payload_memory: host on an engine with a worker port");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status finalizeEngineConfig(EngineConfig* c) {
   const ModelShape& m = c->profile.model;
   if (c->served_model_name.empty()) c->served_model_name = m.name;
@@ -174,6 +199,7 @@ absl::Status finalizeEngineConfig(EngineConfig* c) {
   if (c->cache.num_gpu_blocks < 1) {
     return absl::InvalidArgumentError("cache: the KV cache must hold at least one block");
   }
+  KVF_RETURN_IF_ERROR(checkPayloadMemory(*c));
   if (!c->scheduler.enable_chunked_prefill &&
       c->scheduler.max_num_batched_tokens < c->max_model_len) {
     return absl::InvalidArgumentError(

@@ -17,11 +17,18 @@
 
 namespace kvf::engine {
 
+// Where the pool's block payloads live (docs/configuration.md, cache.payload_memory).
+enum class PayloadLocation : uint8_t {
+  kHost,    // the pool's own host allocation (every build)
+  kDevice,  // device memory on CUDA device 0 (CUDA builds with a device; live engine only)
+};
+
 struct CacheConfig {
   int block_size = 16;
   int64_t num_gpu_blocks = 0;  // 0: profile kv_cache_tokens / block_size
   size_t payload_bytes_per_block = 256;
   bool enable_prefix_caching = true;
+  PayloadLocation payload_memory = PayloadLocation::kHost;
 };
 
 struct KvEventsConfig {
@@ -128,5 +135,8 @@ absl::StatusOr<EngineConfig> parseEngineConfig(std::string_view text, std::strin
 absl::StatusOr<EngineConfig> loadEngineConfig(const std::string& path);
 // Fills derived fields (blocks, max_model_len, model name) and checks cross-field limits.
 absl::Status finalizeEngineConfig(EngineConfig* config);
+// The cross-field rules of cache.payload_memory: device (payload bytes, no worker port), checked
+// by finalizeEngineConfig and again once command-line flags have been applied.
+absl::Status checkPayloadMemory(const EngineConfig& config);
 
 }  // namespace kvf::engine

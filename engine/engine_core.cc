@@ -6,13 +6,12 @@
 
 #include "common/status.h"
 #include "common/strings.h"
-#include "worker/block_payload.h"
 
 namespace kvf::engine {
 
-absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::create(const EngineConfig& config,
-                                                               worker::KvEventSink* sink,
-                                                               std::unique_ptr<LowerTiers> tiers) {
+absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::create(
+    const EngineConfig& config, worker::KvEventSink* sink, std::unique_ptr<LowerTiers> tiers,
+    std::shared_ptr<PayloadMemory> memory) {
   std::unique_ptr<EngineCore> core(new EngineCore());
   core->tiers_ = std::move(tiers);
   core->onboard_mode_ = config.scheduler.onboard;
@@ -22,7 +21,7 @@ absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::create(const EngineConfi
   pool_options.num_blocks = config.cache.num_gpu_blocks;
   pool_options.payload_bytes_per_block = config.cache.payload_bytes_per_block;
   pool_options.enable_prefix_caching = config.cache.enable_prefix_caching;
-  KVF_ASSIGN_OR_RETURN(core->pool_, KvPool::create(pool_options, sink));
+  KVF_ASSIGN_OR_RETURN(core->pool_, KvPool::create(pool_options, sink, std::move(memory)));
   core->pool_->setLowerTiers(core->tiers_.get());
   SchedulerConfig sched = config.scheduler;
   if (config.tiers) sched.prefetch = config.tiers->prefetch;
@@ -53,6 +52,7 @@ bool EngineCore::abort(const std::string& id) {
 }
 
 void EngineCore::step(Nanos now, StepResult* result) {
+  if (tiers_ != nullptr) tiers_->poll();
   if (!onboards_.empty()) finishOnboards(now);
   scheduler_->step(now, result);
   if (!result->tier_onboards.empty()) startOnboards(*result, now);
@@ -95,8 +95,7 @@ void EngineCore::startOnboards(const StepResult& result, Nanos now) {
 size_t EngineCore::verifiedPrefix(const PendingOnboard& p) {
   size_t n = std::min(p.copy->readyPrefix(), p.blocks.size());
   for (size_t i = 0; i < n; ++i) {
-    std::span<const std::byte> bytes = std::as_const(*pool_).payload(p.blocks[i]);
-    if (!bytes.empty() && !worker::verifyBlockPayload(p.hashes[i], bytes)) {
+    if (!pool_->verifyPayload(p.blocks[i], p.hashes[i])) {
       ++onboard_payload_mismatches_;
       return i;
     }

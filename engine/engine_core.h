@@ -72,10 +72,11 @@ namespace kvf::engine {
 class EngineCore {
  public:
   // `sink` (may be null) receives BlockStored / BlockRemoved; it must outlive the core.
-  // `tiers` (may be null: no tiers below the pool) is owned by the core.
+  // `tiers` (may be null: no tiers below the pool) is owned by the core. `memory` (may be null:
+  // host memory) holds the pool's payloads (cache.payload_memory: device).
   static absl::StatusOr<std::unique_ptr<EngineCore>> create(
       const EngineConfig& config, worker::KvEventSink* sink,
-      std::unique_ptr<LowerTiers> tiers = nullptr);
+      std::unique_ptr<LowerTiers> tiers = nullptr, std::shared_ptr<PayloadMemory> memory = nullptr);
   ~EngineCore();
 
   // InvalidArgument naming the field for a request the engine can never serve. Reads only

@@ -12,6 +12,9 @@
 #include "common/status.h"
 #include "common/strings.h"
 #include "engine/engine_server_impl.h"
+#if KVF_WITH_CUDA
+#include "engine/device_tiers.h"
+#endif
 #include "worker/block_payload.h"
 
 namespace kvf::engine {
@@ -31,18 +34,54 @@ EngineCoreSide::EngineCoreSide(EngineShared& shared)
     : shared_(shared), work_(asio::make_work_guard(ioc_)), step_timer_(ioc_), wake_timer_(ioc_) {}
 
 absl::Status EngineCoreSide::createCore() {
+  const EngineConfig& config = shared_.config;
+  KVF_RETURN_IF_ERROR(checkPayloadMemory(config));
+  if (config.cache.payload_memory == PayloadLocation::kDevice) return createDeviceCore();
   std::unique_ptr<LiveTiers> tiers;
-  if (shared_.config.tiers) {
-    LiveTiersOptions options;
-    options.store = *shared_.config.tiers;
-    options.block_size = shared_.config.cache.block_size;
-    KVF_ASSIGN_OR_RETURN(tiers, LiveTiers::create(std::move(options)));
-    tiers_ = tiers.get();
-    worker::exportMetrics(tiers_->store(), shared_.registry);
-    tier_push_ = std::make_unique<worker::TierPushSource>(tiers_->store());
+  if (config.tiers) {
+    KVF_ASSIGN_OR_RETURN(tiers, LiveTiers::create(liveTiersOptions(config)));
+    exportTiers(*tiers);
   }
-  KVF_ASSIGN_OR_RETURN(core_, EngineCore::create(shared_.config, &step_events_, std::move(tiers)));
+  KVF_ASSIGN_OR_RETURN(core_, EngineCore::create(config, &step_events_, std::move(tiers)));
   return absl::OkStatus();
+}
+
+LiveTiersOptions EngineCoreSide::liveTiersOptions(const EngineConfig& config) {
+  LiveTiersOptions options;
+  options.store = *config.tiers;
+  options.block_size = config.cache.block_size;
+  return options;
+}
+
+void EngineCoreSide::exportTiers(LiveTiers& tiers) {
+  tiers_ = &tiers;
+  worker::exportMetrics(tiers_->store(), shared_.registry);
+  tier_push_ = std::make_unique<worker::TierPushSource>(tiers_->store());
+}
+
+absl::Status EngineCoreSide::createDeviceCore() {
+#if KVF_WITH_CUDA
+  const EngineConfig& config = shared_.config;
+  const size_t block_bytes = config.cache.payload_bytes_per_block;
+  KVF_ASSIGN_OR_RETURN(
+      std::shared_ptr<DevicePayload> memory,
+      DevicePayload::create(block_bytes * static_cast<size_t>(config.cache.num_gpu_blocks),
+                            block_bytes));
+  std::unique_ptr<DeviceTiers> tiers;
+  if (config.tiers) {
+    DeviceTiersOptions options;
+    options.live = liveTiersOptions(config);
+    KVF_ASSIGN_OR_RETURN(tiers, DeviceTiers::create(std::move(options), memory));
+    exportTiers(tiers->live());
+  }
+  KVF_ASSIGN_OR_RETURN(core_, EngineCore::create(config, &step_events_, std::move(tiers), memory));
+  log::info("KV pool in device memory", "blocks", config.cache.num_gpu_blocks, "block_bytes",
+            block_bytes, "tiers", config.tiers.has_value());
+  return absl::OkStatus();
+#else
+  return absl::FailedPreconditionError(
+      "cache.payload_memory: device needs a build with CUDA (this one has none)");
+#endif
 }
 
 void EngineCoreSide::connect(EngineHttpSide* http, worker::KvEventPublisher* publisher,
@@ -126,7 +165,8 @@ double EngineCoreSide::latenessQuantile(double q) const {
 
 void EngineCoreSide::publishEvents() {
   std::vector<worker::KvEvent> events = step_events_.take();
-  if (tiers_ != nullptr) putTierEventsFirst(*tiers_, events);
+  // The core's tiers (a device pool's wrap the store's): their takeEvents retires copies first.
+  if (LowerTiers* tiers = core_->lowerTiers()) putTierEventsFirst(*tiers, events);
   if (publisher_ != nullptr && !events.empty())
     publisher_->publish(std::move(events), unixSeconds());
 }

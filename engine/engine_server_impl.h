@@ -136,6 +136,12 @@ class EngineCoreSide final : public worker::EngineAdapter {
   explicit EngineCoreSide(EngineShared& shared);
   // Creates the EngineCore (its events go to this side's step buffer); before start().
   absl::Status createCore();
+  // cache.payload_memory: device (a CUDA build with a device): the pool in device memory, its
+  // tiers on the DeviceCopier; FailedPrecondition otherwise.
+  absl::Status createDeviceCore();
+  static LiveTiersOptions liveTiersOptions(const EngineConfig& config);
+  // Publishes the store's metrics and serves pushes from it.
+  void exportTiers(LiveTiers& tiers);
 
   // Wiring, before start(): the HTTP side, the publisher and the agent (both may be null).
   void connect(EngineHttpSide* http, worker::KvEventPublisher* publisher,

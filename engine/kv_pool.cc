@@ -14,14 +14,24 @@
 namespace kvf::engine {
 
 absl::StatusOr<std::unique_ptr<KvPool>> KvPool::create(KvPoolOptions options,
-                                                       worker::KvEventSink* sink) {
+                                                       worker::KvEventSink* sink,
+                                                       std::shared_ptr<PayloadMemory> memory) {
   if (options.block_size < 1) return absl::InvalidArgumentError("block_size must be >= 1");
   if (options.num_blocks < 1 || options.num_blocks >= int64_t{kNone}) {
     return absl::InvalidArgumentError(strCat("num_blocks out of range: ", options.num_blocks));
   }
   std::unique_ptr<KvPool> pool(new KvPool(options, sink));
   size_t bytes = options.payload_bytes_per_block * static_cast<size_t>(options.num_blocks);
-  if (bytes > 0) {
+  if (memory != nullptr) {
+    std::span<std::byte> region = memory->region();
+    if (bytes == 0 || region.size() < bytes) {
+      return absl::InvalidArgumentError(strCat("payload memory of ", region.size(),
+                                               " bytes for a pool of ", bytes, " payload bytes"));
+    }
+    pool->payload_ = region.data();
+    pool->payload_bytes_ = bytes;
+    pool->memory_ = std::move(memory);
+  } else if (bytes > 0) {
     constexpr size_t kAlign = 4096;
     size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
     pool->payload_ = static_cast<std::byte*>(std::aligned_alloc(kAlign, rounded));
@@ -39,7 +49,9 @@ KvPool::KvPool(KvPoolOptions options, worker::KvEventSink* sink)
   for (BlockIndex b = 0; b < blocks_.size(); ++b) pushBack(b);
 }
 
-KvPool::~KvPool() { std::free(payload_); }
+KvPool::~KvPool() {
+  if (memory_ == nullptr) std::free(payload_);
+}
 
 double KvPool::usage() const {
   return blocks_.empty() ? 0.0 : 1.0 - static_cast<double>(num_free_) / blocks_.size();
@@ -192,7 +204,17 @@ void KvPool::offloadEvicted(std::span<const BlockHash> hashes, std::span<const B
 }
 
 void KvPool::writePayload(BlockIndex block, BlockHash hash) {
-  worker::fillBlockPayload(hash, payload(block));
+  if (memory_ != nullptr) {
+    memory_->write(payload(block), hash);
+  } else {
+    worker::fillBlockPayload(hash, payload(block));
+  }
+}
+
+bool KvPool::verifyPayload(BlockIndex block, BlockHash hash) const {
+  if (payload_ == nullptr) return true;
+  if (memory_ != nullptr) return memory_->verify(payload(block), hash);
+  return worker::verifyBlockPayload(hash, payload(block));
 }
 
 std::optional<BlockHash> KvPool::hashOf(BlockIndex block) const {
@@ -251,7 +273,7 @@ KvPool::PayloadAudit KvPool::auditPayloads() const {
   for (BlockIndex b = 0; b < static_cast<BlockIndex>(blocks_.size()); ++b) {
     if (!hasHash(b)) continue;
     ++audit.cached_blocks;
-    if (payload_ != nullptr && !worker::verifyBlockPayload(blocks_[b].hash, payload(b))) {
+    if (!verifyPayload(b, blocks_[b].hash)) {
       ++audit.corrupt_blocks;
     }
   }

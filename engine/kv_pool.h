@@ -2,7 +2,8 @@
 // map (the worker's BlockTable) for full computed blocks, and an LRU free queue in which freed
 // blocks stay cached until they are reused (evicted). Every block owns payload bytes inside one
 // contiguous allocation (registered once for RDMA later), written with content derived from the
-// block's hash. Owned and used by the engine loop thread only (no locking).
+// block's hash; that allocation is the pool's own host memory, or a PayloadMemory (device
+// memory) the pool writes and checks through. Owned and used by the engine loop thread only.
 #pragma once
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "common/prefetch.h"
 #include "engine/lower_tiers.h"
+#include "engine/payload_memory.h"
 #include "worker/block_table.h"
 #include "worker/kv_events.h"
 
@@ -34,8 +36,11 @@ struct KvPoolOptions {
 class KvPool {
  public:
   // `sink` (may be null) receives BlockRemoved for evicted hashes; it must outlive the pool.
-  static absl::StatusOr<std::unique_ptr<KvPool>> create(KvPoolOptions options,
-                                                        worker::KvEventSink* sink);
+  // `memory` (may be null: the pool allocates host memory) holds the payloads instead; its
+  // region must hold num_blocks * payload_bytes_per_block bytes.
+  static absl::StatusOr<std::unique_ptr<KvPool>> create(
+      KvPoolOptions options, worker::KvEventSink* sink,
+      std::shared_ptr<PayloadMemory> memory = nullptr);
   ~KvPool();
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
@@ -122,6 +127,11 @@ class KvPool {
     int64_t corrupt_blocks = 0;
   };
   PayloadAudit auditPayloads() const;
+  // True when `block` holds exactly `hash`'s payload (or the pool keeps no payload bytes).
+  bool verifyPayload(BlockIndex block, BlockHash hash) const;
+  // False when the payloads live in a PayloadMemory (device memory): payload() spans are then
+  // addresses the host must not read or write.
+  bool payloadOnHost() const { return memory_ == nullptr; }
 
   std::span<std::byte> payload(BlockIndex block);
   std::span<const std::byte> payload(BlockIndex block) const;
@@ -205,6 +215,7 @@ class KvPool {
   int64_t num_free_ = 0;
   std::byte* payload_ = nullptr;
   size_t payload_bytes_ = 0;
+  std::shared_ptr<PayloadMemory> memory_;  // null: payload_ is the pool's own allocation
   // watchCachedPrefix: the blocks of the last watch, which carry kWatched until the next watch
   // clears it (the bit counts only while the watch is intact).
   std::vector<BlockIndex> watch_blocks_;

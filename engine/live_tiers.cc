@@ -21,13 +21,6 @@ class StoreOnboard final : public TierOnboard {
   std::shared_ptr<worker::OnboardTicket> ticket_;
 };
 
-std::vector<worker::BlockKey> keysOf(std::span<const worker::BlockHash> hashes) {
-  std::vector<worker::BlockKey> keys;
-  keys.reserve(hashes.size());
-  for (worker::BlockHash h : hashes) keys.push_back(h.value());
-  return keys;
-}
-
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<LiveTiers>> LiveTiers::create(LiveTiersOptions options) {

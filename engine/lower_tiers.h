@@ -81,10 +81,21 @@ class LowerTiers {
   // Makes the blocks of `hashes` held in host memory the most recently used (a waiting request's
   // prefix, so that offloads do not evict it before its admission).
   virtual void touch(std::span<const worker::BlockHash> hashes) = 0;
+  // Retires the tiers' completed asynchronous work (device copies); never blocks. The engine
+  // calls it once per step.
+  virtual void poll() {}
   // The KV events of the tiers since the last call (BlockStored / BlockRemoved with medium
   // "CPU" or "DISK", as vLLM's OffloadingConnector writes them), in the order they happened.
   virtual std::vector<worker::KvEvent> takeEvents() = 0;
 };
+
+// The store's keys of engine block hashes (the same 64-bit values).
+inline std::vector<worker::BlockKey> keysOf(std::span<const worker::BlockHash> hashes) {
+  std::vector<worker::BlockKey> keys;
+  keys.reserve(hashes.size());
+  for (worker::BlockHash h : hashes) keys.push_back(h.value());
+  return keys;
+}
 
 // Puts the tiers' events since the last call in front of a step's events, the order the live
 // engine and the simulator publish in: a block the step evicted enters CPU before it leaves GPU,

@@ -9,23 +9,10 @@
 
 #include "common/status.h"
 #include "common/strings.h"
+#include "transport/cuda_status.h"
 
 namespace kvf::transport {
 namespace {
-
-// The one conversion from cudaError_t.
-absl::Status cudaToStatus(cudaError_t error, std::string_view what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  std::string message = strCat(what, ": ", cudaGetErrorString(error));
-  if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
-  if (error == cudaErrorInvalidValue || error == cudaErrorInvalidDevicePointer) {
-    return absl::InvalidArgumentError(message);
-  }
-  if (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver) {
-    return absl::FailedPreconditionError(message);
-  }
-  return absl::InternalError(message);
-}
 
 // A worker thread running queued jobs in order (the only place that waits on CUDA events).
 class JobThread {
@@ -92,16 +79,16 @@ class Pusher final : public DeviceStagingPusher {
   }
 
   absl::Status init() {
-    KVF_RETURN_IF_ERROR(cudaToStatus(cudaSetDevice(options_.device), "cudaSetDevice"));
-    KVF_RETURN_IF_ERROR(cudaToStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                                     "cudaStreamCreate"));
+    KVF_RETURN_IF_ERROR(cudaStatus(cudaSetDevice(options_.device), "cudaSetDevice"));
+    KVF_RETURN_IF_ERROR(
+        cudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
     uint64_t bytes = options_.chunk_bytes * options_.chunks;
-    KVF_RETURN_IF_ERROR(cudaToStatus(cudaHostAlloc(&ring_, bytes, cudaHostAllocDefault),
-                                     "cudaHostAlloc(staging ring)"));
+    KVF_RETURN_IF_ERROR(cudaStatus(cudaHostAlloc(&ring_, bytes, cudaHostAllocDefault),
+                                   "cudaHostAlloc(staging ring)"));
     KVF_ASSIGN_OR_RETURN(ring_region_, ctx_.registerMemory(ring_, bytes));
     for (uint32_t i = 0; i < options_.chunks; ++i) {
       auto slot = std::make_unique<Slot>();
-      KVF_RETURN_IF_ERROR(cudaToStatus(
+      KVF_RETURN_IF_ERROR(cudaStatus(
           cudaEventCreateWithFlags(&slot->copied, cudaEventDisableTiming), "cudaEventCreate"));
       slots_.push_back(std::move(slot));
     }
@@ -161,13 +148,13 @@ class Pusher final : public DeviceStagingPusher {
       }
       char* host = static_cast<char*>(ring_) + (k % slots_.size()) * options_.chunk_bytes;
       for (size_t i = 0; i < chunks[k].blocks.size(); ++i) {
-        KVF_RETURN_IF_ERROR(cudaToStatus(
-            cudaMemcpyAsync(host + chunks[k].blocks[i].local_offset,
-                            device_base + chunks[k].device_offsets[i], chunks[k].blocks[i].length,
-                            cudaMemcpyDeviceToHost, stream_),
-            "cudaMemcpyAsync(D2H)"));
+        KVF_RETURN_IF_ERROR(
+            cudaStatus(cudaMemcpyAsync(host + chunks[k].blocks[i].local_offset,
+                                       device_base + chunks[k].device_offsets[i],
+                                       chunks[k].blocks[i].length, cudaMemcpyDeviceToHost, stream_),
+                       "cudaMemcpyAsync(D2H)"));
       }
-      return cudaToStatus(cudaEventRecord(slot.copied, stream_), "cudaEventRecord");
+      return cudaStatus(cudaEventRecord(slot.copied, stream_), "cudaEventRecord");
     };
     std::vector<NoticeBlock> noticed;  // blocks of the chunks before the last, in order
     size_t enqueued = 0, posted = 0;   // chunks in [posted, enqueued) hold a slot, no put yet
@@ -179,7 +166,7 @@ class Pusher final : public DeviceStagingPusher {
         if (status.ok()) enqueued = k + 2;
       }
       Slot& slot = *slots_[k % slots_.size()];
-      if (status.ok()) status = cudaToStatus(cudaEventSynchronize(slot.copied), "D2H copy");
+      if (status.ok()) status = cudaStatus(cudaEventSynchronize(slot.copied), "D2H copy");
       if (!status.ok()) break;
       const bool last = k + 1 == chunks.size();
       PutRequest put = request;
@@ -304,9 +291,9 @@ class Uploader final : public DeviceUploader {
     if (stream_) cudaStreamDestroy(stream_);
   }
   absl::Status init() {
-    KVF_RETURN_IF_ERROR(cudaToStatus(cudaSetDevice(device_), "cudaSetDevice"));
-    KVF_RETURN_IF_ERROR(cudaToStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking),
-                                     "cudaStreamCreate"));
+    KVF_RETURN_IF_ERROR(cudaStatus(cudaSetDevice(device_), "cudaSetDevice"));
+    KVF_RETURN_IF_ERROR(
+        cudaStatus(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate"));
     jobs_ = std::make_unique<JobThread>();
     return absl::OkStatus();
   }
@@ -314,12 +301,12 @@ class Uploader final : public DeviceUploader {
     jobs_->post([this, copies = std::move(copies), done = std::move(done)] {
       absl::Status status;
       for (const auto& c : copies) {
-        status = cudaToStatus(
-            cudaMemcpyAsync(c.device, c.host, c.length, cudaMemcpyHostToDevice, stream_),
-            "cudaMemcpyAsync(H2D)");
+        status =
+            cudaStatus(cudaMemcpyAsync(c.device, c.host, c.length, cudaMemcpyHostToDevice, stream_),
+                       "cudaMemcpyAsync(H2D)");
         if (!status.ok()) break;
       }
-      absl::Status synced = cudaToStatus(cudaStreamSynchronize(stream_), "H2D copy");
+      absl::Status synced = cudaStatus(cudaStreamSynchronize(stream_), "H2D copy");
       if (done) done(status.ok() ? synced : status);
     });
     return absl::OkStatus();

@@ -55,6 +55,37 @@ TEST(EngineConfigTest, OnboardModeIsWholeUnlessLayerwiseIsAsked) {
   EXPECT_NE(msg.find("test.yaml:3"), std::string::npos) << msg;
 }
 
+TEST(EngineConfigTest, PayloadMemoryIsHostUnlessDeviceIsAsked) {
+  const std::string base = "profile: ../profiles/qwen3-coder-30b-a3b-h20.yaml\n";
+  auto plain = parseEngineConfig(base, "t.yaml", "engine/configs");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->cache.payload_memory, PayloadLocation::kHost);
+  auto device =
+      parseEngineConfig(base + "cache: {payload_memory: device}\n", "t.yaml", "engine/configs");
+  ASSERT_TRUE(device.ok()) << device.status();
+  EXPECT_EQ(device->cache.payload_memory, PayloadLocation::kDevice);
+  auto bad =
+      parseEngineConfig(base + "cache:\n  payload_memory: gpu\n", "t.yaml", "engine/configs");
+  ASSERT_FALSE(bad.ok());
+  std::string msg(bad.status().message());
+  EXPECT_NE(msg.find("cache.payload_memory"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("host or device"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("t.yaml:3"), std::string::npos) << msg;
+  // KV push reads and writes the pool's region from the host: refused with a device pool, in
+  // the file and once flags have set a worker port.
+  auto push = parseEngineConfig(base + "cache: {payload_memory: device}\nworker: {port: 9000}\n",
+                                "t.yaml", "engine/configs");
+  ASSERT_FALSE(push.ok());
+  EXPECT_NE(push.status().message().find("KV push"), std::string::npos) << push.status();
+  device->worker.port = 9000;
+  EXPECT_EQ(checkPayloadMemory(*device).code(), absl::StatusCode::kInvalidArgument);
+  auto empty =
+      parseEngineConfig(base + "cache: {payload_memory: device, payload_bytes_per_block: 0}\n",
+                        "t.yaml", "engine/configs");
+  ASSERT_FALSE(empty.ok());
+  EXPECT_NE(empty.status().message().find("payload_bytes_per_block"), std::string::npos);
+}
+
 TEST(EngineConfigTest, MembershipInEtcd) {
   std::string base = "profile: ../profiles/llama-3.1-8b-h100.yaml\n";
   auto none = parseEngineConfig(base, "t.yaml", "engine/configs");

@@ -323,5 +323,57 @@ TEST(KvPoolTest, PrefixHintGivesThePlainLookup) {
   EXPECT_EQ(pool->findCachedPrefix(hashes, plain).size(), 3u);
 }
 
+// A PayloadMemory in host memory: what the device pool does, with bytes a test can read.
+class HostRegion final : public PayloadMemory {
+ public:
+  explicit HostRegion(size_t bytes) : bytes_(bytes) {}
+  std::span<std::byte> region() override { return bytes_; }
+  void write(std::span<std::byte> block, worker::BlockHash hash) override {
+    ++writes;
+    worker::fillBlockPayload(hash, block);
+  }
+  bool verify(std::span<const std::byte> block, worker::BlockHash hash) override {
+    ++verifies;
+    return worker::verifyBlockPayload(hash, block);
+  }
+  std::vector<std::byte> bytes_;
+  int writes = 0;
+  int verifies = 0;
+};
+
+TEST(KvPoolTest, PayloadMemoryTakesEveryWriteAndEveryCheck) {
+  KvPoolOptions o;
+  o.block_size = 4;
+  o.num_blocks = 4;
+  o.payload_bytes_per_block = 64;
+  auto small = KvPool::create(o, nullptr, std::make_shared<HostRegion>(4 * 64 - 1));
+  EXPECT_EQ(small.status().code(), absl::StatusCode::kInvalidArgument) << small.status();
+
+  auto memory = std::make_shared<HostRegion>(4 * 64);
+  auto created = KvPool::create(o, nullptr, memory);
+  ASSERT_TRUE(created.ok()) << created.status();
+  KvPool& pool = **created;
+  EXPECT_FALSE(pool.payloadOnHost());
+  EXPECT_EQ(pool.payloadRegion().data(), memory->bytes_.data());
+  auto a = pool.allocate(2);
+  ASSERT_TRUE(a.has_value());
+  ASSERT_TRUE(pool.cacheBlock((*a)[0], BlockHash(7)));
+  ASSERT_TRUE(pool.cacheBlock((*a)[1], BlockHash(8)));
+  EXPECT_EQ(memory->writes, 2);
+  // The block's bytes are where payload() says, in the region.
+  EXPECT_EQ(pool.payload((*a)[1]).data(), memory->bytes_.data() + 64 * (*a)[1]);
+  EXPECT_TRUE(worker::verifyBlockPayload(BlockHash(8), pool.payload((*a)[1])));
+  EXPECT_TRUE(pool.verifyPayload((*a)[0], BlockHash(7)));
+  EXPECT_FALSE(pool.verifyPayload((*a)[0], BlockHash(8)));
+  EXPECT_EQ(pool.auditPayloads().corrupt_blocks, 0);
+  // Damage reaches the audit only through the memory's own check.
+  memory->verifies = 0;
+  memory->bytes_[64 * (*a)[0] + 3] ^= std::byte{1};
+  KvPool::PayloadAudit audit = pool.auditPayloads();
+  EXPECT_EQ(audit.cached_blocks, 2);
+  EXPECT_EQ(audit.corrupt_blocks, 1);
+  EXPECT_EQ(memory->verifies, 2);
+}
+
 }  // namespace
 }  // namespace kvf::engine

@@ -6,24 +6,16 @@
 #include "common/log.h"
 #include "common/status.h"
 #include "common/strings.h"
+#include "transport/cuda_status.h"
 #include "worker/tiers/tiered_store.h"
 
 namespace kvf::worker {
 namespace {
 
-// The one conversion from cudaError_t in the tiers.
+// The copier's errors name it (the conversion itself is cudaStatus's).
 absl::Status cudaToStatus(cudaError_t error, std::string_view what) {
   if (error == cudaSuccess) return absl::OkStatus();
-  std::string message = strCat("device copier: ", what, ": ", cudaGetErrorString(error));
-  if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
-  if (error == cudaErrorInvalidValue || error == cudaErrorInvalidDevicePointer) {
-    return absl::InvalidArgumentError(message);
-  }
-  if (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver ||
-      error == cudaErrorInvalidDevice) {
-    return absl::FailedPreconditionError(message);
-  }
-  return absl::InternalError(message);
+  return transport::cudaStatus(error, strCat("device copier: ", what));
 }
 
 // The driver answers a batched copy it cannot do with one of these: fall back, do not fail.

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "tests/testing/cuda_device.h"
 #include "tests/worker/tiers/tier_test_util.h"
 #include "worker/tiers/tiered_store.h"
 
@@ -26,19 +27,6 @@ using testing::holdsPayloadOf;
 using testing::payloadOf;
 
 constexpr uint64_t kBlock = 256 << 10;
-
-std::string whyNoDevice() {
-  int devices = 0;
-  cudaError_t error = cudaGetDeviceCount(&devices);
-  if (error != cudaSuccess) {
-    cudaGetLastError();
-    return cudaGetErrorString(error);
-  }
-  return devices > 0 ? "" : "no CUDA device";
-}
-
-#define SKIP_WITHOUT_DEVICE() \
-  if (std::string why = whyNoDevice(); !why.empty()) GTEST_SKIP() << why
 
 #define ASSERT_CUDA(expr)                                                   \
   do {                                                                      \
@@ -75,7 +63,7 @@ class StreamGate {
 class DeviceCopierTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    SKIP_WITHOUT_DEVICE();
+    KVF_SKIP_WITHOUT_CUDA_DEVICE();
     TieredStoreOptions o;
     o.host.block_bytes = kBlock;
     o.host.capacity_bytes = 64 * kBlock;
@@ -142,7 +130,7 @@ class DeviceCopierTest : public ::testing::Test {
 };
 
 TEST(DeviceCopierNoDevice, CreateIsFailedPreconditionWithoutDevice) {
-  if (whyNoDevice().empty()) GTEST_SKIP() << "a device is present";
+  if (kvf::testing::whyNoCudaDevice().empty()) GTEST_SKIP() << "a device is present";
   TieredStoreOptions o;
   o.host.block_bytes = kBlock;
   o.host.capacity_bytes = 4 * kBlock;

@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "tests/testing/cuda_device.h"
 #include "tests/worker/tiers/tier_test_util.h"
+#include "transport/cuda_status.h"
 #include "worker/tiers/tiered_store.h"
 
 namespace kvf::worker {
@@ -19,22 +21,8 @@ using namespace std::chrono_literals;
 using testing::holdsPayloadOf;
 using testing::payloadOf;
 
-// Empty when a device is usable; else why not (no device, or a driver older than the runtime
-// this was built with: the skip message says which).
-std::string whyNoDevice() {
-  int devices = 0;
-  cudaError_t error = cudaGetDeviceCount(&devices);
-  if (error != cudaSuccess) return cudaGetErrorString(error);
-  return devices > 0 ? "" : "no CUDA device";
-}
-
-absl::Status cudaStatus(cudaError_t error, const char* what) {
-  if (error == cudaSuccess) return absl::OkStatus();
-  return absl::InternalError(std::string(what) + ": " + cudaGetErrorString(error));
-}
-
 TEST(TierCuda, BlocksRoundTripHostTierToDeviceAndBackByDma) {
-  if (std::string why = whyNoDevice(); !why.empty()) GTEST_SKIP() << why;
+  KVF_SKIP_WITHOUT_CUDA_DEVICE();
   constexpr uint64_t kBlock = 256 << 10, kBlocks = 8;
   TieredStoreOptions o;
   o.host.block_bytes = kBlock;
@@ -70,11 +58,12 @@ TEST(TierCuda, BlocksRoundTripHostTierToDeviceAndBackByDma) {
   constexpr BlockKey kBack = 1000;
   for (BlockKey k = 0; k < kBlocks; ++k) {
     absl::Status st = s.offloadInto(kBack + k, [&](std::span<std::byte> slot) {
-      absl::Status copied = cudaStatus(cudaMemcpyAsync(slot.data(), device_bytes + k * kBlock,
-                                                       kBlock, cudaMemcpyDeviceToHost, stream),
-                                       "cudaMemcpyAsync");
+      absl::Status copied =
+          transport::cudaStatus(cudaMemcpyAsync(slot.data(), device_bytes + k * kBlock, kBlock,
+                                                cudaMemcpyDeviceToHost, stream),
+                                "cudaMemcpyAsync");
       if (!copied.ok()) return copied;
-      return cudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
+      return transport::cudaStatus(cudaStreamSynchronize(stream), "cudaStreamSynchronize");
     });
     ASSERT_TRUE(st.ok()) << st;
   }
