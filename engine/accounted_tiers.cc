@@ -97,19 +97,48 @@ void AccountedTiers::offload(std::span<const worker::BlockHash> hashes,
       host_.touch(key);
       continue;
     }
-    ++counts_.host_stored;
-    std::optional<uint64_t> out = host_.insert(key);
-    if (out != key) append<worker::BlockStored>(worker::TierId::kHost, key);
-    if (out) {
-      // With a disk below, the block was written before it could leave (lossless).
-      if (has_disk_ && disk_.contains(*out)) {
-        ++counts_.host_moved_down;
-      } else {
-        ++counts_.dropped_capacity;
-      }
-      if (out != key) append<worker::BlockRemoved>(worker::TierId::kHost, *out);
-    }
+    storeInHost(key);
   }
+}
+
+void AccountedTiers::storeInHost(uint64_t key) {
+  ++counts_.host_stored;
+  std::optional<uint64_t> out = host_.insert(key);
+  if (out != key) append<worker::BlockStored>(worker::TierId::kHost, key);
+  if (out) {
+    // With a disk below, the block was written before it could leave (lossless).
+    if (has_disk_ && disk_.contains(*out)) {
+      ++counts_.host_moved_down;
+    } else {
+      ++counts_.dropped_capacity;
+    }
+    if (out != key) append<worker::BlockRemoved>(worker::TierId::kHost, *out);
+  }
+}
+
+PromoteOutcome AccountedTiers::promote(worker::BlockHash hash) {
+  const uint64_t key = hash.value();
+  if (host_.contains(key)) return PromoteOutcome::kInHost;
+  if (!has_disk_ || !disk_.contains(key)) return PromoteOutcome::kNotOnDisk;
+  // The block a promotion pushes out must have its copy on disk: a promotion never drops one.
+  if (host_.capacity == 0 ||
+      (host_.size() >= host_.capacity && !disk_.contains(host_.order.front()))) {
+    return PromoteOutcome::kNoRoom;
+  }
+  ++counts_.promoted;
+  disk_.touch(key);  // a read makes it recent, as the disk tier does
+  storeInHost(key);
+  return PromoteOutcome::kStarted;
+}
+
+HostRoom AccountedTiers::hostRoom() const {
+  // Every block here is written through at once: each host block may leave (promote() checks
+  // the one that would).
+  return {host_.capacity, host_.capacity};
+}
+
+void AccountedTiers::touch(std::span<const worker::BlockHash> hashes) {
+  for (worker::BlockHash h : hashes) host_.touch(h.value());
 }
 
 TierRun AccountedTiers::lookup(std::span<const worker::BlockHash> hashes) {

@@ -26,6 +26,10 @@ class AccountedTiers final : public LowerTiers {
   TierRun lookup(std::span<const worker::BlockHash> hashes) override;
   std::unique_ptr<TierOnboard> onboard(std::span<const worker::BlockHash> hashes,
                                        std::span<const std::span<std::byte>> destinations) override;
+  // Instant here: the modelled time of a promotion is the engine's (QueuedPrefetch).
+  PromoteOutcome promote(worker::BlockHash hash) override;
+  HostRoom hostRoom() const override;
+  void touch(std::span<const worker::BlockHash> hashes) override;
   std::vector<worker::KvEvent> takeEvents() override;
 
   struct Counts {
@@ -35,6 +39,7 @@ class AccountedTiers final : public LowerTiers {
     uint64_t dropped_capacity = 0;  // left the lowest tier for good
     uint64_t onboarded_host = 0;
     uint64_t onboarded_disk = 0;
+    uint64_t promoted = 0;  // disk -> host promotions
   };
   const Counts& counts() const { return counts_; }
   size_t hostBlocks() const { return host_.size(); }
@@ -58,6 +63,8 @@ class AccountedTiers final : public LowerTiers {
   // router's per-tier index).
   template <class Event>
   void append(worker::TierId tier, uint64_t key);
+  // Puts `key` in host memory (its LRU's newest); the evicted block moves down or is dropped.
+  void storeInHost(uint64_t key);
 
   Lru host_;
   Lru disk_;

@@ -69,6 +69,11 @@ class DeviceTiers final : public LowerTiers {
   TierRun lookup(std::span<const worker::BlockHash> hashes) override;
   std::unique_ptr<TierOnboard> onboard(std::span<const worker::BlockHash> hashes,
                                        std::span<const std::span<std::byte>> destinations) override;
+  // Promotions are disk -> host and never touch the device: the wrapped store's.
+  PromoteOutcome promote(worker::BlockHash hash) override { return live_->promote(hash); }
+  size_t promotionsInFlight() const override { return live_->promotionsInFlight(); }
+  HostRoom hostRoom() const override { return live_->hostRoom(); }
+  void touch(std::span<const worker::BlockHash> hashes) override { live_->touch(hashes); }
   void poll() override { copier_->poll(); }
   // Waits for the offload copies queued so far, then poll(): a step's CPU stores come before
   // its GPU removals, as with LiveTiers.

@@ -24,6 +24,7 @@ absl::StatusOr<std::unique_ptr<EngineCore>> EngineCore::create(
   KVF_ASSIGN_OR_RETURN(core->pool_, KvPool::create(pool_options, sink, std::move(memory)));
   core->pool_->setLowerTiers(core->tiers_.get());
   SchedulerConfig sched = config.scheduler;
+  if (config.tiers) sched.prefetch = config.tiers->prefetch;
   if (sched.vocab_size <= 0) sched.vocab_size = config.profile.model.vocab_size;
   if (sched.eos_token_id < 0) sched.eos_token_id = sched.vocab_size - 1;
   core->scheduler_ =

@@ -269,6 +269,13 @@ void EngineCoreSide::publishStats() {
   s.preemptions.store(static_cast<double>(st.num_preemptions));
   s.waiting_remote.store(st.num_waiting_for_remote_kv);
   s.quarantined.store(static_cast<double>(st.remote_kv_blocks_quarantined));
+  const PrefetchStats& p = st.prefetch;
+  const uint64_t counts[] = {p.promoted, p.used, p.late, p.wasted, p.touched};
+  for (size_t i = 0; i < std::size(counts); ++i)
+    s.prefetch[i].store(static_cast<double>(counts[i]));
+  for (size_t i = 0; i < kPrefetchSkipCount; ++i) {
+    s.prefetch[std::size(counts) + i].store(static_cast<double>(p.skipped[i]));
+  }
 }
 
 // ---- worker::EngineAdapter ----

@@ -141,6 +141,30 @@ void EngineServer::Impl::registerMetrics() {
           [&snapshot] { return snapshot.generation.load(); });
   counter("vllm:num_preemptions_total", "Preemptions (recompute)",
           [&snapshot] { return snapshot.preemptions.load(); });
+  // Queued-time prefetch (docs/tiers.md): blocks, in the snapshot's order.
+  const std::pair<const char*, const char*> prefetch[] = {
+      {"kvfabric_engine_prefetch_promoted_blocks_total",
+       "Disk blocks of waiting requests whose promotion into host memory started"},
+      {"kvfabric_engine_prefetch_used_blocks_total",
+       "Promoted blocks onboarded from host memory at admission"},
+      {"kvfabric_engine_prefetch_late_blocks_total",
+       "Promoted blocks met at admission before their promotion was done (read from disk)"},
+      {"kvfabric_engine_prefetch_wasted_blocks_total",
+       "Promotions no admitted request used (late, evicted before use, or not needed)"},
+      {"kvfabric_engine_prefetch_touched_blocks_total",
+       "Host blocks of waiting requests made most recently used"}};
+  for (size_t i = 0; i < std::size(prefetch); ++i) {
+    counter(prefetch[i].first, prefetch[i].second,
+            [&snapshot, i] { return snapshot.prefetch[i].load(); });
+  }
+  for (size_t i = 0; i < kPrefetchSkipCount; ++i) {
+    metrics::Labels l = labels;
+    l.emplace_back("reason", prefetchSkipName(static_cast<PrefetchSkip>(i)));
+    registry.callback(
+        "kvfabric_engine_prefetch_skipped_blocks_total",
+        "Disk blocks of waiting requests not promoted, by reason", metrics::MetricType::kCounter, l,
+        [&snapshot, j = std::size(prefetch) + i] { return snapshot.prefetch[j].load(); });
+  }
   m.ttft = &registry.histogram("vllm:time_to_first_token_seconds", "Time to first token (modelled)",
                                metrics::latencyBuckets(), labels);
   m.tpot = &registry.histogram("vllm:time_per_output_token_seconds",

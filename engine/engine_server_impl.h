@@ -7,6 +7,7 @@
 // type that holds it.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -96,6 +97,8 @@ struct EngineShared {
   struct StatsSnapshot {
     std::atomic<double> running{0}, waiting{0}, usage{0}, queries{0}, hits{0}, prompt{0},
         generation{0}, preemptions{0}, lateness_p99{0}, waiting_remote{0}, quarantined{0};
+    // Queued-time prefetch: promoted, used, late, wasted, touched, then skipped by reason.
+    std::array<std::atomic<double>, 5 + kPrefetchSkipCount> prefetch{};
   } snapshot;
 
   struct Metrics {

@@ -1,5 +1,6 @@
 #include "engine/live_tiers.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -60,6 +61,28 @@ std::unique_ptr<TierOnboard> LiveTiers::onboard(
     std::span<const worker::BlockHash> hashes, std::span<const std::span<std::byte>> destinations) {
   std::vector<worker::BlockKey> keys = keysOf(hashes);
   return std::make_unique<StoreOnboard>(store_->onboard(keys, destinations));
+}
+
+PromoteOutcome LiveTiers::promote(worker::BlockHash hash) {
+  promotions_in_flight_->fetch_add(1, std::memory_order_acq_rel);
+  absl::Status s = store_->promote(hash.value(), [in_flight = promotions_in_flight_](bool) {
+    in_flight->fetch_sub(1, std::memory_order_acq_rel);
+  });
+  if (s.ok()) return PromoteOutcome::kStarted;
+  promotions_in_flight_->fetch_sub(1, std::memory_order_acq_rel);
+  if (absl::IsAlreadyExists(s)) return PromoteOutcome::kInHost;
+  if (absl::IsNotFound(s)) return PromoteOutcome::kNotOnDisk;
+  return PromoteOutcome::kNoRoom;
+}
+
+HostRoom LiveTiers::hostRoom() const {
+  worker::HostTier::Usage u = store_->host().usage();
+  return {u.capacity, u.capacity - std::min(u.capacity, u.resident) + u.evictable};
+}
+
+void LiveTiers::touch(std::span<const worker::BlockHash> hashes) {
+  std::vector<worker::BlockKey> keys = keysOf(hashes);
+  store_->touch(keys);
 }
 
 std::vector<worker::KvEvent> LiveTiers::takeEvents() {

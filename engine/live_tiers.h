@@ -6,6 +6,7 @@
 // event queue is locked; takeEvents() is for the core thread.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -35,6 +36,12 @@ class LiveTiers final : public LowerTiers, private worker::TierListener {
   TierRun lookup(std::span<const worker::BlockHash> hashes) override;
   std::unique_ptr<TierOnboard> onboard(std::span<const worker::BlockHash> hashes,
                                        std::span<const std::span<std::byte>> destinations) override;
+  PromoteOutcome promote(worker::BlockHash hash) override;
+  size_t promotionsInFlight() const override {
+    return promotions_in_flight_->load(std::memory_order_acquire);
+  }
+  HostRoom hostRoom() const override;
+  void touch(std::span<const worker::BlockHash> hashes) override;
 
   // The tiers' events since the last call, in order.
   std::vector<worker::KvEvent> takeEvents() override;
@@ -54,6 +61,9 @@ class LiveTiers final : public LowerTiers, private worker::TierListener {
   std::vector<worker::KvEvent> events_;
   std::atomic<uint64_t> offload_timeouts_{0};
   std::atomic<uint64_t> offload_waits_{0};
+  // Shared with the reads' callbacks, which may outlive nothing here but run on the disk's thread.
+  std::shared_ptr<std::atomic<size_t>> promotions_in_flight_ =
+      std::make_shared<std::atomic<size_t>>(0);
   std::unique_ptr<worker::TieredStore> store_;  // last: its threads call the listener
 };
 

@@ -41,6 +41,20 @@ struct TierRun {
   size_t size() const { return tiers.size(); }
 };
 
+// What promote() did with one block.
+enum class PromoteOutcome : uint8_t {
+  kStarted,    // the disk -> host read is under way (or, in the accounting, done)
+  kInHost,     // host memory holds the block already (or is filling it)
+  kNotOnDisk,  // nothing to promote
+  kNoRoom,     // no host slot can be freed without losing a block
+};
+
+// Host memory's room for promotions, in slots: all of them, and those free or cleanly evictable.
+struct HostRoom {
+  size_t capacity = 0;
+  size_t available = 0;
+};
+
 class LowerTiers {
  public:
   virtual ~LowerTiers() = default;
@@ -57,6 +71,16 @@ class LowerTiers {
   virtual std::unique_ptr<TierOnboard> onboard(
       std::span<const worker::BlockHash> hashes,
       std::span<const std::span<std::byte>> destinations) = 0;
+  // Starts a disk -> host promotion of `hash` (on disk only): once in, the block is a clean host
+  // block (its disk copy kept), and an onboard reads it from host memory. A promotion never
+  // evicts a host block that has no copy below.
+  virtual PromoteOutcome promote(worker::BlockHash hash) = 0;
+  // Promotion reads started and not finished (0 where a promotion takes no real time).
+  virtual size_t promotionsInFlight() const { return 0; }
+  virtual HostRoom hostRoom() const = 0;
+  // Makes the blocks of `hashes` held in host memory the most recently used (a waiting request's
+  // prefix, so that offloads do not evict it before its admission).
+  virtual void touch(std::span<const worker::BlockHash> hashes) = 0;
   // Retires the tiers' completed asynchronous work (device copies); never blocks. The engine
   // calls it once per step.
   virtual void poll() {}

@@ -117,6 +117,7 @@ struct Request {
   bool onboarding = false;
   bool tiers_failed = false;  // an onboard delivered nothing: compute instead of asking again
   std::vector<worker::TierId> onboard_tiers;  // per landing block, where the lookup found it
+  std::vector<worker::BlockHash> promoted;    // blocks promoted (or being) for it while it waits
   int64_t tier_tokens = 0;                    // tokens onboarded from the lower tiers
   int64_t tier_disk_tokens = 0;               // of tier_tokens, those read from disk
   // Layer-wise push or onboard: the KV landing layer by layer is complete at this engine time

@@ -31,6 +31,10 @@ Scheduler::Scheduler(SchedulerConfig config, KvPool* pool, const TimingModel* ti
       keyed_sink_(dynamic_cast<KeyedKvEventSink*>(sink)) {
   const auto bs = static_cast<uint64_t>(pool_->blockSize());
   if (std::has_single_bit(bs)) block_shift_ = std::countr_zero(bs);
+  if (pool_->lowerTiers() != nullptr && config_.prefetch.mode == worker::PrefetchMode::kQueued) {
+    prefetch_ = std::make_unique<QueuedPrefetch>(config_.prefetch, pool_->lowerTiers(), timing_,
+                                                 pool_->blockSize());
+  }
 }
 
 Scheduler::~Scheduler() = default;
@@ -81,9 +85,24 @@ absl::Status Scheduler::add(RequestSpec spec, Nanos now) {
   r->remote_kv = std::move(spec.remote_kv);
   r->remote_decode_lease = spec.remote_decode_lease;
   r->remote_decode_lease_cap = spec.remote_decode_lease_cap;
+  Request& queued = *r;
   waiting_.push_back(r.get());
-  requests_.emplace(r->id, std::move(r));
+  requests_.emplace(queued.id, std::move(r));
+  // An idle engine admits the request at once: a promotion would race its own onboard. Behind
+  // a step in progress or other waiting requests it waits at least until the step ends, and its
+  // disk blocks can be read into host memory meanwhile.
+  const bool waits = !running_.empty() || waiting_.size() > 1;
+  if (prefetch_ != nullptr && waits && !queued.remote_kv) prefetchQueued(queued, now);
   return absl::OkStatus();
+}
+
+void Scheduler::prefetchQueued(Request& r, Nanos now) {
+  ensureHashes(r);
+  auto max_blocks = static_cast<size_t>(divBlocks(r.numTokens() - 1));
+  std::span<const BlockHash> lookup(r.block_hashes.data(),
+                                    std::min(max_blocks, r.block_hashes.size()));
+  size_t g1 = pool_->findCachedPrefix(lookup).size();
+  if (g1 < lookup.size()) prefetch_->onQueued(lookup.subspan(g1), now, &r.promoted);
 }
 
 bool Scheduler::abort(const std::string& id) {
@@ -99,6 +118,7 @@ bool Scheduler::abort(const std::string& id) {
   }
   running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), r), waiting_.end());
+  releasePrefetch(*r);
   std::reverse(r->blocks.begin(), r->blocks.end());
   pool_->release(r->blocks);
   requests_.erase(it);
@@ -111,6 +131,7 @@ SchedulerStats Scheduler::statsNow() const {
   s.num_waiting = static_cast<int>(waiting_.size());
   s.num_waiting_for_remote_kv = static_cast<int>(remote_waiting_.size());
   s.num_leases = static_cast<int>(leases_.size());
+  if (prefetch_ != nullptr) s.prefetch = prefetch_->stats();
   return s;
 }
 
@@ -297,6 +318,7 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
             break;  // FCFS: wait for blocks
           }
           keepPrefixHint(r, {}, 0);
+          releasePrefetch(r);
           waiting_.pop_front();  // it waits aside and does not block the queue
           continue;
         }
@@ -310,6 +332,7 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
           break;  // FCFS: wait for blocks
         }
         keepPrefixHint(r, {}, 0);
+        releasePrefetch(r);
         waiting_.pop_front();
         continue;
       }
@@ -340,6 +363,7 @@ void Scheduler::admitWaiting(std::vector<Scheduled>& scheduled, int64_t& budget,
     int64_t local_hits = resumed ? r.local_hit_tokens : computed;
     stats_.prefix_cache_queries += static_cast<uint64_t>(r.numTokens());
     stats_.prefix_cache_hits += static_cast<uint64_t>(local_hits);
+    releasePrefetch(r);
     waiting_.pop_front();
     r.status = RequestStatus::kRunning;
     running_.push_back(&r);
@@ -478,6 +502,7 @@ void Scheduler::step(Nanos now, StepResult* into) {
   int preempted = 0;
   prefetchRunning();
   expireLeases(now);
+  if (prefetch_ != nullptr) prefetch_->pump(now);
   scheduleRunning(scheduled, budget, preempted, result);
   if (preempted == 0) admitWaiting(scheduled, budget, result);
   if (running_.empty() && !waiting_.empty() && releaseWaitingHolds()) {

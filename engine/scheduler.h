@@ -17,6 +17,7 @@
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "engine/kv_pool.h"
+#include "engine/queued_prefetch.h"
 #include "engine/request.h"
 #include "engine/timing_model.h"
 #include "worker/kv_events.h"
@@ -45,6 +46,8 @@ struct SchedulerConfig {
   // When a request onboarding from the lower tiers may run (EngineCore applies it): after the
   // whole onboard (vLLM's OffloadingConnector) or once the first layer's share is in.
   OnboardMode onboard = OnboardMode::kWhole;
+  // Not from YAML here: EngineCore takes it from `tiers.prefetch` (queued-time promotion).
+  worker::TierPrefetchOptions prefetch{.mode = worker::PrefetchMode::kAdmission};
   KeyedBlockHasher keyed_hasher;  // not from YAML: set by a simulator
   // Not from YAML: false leaves RequestOutput::id empty, for a driver that finds its requests by
   // RequestSpec::tag (a simulator: a copy of the id string per output per step saved).
@@ -143,6 +146,7 @@ struct SchedulerStats {
   uint64_t tier_onboard_failures = 0;  // ... that delivered no block (recomputed)
   uint64_t tier_host_tokens = 0;       // prompt tokens onboarded from host memory
   uint64_t tier_disk_tokens = 0;       // ... from disk
+  PrefetchStats prefetch;              // queued-time promotions (statsNow() only)
 };
 
 class Scheduler {
@@ -223,6 +227,15 @@ class Scheduler {
   // nullopt: nothing held below; false: held, but blocks are short (r waits).
   std::optional<bool> startOnboard(Request& r, std::span<const BlockIndex> cached,
                                    std::span<const BlockHash> lookup, StepResult& result);
+  // The lower tiers' run of `hashes` at `now`: a block whose queued promotion is not done yet
+  // counts as on disk.
+  TierRun tierRun(LowerTiers& tiers, std::span<const BlockHash> hashes, Nanos now);
+  // Queued-time prefetch of r's prefix past its G1 hit (r just joined the queue behind others).
+  void prefetchQueued(Request& r, Nanos now);
+  // r leaves the queue: the blocks promoted for it no longer wait on it.
+  void releasePrefetch(Request& r) {
+    if (prefetch_ != nullptr && !r.promoted.empty()) prefetch_->release(&r.promoted);
+  }
   // Counts an onboard's landed blocks per tier (stats, the request's tier_tokens).
   void countOnboarded(Request& r, size_t blocks_filled);
   void takeLease(Request& r, Nanos now);
@@ -248,6 +261,7 @@ class Scheduler {
   // Landing blocks of fetches that gave up while a peer may still write into them.
   absl::flat_hash_map<std::string, std::vector<BlockIndex>> quarantine_;
   worker::LeaseTable leases_;
+  std::unique_ptr<QueuedPrefetch> prefetch_;  // tiers.prefetch.mode: queued, with tiers only
   uint64_t next_arrival_seq_ = 0;
   // Per-step scratch (capacity kept across steps).
   std::vector<Scheduled> scheduled_;

@@ -69,7 +69,7 @@ std::optional<bool> Scheduler::startOnboard(Request& r, std::span<const BlockInd
                                             std::span<const BlockHash> lookup, StepResult& result) {
   LowerTiers* tiers = pool_->lowerTiers();
   if (tiers == nullptr || r.tiers_failed || cached.size() >= lookup.size()) return std::nullopt;
-  TierRun run = tiers->lookup(lookup.subspan(cached.size()));
+  TierRun run = tierRun(*tiers, lookup.subspan(cached.size()), result.start);
   if (run.size() == 0) return std::nullopt;
   std::vector<BlockHash> hashes(
       lookup.begin() + static_cast<std::ptrdiff_t>(cached.size()),
@@ -83,9 +83,16 @@ std::optional<bool> Scheduler::startOnboard(Request& r, std::span<const BlockInd
   o.blocks = r.landing_blocks;
   o.host_blocks = run.host;
   o.disk_blocks = run.disk;
+  if (prefetch_ != nullptr) prefetch_->onOnboard(r.landing_hashes, run.tiers);
   r.onboard_tiers = std::move(run.tiers);
   result.tier_onboards.push_back(std::move(o));
   return true;
+}
+
+TierRun Scheduler::tierRun(LowerTiers& tiers, std::span<const BlockHash> hashes, Nanos now) {
+  TierRun run = tiers.lookup(hashes);
+  if (prefetch_ != nullptr) prefetch_->adjustRun(hashes, run, now);
+  return run;
 }
 
 absl::Status Scheduler::completeRemoteKv(const std::string& id, size_t blocks_filled, Nanos now,

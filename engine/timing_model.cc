@@ -187,6 +187,11 @@ Nanos TimingModel::onboardDuration(int64_t host_tokens, int64_t disk_tokens) con
   return secondsToNanosRounded(onboardSeconds(host_tokens, disk_tokens));
 }
 
+Nanos TimingModel::diskReadDuration(int64_t tokens) const {
+  const double bits = kv_bytes_per_token_ * 8.0 * static_cast<double>(std::max<int64_t>(0, tokens));
+  return secondsToNanosRounded(bits / (profile_.disk.read_gbps * 1e9));
+}
+
 double TimingModel::onboardReadySeconds(OnboardMode mode, int64_t host_tokens,
                                         int64_t disk_tokens) const {
   double whole = onboardSeconds(host_tokens, disk_tokens);

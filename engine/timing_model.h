@@ -130,6 +130,9 @@ class TimingModel {
   // the slower sets the pace); 0 when both are 0.
   double onboardSeconds(int64_t host_tokens, int64_t disk_tokens) const;
   Nanos onboardDuration(int64_t host_tokens, int64_t disk_tokens) const;
+  // Modelled time to read `tokens` of KV from disk into host memory (a promotion: the disk's
+  // read bandwidth alone, no PCIe leg and no per-onboard overhead).
+  Nanos diskReadDuration(int64_t tokens) const;
   // How long after its start an onboard lets the request's step begin: the whole onboard
   // (kWhole: swap-in finishes before the step that needs it, seeds/002_*), or the overhead plus
   // the first layer's share of the transfer (kLayerwise); 0 when both token counts are 0.

@@ -418,6 +418,26 @@ absl::Status Sim::writeMetrics(const std::string& rep_dir) const {
            static_cast<double>(s.num_preemptions));
     metric("vllm:request_success_total", "counter", "Finished requests",
            static_cast<double>(e.finished));
+    if (e.core && e.core->lowerTiers() != nullptr) {
+      // Queued-time prefetch of the engine's current incarnation (docs/tiers.md).
+      const engine::PrefetchStats p = e.core->stats().prefetch;
+      metric("kvfabric_engine_prefetch_promoted_blocks_total", "counter",
+             "Disk blocks of waiting requests whose promotion started",
+             static_cast<double>(p.promoted));
+      metric("kvfabric_engine_prefetch_used_blocks_total", "counter",
+             "Promoted blocks onboarded from host memory", static_cast<double>(p.used));
+      metric("kvfabric_engine_prefetch_late_blocks_total", "counter",
+             "Promoted blocks read from disk at admission", static_cast<double>(p.late));
+      metric("kvfabric_engine_prefetch_wasted_blocks_total", "counter",
+             "Promotions no admitted request used", static_cast<double>(p.wasted));
+      for (size_t r = 0; r < engine::kPrefetchSkipCount; ++r) {
+        const std::string name =
+            fmt::format("kvfabric_engine_prefetch_skipped_{}_blocks_total",
+                        engine::prefetchSkipName(static_cast<engine::PrefetchSkip>(r)));
+        metric(name.c_str(), "counter", "Disk blocks of waiting requests not promoted",
+               static_cast<double>(p.skipped[r]));
+      }
+    }
     KVF_RETURN_IF_ERROR(writeText(fmt::format("{}/engine_{}.metrics", rep_dir, i), text));
   }
   if (setup_.router.overload.enabled) {

@@ -188,16 +188,7 @@ TEST(TierEngineTest, ACorruptedDiskFileIsDetectedAndTheRequestRecomputes) {
   serve(*core, request("a1", 10, 1), now);
   for (int i = 0; i < 16; ++i) serve(*core, request("f" + std::to_string(i), 20, 100 + i), now);
   ASSERT_TRUE(tiers->store().flush(std::chrono::seconds(10)));
-  // Damage every slab file's bytes (headers and payloads alike).
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().extension() != ".kvf") continue;
-    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
-    std::string junk(4096, '\xab');
-    for (size_t off = 0; off < std::filesystem::file_size(entry.path()); off += junk.size()) {
-      f.seekp(static_cast<std::streamoff>(off));
-      f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
-    }
-  }
+  testing::corruptSlabFiles(dir);
   Served again = serve(*core, request("a2", 10, 1), now);
   EXPECT_EQ(again.tier_tokens, 0);
   EXPECT_EQ(again.cached_tokens, 0);  // recomputed

@@ -3,7 +3,10 @@
 // Header-only; failures are reported as test failures and a null core.
 #pragma once
 
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include <gtest/gtest.h>
@@ -32,6 +35,19 @@ inline std::unique_ptr<EngineCore> accountedCore(const EngineConfig& c) {
   auto core = EngineCore::create(c, nullptr, std::make_unique<AccountedTiers>(*c.tiers));
   EXPECT_TRUE(core.ok()) << core.status();
   return core.ok() ? std::move(*core) : nullptr;
+}
+
+// Overwrites every byte of the disk tier's slab files in `dir` (headers and payloads alike).
+inline void corruptSlabFiles(const std::filesystem::path& dir) {
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".kvf") continue;
+    std::fstream f(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    std::string junk(4096, '\xab');
+    for (size_t off = 0; off < std::filesystem::file_size(entry.path()); off += junk.size()) {
+      f.seekp(static_cast<std::streamoff>(off));
+      f.write(junk.data(), static_cast<std::streamsize>(junk.size()));
+    }
+  }
 }
 
 }  // namespace kvf::engine::testing

@@ -249,7 +249,7 @@ absl::Status DiskTier::write(BlockKey key, std::span<const std::byte> payload, u
   return absl::OkStatus();
 }
 
-void DiskTier::read(BlockKey key, std::span<std::byte> out, Done done) {
+void DiskTier::read(BlockKey key, std::span<std::byte> out, Done done, bool promotion) {
   if (out.size() < block_bytes_) {
     std::move(done)(absl::InvalidArgumentError(
         strCat("disk tier: read buffer of ", out.size(), " bytes, blocks are ", block_bytes_)));
@@ -269,7 +269,7 @@ void DiskTier::read(BlockKey key, std::span<std::byte> out, Done done) {
     // With reads already waiting, or every read slot busy, the I/O thread takes this one when it
     // next runs anyway (a wakeup or a completion is on its way): no eventfd write needed.
     wake_io = pending_reads_.empty() && reads_in_flight_ < options_.queue_depth;
-    pending_reads_.push_back({key, it->second, s.checksum, out, std::move(done)});
+    pending_reads_.push_back({key, it->second, s.checksum, out, std::move(done), promotion});
   }
   if (wake_io) wake();
 }

@@ -87,8 +87,9 @@ class DiskTier {
   // Reads `key` into `out` (at least block_bytes; aligned room for the padded size avoids a bounce
   // copy). `done` gets OK, NotFound (not on disk; may run before read() returns), DataLoss (the
   // checksum did not match: the block is dropped as kCorrupt) or an I/O error. The block cannot
-  // be evicted while its read is in flight.
-  void read(BlockKey key, std::span<std::byte> out, Done done);
+  // be evicted while its read is in flight. `promotion`: a read into host memory, counted as
+  // promoted rather than onboarded.
+  void read(BlockKey key, std::span<std::byte> out, Done done, bool promotion = false);
   // Drops `key` (counted as kRemoved when `count_drop`: false when the caller counted the block
   // already); false when not on disk. A pending write of it is cancelled.
   bool remove(BlockKey key, bool count_drop = true);

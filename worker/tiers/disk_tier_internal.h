@@ -32,6 +32,7 @@ struct DiskTier::ReadRequest {
   uint64_t checksum = 0;
   std::span<std::byte> out;
   Done done;
+  bool promotion = false;  // a read into host memory, not an onboard (counted apart)
 };
 
 // One block's I/O in flight. A write is two requests (its header sector and its payload, at
@@ -44,8 +45,9 @@ struct DiskTier::Op {
   uint64_t checksum = 0;
   std::span<std::byte> out;  // reads: the caller's memory
   Done done;
-  SectorBuffer header;  // one sector
-  SectorBuffer bounce;  // padded payload, allocated when a caller's buffer does not fit O_DIRECT
+  bool promotion = false;  // reads: into host memory (TieredStore::promote), not an onboard
+  SectorBuffer header;     // one sector
+  SectorBuffer bounce;     // padded payload, allocated when a caller's buffer does not fit O_DIRECT
   bool bounced = false;
   std::byte* payload = nullptr;  // what the payload request reads from or writes to
   uint32_t payload_len = 0;      // bytes the payload request must move

@@ -163,6 +163,7 @@ void DiskTier::submitReadsLocked() {
     op->checksum = r.checksum;
     op->out = r.out;
     op->done = std::move(r.done);
+    op->promotion = r.promotion;
     if (!setPayload(op, r.out.data(), r.out.size())) {
       unpinLocked(r.slot);
       deferred_.emplace_back(std::move(op->done), absl::ResourceExhaustedError("out of memory"));
@@ -364,7 +365,7 @@ void DiskTier::completeRead(Op* op) {
       if (it != index_.end() && it->second == op->slot) dropLocked(op->slot, DropReason::kCorrupt);
     } else if (status.ok()) {
       if (!slots_[op->slot].doomed) lru_.moveToFront(op->slot);  // a hit makes it recent
-      bump(counters_->disk_onboarded);
+      bump(op->promotion ? counters_->disk_promoted : counters_->disk_onboarded);
       bump(counters_->disk_bytes_read, block_bytes_);
     } else {
       bump(counters_->disk_read_errors);

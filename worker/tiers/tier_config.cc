@@ -50,6 +50,15 @@ void parseDisk(config::ConfigMap& m, DiskTierOptions* d) {
   m.rejectUnknownKeys();
 }
 
+void parsePrefetch(config::ConfigMap& m, TierPrefetchOptions* p) {
+  m.getEnum("mode", &p->mode,
+            {{"queued", PrefetchMode::kQueued}, {"admission", PrefetchMode::kAdmission}});
+  m.get("budget_fraction", &p->budget_fraction, 0.0, 1.0);
+  m.get("margin_fraction", &p->margin_fraction, 0.0, 1.0);
+  m.get("max_reads_in_flight", &p->max_reads_in_flight, 1, 1 << 20);
+  m.rejectUnknownKeys();
+}
+
 }  // namespace
 
 void parseTierConfig(config::ConfigMap& m, TieredStoreOptions* out) {
@@ -72,9 +81,10 @@ void parseTierConfig(config::ConfigMap& m, TieredStoreOptions* out) {
   m.get("decouple_eviction", &h.decouple_eviction);
   m.get("onboard_threads", &out->onboard_threads, 1, 64);
   m.get("verify_host_reads", &out->verify_host_reads);
+  if (auto p = m.map("prefetch")) parsePrefetch(*p, &out->prefetch);
   if (!out->disk) {
     for (std::string_view key : {"write_policy", "writeback_max_lag_ms", "writeback_max_dirty",
-                                 "offload_min_hits", "decouple_eviction"}) {
+                                 "offload_min_hits", "decouple_eviction", "prefetch"}) {
       if (m.has(key)) m.fail(key, "needs a disk tier (tiers.disk)");
     }
   }

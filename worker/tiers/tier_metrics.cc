@@ -40,6 +40,9 @@ void exportMetrics(const TieredStore& store, metrics::Registry& r, const metrics
           with(labels, "tier", "host"), c.host_onboarded);
   counter("kvfabric_tier_onboarded_blocks_total", "Blocks read back into the engine, by tier",
           with(labels, "tier", "disk"), c.disk_onboarded);
+  counter("kvfabric_tier_promoted_blocks_total",
+          "Blocks read from disk into host memory for a request waiting in the queue", labels,
+          c.disk_promoted);
   counter("kvfabric_tier_disk_written_blocks_total", "Blocks made durable on disk", labels,
           c.disk_written);
   counter("kvfabric_tier_disk_write_errors_total", "Disk writes refused or cut short", labels,

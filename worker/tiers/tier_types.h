@@ -46,6 +46,7 @@ struct TierCounters {
   std::atomic<uint64_t> disk_written{0};        // blocks made durable on disk
   std::atomic<uint64_t> disk_write_errors{0};   // writes the file system refused or cut short
   std::atomic<uint64_t> disk_onboarded{0};      // blocks served from disk
+  std::atomic<uint64_t> disk_promoted{0};       // blocks read from disk into host memory
   std::atomic<uint64_t> disk_read_errors{0};    // reads that failed (I/O error, short read)
   std::atomic<uint64_t> disk_grow_failures{0};  // a slab file could not be allocated (full disk)
   std::atomic<uint64_t> disk_bytes_written{0};

@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 
+#include "common/status.h"
 #include "common/strings.h"
 #include "worker/tiers/pinned_arena.h"
 
@@ -175,6 +176,29 @@ std::shared_ptr<OnboardTicket> TieredStore::onboard(
   return ticket;
 }
 
+absl::Status TieredStore::promote(BlockKey key, std::function<void(bool)> done) {
+  if (disk_ == nullptr || !disk_->contains(key)) {
+    return absl::NotFoundError("tiers: block not on disk");
+  }
+  // reserve() counts a refusal as offload backpressure: ask it only with a slot to spare.
+  if (host_->contains(key)) return absl::AlreadyExistsError("tiers: block in host memory");
+  HostTier::Usage usage = host_->usage();
+  if (usage.resident >= usage.capacity && usage.evictable == 0) {
+    return absl::UnavailableError("tiers: no clean host slot for a promotion");
+  }
+  KVF_ASSIGN_OR_RETURN(HostTier::Reservation r, host_->reserve(key));
+  disk_->read(
+      key, r.bytes,
+      [this, r, done = std::move(done)](absl::Status s) {
+        // Clean when the disk still holds its copy; removed meanwhile, it is written again.
+        if (s.ok()) host_->commit(r, std::nullopt, disk_->contains(r.key));
+        if (!s.ok()) host_->abort(r);
+        if (done) done(s.ok());
+      },
+      /*promotion=*/true);
+  return absl::OkStatus();
+}
+
 void TieredStore::copyFromHost(const std::shared_ptr<OnboardTicket>& ticket, size_t i,
                                HostTier::Pin pin, std::span<std::byte> dst) {
   bool intact = true;
@@ -299,6 +323,7 @@ TierStats TieredStore::stats() const {
   s.disk_written = get(counters_.disk_written);
   s.disk_write_errors = get(counters_.disk_write_errors);
   s.disk_onboarded = get(counters_.disk_onboarded);
+  s.disk_promoted = get(counters_.disk_promoted);
   s.disk_read_errors = get(counters_.disk_read_errors);
   s.disk_grow_failures = get(counters_.disk_grow_failures);
   s.disk_bytes_written = get(counters_.disk_bytes_written);

@@ -35,6 +35,23 @@ class thread_pool;
 
 namespace kvf::worker {
 
+// Disk -> host promotion of the prefix of a request waiting in the engine's queue (docs/tiers.md,
+// "Prefetch while queued"). The store only promotes (TieredStore::promote); the engine decides
+// what, within these bounds.
+enum class PrefetchMode : uint8_t {
+  kAdmission,  // a request's blocks are read only once it is admitted (disk blocks from disk)
+  kQueued,     // its disk-only blocks are promoted into host memory while it waits
+};
+struct TierPrefetchOptions {
+  PrefetchMode mode = PrefetchMode::kQueued;
+  // Promoted blocks that no admitted request has used yet, as a share of the host tier's slots.
+  double budget_fraction = 0.25;
+  // Host slots a promotion leaves free or cleanly evictable (for the pool's offloads), as a
+  // share of the host tier's slots: below it nothing is promoted.
+  double margin_fraction = 0.1;
+  uint32_t max_reads_in_flight = 64;  // promotion reads in flight (blocks)
+};
+
 struct TieredStoreOptions {
   HostTierOptions host;  // has_lower_tier is set from `disk`
   std::optional<DiskTierOptions> disk;
@@ -42,6 +59,7 @@ struct TieredStoreOptions {
   // Check each host-memory read against the block's checksum (a second pass over the bytes);
   // disk reads are always checked.
   bool verify_host_reads = false;
+  TierPrefetchOptions prefetch;  // the engine's; the store itself takes no part in the policy
 };
 
 enum class OnboardState : uint8_t { kPending, kReady, kMissing, kCorrupt, kFailed };
@@ -87,6 +105,7 @@ struct TierStats {
   uint64_t disk_written = 0;
   uint64_t disk_write_errors = 0;
   uint64_t disk_onboarded = 0;
+  uint64_t disk_promoted = 0;
   uint64_t disk_read_errors = 0;
   uint64_t disk_grow_failures = 0;
   uint64_t disk_bytes_written = 0;
@@ -139,6 +158,12 @@ class TieredStore {
   std::shared_ptr<OnboardTicket> onboard(std::span<const BlockKey> keys,
                                          std::span<const std::span<std::byte>> destinations,
                                          OnboardTicket::BlockCallback on_block = {});
+  // G3 -> G2: reads `key` from disk into a host slot (its checksum checked: a corrupt copy is
+  // dropped, never stored) and makes it a clean host block; the disk copy stays. OK: the read
+  // started, and `done` (optional) runs on the disk's I/O thread with whether the block was
+  // stored. AlreadyExists: host memory holds the key or is filling it; NotFound: not on disk;
+  // Unavailable: no host slot can be freed (only clean blocks are ever evicted for it).
+  absl::Status promote(BlockKey key, std::function<void(bool stored)> done = {});
   // Counts a use of blocks the engine hit in its own pool (frequency filter, LRU).
   void touch(std::span<const BlockKey> keys);
   // Drops `key` from every tier (DropReason::kRemoved); false when no tier held it.
