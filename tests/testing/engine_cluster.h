@@ -17,6 +17,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "common/process.h"
@@ -65,22 +66,24 @@ class EngineCluster {
     options_ = std::move(options);
     options_.worker_extra.resize(static_cast<size_t>(options_.engines));
     for (int i = 0; i < options_.engines; ++i) {
-      EnginePorts p{freePort(), options_.workers ? freePort() : uint16_t{0},
-                    options_.workers ? freePort() : uint16_t{0},
-                    options_.workers ? freePort() : uint16_t{0}};
-      ports_.push_back(p);
-      const std::string& worker_extra = options_.worker_extra[static_cast<size_t>(i)];
-      std::ofstream(configPath(i))
-          << "port: " << p.http << "\nprofile: " << source_
-          << "/engine/profiles/qwen3-coder-30b-a3b-h20.yaml\nserved_model_name: test-model\n"
-          << options_.engine_yaml << "\n"
-          << (options_.workers
-                  ? strCat("kv_events: {endpoint: '", eventsEndpoint(i), "', replay_endpoint: '",
-                           replayEndpoint(i), "'}\nworker: {kv_connector: ", options_.kv_connector,
-                           worker_extra.empty() ? "" : ", ", worker_extra, "}\n")
-                  : std::string("kv_events: {enabled: false}\n"));
       engines_.emplace_back();
-      restartEngine(i);
+      ports_.emplace_back();
+      // A port picked free can be taken by a test running beside this one before the engine
+      // binds it: a first start that finds its address in use picks new ports and tries again.
+      for (int attempt = 1;; ++attempt) {
+        ports_.back() = EnginePorts{freePort(), options_.workers ? freePort() : uint16_t{0},
+                                    options_.workers ? freePort() : uint16_t{0},
+                                    options_.workers ? freePort() : uint16_t{0}};
+        writeEngineConfig(i);
+        try {
+          restartEngine(i);
+          break;
+        } catch (const std::runtime_error& e) {
+          if (attempt == 3 || std::string_view(e.what()).find("in use") == std::string_view::npos) {
+            throw;
+          }
+        }
+      }
     }
     writeRouterConfig();
     router_ = startLogged(
@@ -127,6 +130,20 @@ class EngineCluster {
   const std::string& adminToken() const { return options_.admin_token; }
 
  private:
+  void writeEngineConfig(int i) {
+    const EnginePorts& p = ports_[static_cast<size_t>(i)];
+    const std::string& worker_extra = options_.worker_extra[static_cast<size_t>(i)];
+    std::ofstream(configPath(i))
+        << "port: " << p.http << "\nprofile: " << source_
+        << "/engine/profiles/qwen3-coder-30b-a3b-h20.yaml\nserved_model_name: test-model\n"
+        << options_.engine_yaml << "\n"
+        << (options_.workers
+                ? strCat("kv_events: {endpoint: '", eventsEndpoint(i), "', replay_endpoint: '",
+                         replayEndpoint(i), "'}\nworker: {kv_connector: ", options_.kv_connector,
+                         worker_extra.empty() ? "" : ", ", worker_extra, "}\n")
+                : std::string("kv_events: {enabled: false}\n"));
+  }
+
   static uint16_t freePort() {
     auto p = pickFreePort();
     if (!p.ok()) throw std::runtime_error("no free port: " + p.status().ToString());
