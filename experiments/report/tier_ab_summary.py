@@ -14,7 +14,9 @@ import os
 import statistics
 import sys
 
-T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26}
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26,
+       10: 2.23, 11: 2.20, 12: 2.18, 13: 2.16, 14: 2.14, 15: 2.13, 16: 2.12, 17: 2.11, 18: 2.10,
+       19: 2.09, 24: 2.06, 29: 2.05, 39: 2.02}
 
 
 def pct(values, q):
@@ -97,8 +99,8 @@ def main():
             errors = sum(r["errors"] for r in reps)
             tiered = sum(r["tier_decisions"] for r in reps)
             print(f"| {label} | {errors} | " + " | ".join(cells) + f" | {tiered} |")
-    print(f"\nBaseline {base_label}; {len(base)} samples (trace seeds) per arm; differences "
-          "paired by seed, 95% t-intervals; seconds.")
+    print(f"\nBaseline {base_label}; {len(base)} samples (trace seeds x jitter draws) per arm; "
+          "differences paired by seed and draw, 95% t-intervals; seconds.")
     return 0
 
 
