@@ -209,7 +209,8 @@ void DeviceTiers::offloadThroughHost(std::span<const worker::BlockHash> hashes,
   }
   if (s.ok()) s = cudaCheck(cudaStreamSynchronize(compute), "cudaStreamSynchronize");
   if (!s.ok()) {
-    // The bytes cannot be read: the blocks are lost, and LiveTiers counts them as timeouts would.
+    // The bytes cannot be read back: the blocks are lost, counted here.
+    stats_.offload_lost += hashes.size();
     log::error("device tiers: read-back failed, blocks lost", "blocks", hashes.size(), "error",
                std::string(s.message()));
     return;

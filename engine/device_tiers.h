@@ -46,9 +46,10 @@ struct DeviceTiersOptions {
 };
 
 struct DeviceTiersStats {
-  uint64_t offload_stalls = 0;         // offloads that waited for the copier's in-flight bound
-  uint64_t offload_copy_errors = 0;    // offloads the copier refused (read back instead)
-  uint64_t offload_via_host = 0;       // blocks read back and offloaded through LiveTiers
+  uint64_t offload_stalls = 0;       // offloads that waited for the copier's in-flight bound
+  uint64_t offload_copy_errors = 0;  // offloads the copier refused (read back instead)
+  uint64_t offload_via_host = 0;     // blocks read back and offloaded through LiveTiers
+  uint64_t offload_lost = 0;  // blocks whose read-back failed (a device error): nowhere to keep
   uint64_t onboard_copier_blocks = 0;  // host -> device by DeviceCopier::onboard
   uint64_t onboard_bounce_blocks = 0;  // store -> bounce slot -> device
   uint64_t onboard_no_bounce = 0;      // blocks not onboarded for want of a bounce slot
