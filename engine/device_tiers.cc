@@ -110,11 +110,9 @@ bool DeviceTierOnboard::done() const {
     if (!head_->done()) return false;
   }
   if (tail_ == nullptr) return true;
-  if (!tail_->done()) {
-    advanceTail();
-    return false;
-  }
+  const bool tail_done = tail_->done();  // before advancing, so the advance sees every block
   advanceTail();
+  if (!tail_done) return false;
   if (failed_) return true;
   return issued_ == std::min(tail_->readyPrefix(), tail_dst_.size()) &&
          copies_done_ == copies_.size();

@@ -119,8 +119,7 @@ bool Scheduler::abort(const std::string& id) {
   running_.erase(std::remove(running_.begin(), running_.end(), r), running_.end());
   waiting_.erase(std::remove(waiting_.begin(), waiting_.end(), r), waiting_.end());
   releasePrefetch(*r);
-  std::reverse(r->blocks.begin(), r->blocks.end());
-  pool_->release(r->blocks);
+  releaseBlocks(*r);
   requests_.erase(it);
   return true;
 }

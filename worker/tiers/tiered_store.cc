@@ -191,8 +191,11 @@ absl::Status TieredStore::promote(BlockKey key, std::function<void(bool)> done) 
       key, r.bytes,
       [this, r, done = std::move(done)](absl::Status s) {
         // Clean when the disk still holds its copy; removed meanwhile, it is written again.
-        if (s.ok()) host_->commit(r, std::nullopt, disk_->contains(r.key));
-        if (!s.ok()) host_->abort(r);
+        if (s.ok()) {
+          host_->commit(r, std::nullopt, disk_->contains(r.key));
+        } else {
+          host_->abort(r);
+        }
         if (done) done(s.ok());
       },
       /*promotion=*/true);
